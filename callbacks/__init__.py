@@ -1,0 +1,11 @@
+"""The Lightning layer of stabilizer (installed as ``stabilizer.callbacks``).
+
+The only package that imports Lightning. It holds no detection logic: the reference GPT's
+LightningModule and DataModule, fault injection for the failure scenarios, and the trainer glue.
+"""
+
+from .datamodule import StabilizerDataModule
+from .faults import FaultInjector
+from .lit_gpt import LitGPT, warmup_cosine
+
+__all__ = ["FaultInjector", "LitGPT", "StabilizerDataModule", "warmup_cosine"]

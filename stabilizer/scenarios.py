@@ -1,0 +1,147 @@
+"""Failure scenarios: named presets of model + optimizer + data + precision + fault.
+
+Each preset reproduces one failure of the source article's table by real training on the stdlib
+corpus, small enough to finish in well under a minute on 2 CPU cores. They are the test bed of the
+detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
+
+==================  ===========================================================================
+``healthy``         pre-LN, sane LR with warmup: the loss falls steadily.
+``spike``           a window of corrupted batches (uniform random bytes) mid-run: the loss jumps
+                    several-fold and recovers within tens of steps.
+``diverge``         an LR surge mid-run: the loss jumps and does not come back.
+``nan``             fp16 with loss scaling; an MLP's output is pushed past fp16's range (65504)
+                    for a few steps: NaN loss, the scaler skips those steps, training goes on.
+``nan-16-true``     the same overflow in pure fp16 without a scaler: the NaN reaches the weights
+                    and never goes away.
+``post-ln-deep``    post-LN, 12 layers, high LR, no warmup: per-layer gradient norms separate by
+                    orders of magnitude and the loss stalls near the unigram entropy.
+``pre-ln-deep``     the same model and LR with pre-LN: it trains (the control for post-ln-deep).
+==================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .model import GPTConfig
+
+__all__ = ["PRECISIONS", "SCENARIOS", "ActivationFault", "Scenario", "get_scenario"]
+
+PRECISIONS = ("32-true", "bf16-mixed", "fp16", "16-true")
+"""``fp16`` is 16-bit mixed precision with a dynamic loss scaler, on GPU and on CPU alike."""
+
+
+@dataclass(frozen=True)
+class ActivationFault:
+    """Multiply the output of module ``module`` by ``gain`` on training steps [start, stop)."""
+
+    module: str  # dotted name under the GPT, e.g. "blocks.1.mlp"
+    start: int
+    stop: int
+    gain: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One reproducible training run and the failure it is built to show."""
+
+    name: str
+    summary: str  # one line: what the user sees in the loss curve
+    model: GPTConfig = field(default_factory=GPTConfig)
+    steps: int = 300  # optimizer steps
+    batch_size: int = 16
+    lr: float = 3e-3  # peak LR of AdamW
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    adam_eps: float = 1e-8  # AdamW epsilon; 1e-8 underflows to 0 in fp16 optimizer state
+    precision: str = "32-true"  # one of PRECISIONS
+    seed: int = 0
+    corrupt: tuple[int, int] | None = None  # training batches [start, stop) are random bytes
+    lr_surge: tuple[int, float] | None = None  # from step N on, the LR is multiplied by factor
+    activation_fault: ActivationFault | None = None
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"`precision` must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.steps < 1:
+            raise ValueError(f"`steps` must be >= 1, got {self.steps}")
+
+    def with_steps(self, steps: int) -> Scenario:
+        """The same scenario for ``steps`` steps; faults keep their step numbers."""
+        return replace(self, steps=steps)
+
+
+_SMALL = GPTConfig(n_layer=4, n_head=4, n_embd=64, block_size=64)
+# Half-precision matmuls are ~80x slower than fp32 on CPUs without native fp16/bf16 units, so the
+# fp16 scenarios use a tiny model to stay fast everywhere.
+_TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32)
+_DEEP = GPTConfig(n_layer=12, n_head=4, n_embd=64, block_size=64)
+_NAN_FAULT = ActivationFault(module="blocks.1.mlp", start=60, stop=64, gain=1e6)
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("healthy", "pre-LN, warmup, sane LR: the loss falls steadily", model=_SMALL),
+        Scenario(
+            "spike",
+            "corrupted batches at steps 150-154: the loss jumps several-fold, then recovers",
+            model=_SMALL,
+            corrupt=(150, 155),
+        ),
+        Scenario(
+            "diverge",
+            "the LR surges 100x at step 150: the loss jumps and never comes back",
+            model=_SMALL,
+            lr_surge=(150, 100.0),
+        ),
+        Scenario(
+            "nan",
+            "fp16 + loss scaling; an MLP output overflows fp16 at steps 60-63: NaN loss, "
+            "the scaler skips those steps",
+            model=_TINY,
+            steps=120,
+            batch_size=8,
+            precision="fp16",
+            activation_fault=_NAN_FAULT,
+        ),
+        Scenario(
+            "nan-16-true",
+            "pure fp16, no scaler; an MLP output overflows at step 60: NaN forever",
+            model=_TINY,
+            steps=120,
+            batch_size=8,
+            precision="16-true",
+            adam_eps=1e-4,  # with 1e-8 the fp16 optimizer state itself goes NaN within 10 steps
+            activation_fault=_NAN_FAULT,
+        ),
+        Scenario(
+            "post-ln-deep",
+            "post-LN, 12 layers, LR 1e-2, no warmup: gradients starve in part of the stack and "
+            "the loss stalls near the unigram entropy",
+            model=replace(_DEEP, norm_position="post"),
+            lr=1e-2,
+            warmup_steps=0,
+            steps=200,
+        ),
+        Scenario(
+            "pre-ln-deep",
+            "the post-ln-deep model and LR with pre-LN: it trains",
+            model=_DEEP,
+            lr=1e-2,
+            warmup_steps=0,
+            steps=200,
+        ),
+    )
+}
+
+
+def get_scenario(name: str) -> Scenario:
+    """The preset called ``name``; an unknown name lists the valid ones."""
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}"
+        ) from None
