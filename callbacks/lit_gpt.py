@@ -65,10 +65,12 @@ class LitGPT(pl.LightningModule):
         self.save_hyperparameters(ignore=["config"])
         # A plain dict, so checkpoints and hparams.yaml hold no pickled classes.
         self.hparams["config"] = dataclasses.asdict(self.config)
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
+        self.warmup_steps, self.max_steps, self.min_lr_ratio = warmup_steps, max_steps, min_lr_ratio
         self.model = GPT(self.config)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        logits, _ = self.model(idx)
+        logits: torch.Tensor = self.model(idx)[0]
         return logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> Any:
@@ -83,21 +85,20 @@ class LitGPT(pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True)
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
         optimizer = torch.optim.AdamW(
             [
-                {"params": decay, "weight_decay": hp.weight_decay},
+                {"params": decay, "weight_decay": self.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0},
             ],
-            lr=hp.lr,
-            betas=hp.betas,
-            eps=hp.eps,
+            lr=self.lr,
+            betas=self.betas,
+            eps=self.eps,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            lambda step: warmup_cosine(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio),
+            lambda step: warmup_cosine(step, self.warmup_steps, self.max_steps, self.min_lr_ratio),
         )
         return {
             "optimizer": optimizer,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .model import GPTConfig
+from .config import GPTConfig
 
 __all__ = ["PRECISIONS", "SCENARIOS", "ActivationFault", "Scenario", "get_scenario"]
 
