@@ -1,0 +1,192 @@
+"""The engine: one stream of `StepRecord`s through every detector, `Finding`s out.
+
+The same engine runs live (fed by the Lightning callback) and in replay (fed by a log reader), so a
+run and its log get the same findings. It never raises on data: a detector that raises is logged
+once and disabled, and a detector whose signals are absent is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .detectors import Detector, default_detectors
+from .detectors.base import check_at_least
+from .records import Finding, StepRecord
+
+__all__ = ["Engine"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_VERSION = 1
+
+
+def _has_signals(requires: Sequence[str], values: Mapping[str, float]) -> bool:
+    """Whether ``values`` holds one of the keys (or, for names ending in ``/``, prefixes)."""
+    for key in requires:
+        if key.endswith("/"):
+            if any(name.startswith(key) for name in values):
+                return True
+        elif key in values:
+            return True
+    return False
+
+
+def _order(finding: Finding) -> tuple[Any, ...]:
+    return (finding.step, -finding.severity, finding.kind, finding.location, finding.message)
+
+
+class Engine:
+    """Feeds step records to detectors and collects their findings.
+
+    A record that holds none of a detector's `requires` keys is not passed to it (detectors treat
+    such records as no-ops anyway). A detector whose signals have not appeared after
+    `signal_grace` records is logged once at INFO; it keeps waiting, so sparse signals (activation
+    statistics sampled every 500 steps) still reach it when they come.
+
+    Args:
+        detectors: The detectors to run, with unique names; None runs `default_detectors()`.
+        signal_grace: Records after which a detector that has seen none of its signals is logged.
+
+    Raises:
+        ValueError: Two detectors share a name, or ``signal_grace`` < 1.
+    """
+
+    def __init__(
+        self, detectors: Sequence[Detector] | None = None, *, signal_grace: int = 100
+    ) -> None:
+        self.detectors: list[Detector] = list(
+            default_detectors() if detectors is None else detectors
+        )
+        names = [detector.name for detector in self.detectors]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"`detectors` must have unique names, got {', '.join(twice)} twice")
+        check_at_least("signal_grace", signal_grace, 1)
+        self.signal_grace = signal_grace
+        self._records = 0  # records observed
+        self._seen: set[str] = set()  # detectors whose signals have appeared
+        self._noted: set[str] = set()  # detectors logged as lacking their signals
+        self._disabled: set[str] = set()  # detectors that raised
+        self._findings: list[Finding] = []
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding so far, in emission order (each `observe` batch sorted)."""
+        return list(self._findings)
+
+    @property
+    def disabled(self) -> frozenset[str]:
+        """Names of the detectors disabled because they raised."""
+        return frozenset(self._disabled)
+
+    def observe(self, record: StepRecord) -> list[Finding]:
+        """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
+        self._records += 1
+        found: list[Finding] = []
+        for detector in self._enabled():
+            if _has_signals(detector.requires, record.values):
+                self._seen.add(detector.name)
+                found += self._run(detector, detector.update, record)
+            elif detector.name not in self._seen and detector.name not in self._noted:
+                self._note_missing(detector)
+        return self._emit(found)
+
+    def finish(self) -> list[Finding]:
+        """End of stream: let every detector close its open episodes; return their findings."""
+        found: list[Finding] = []
+        for detector in self._enabled():
+            found += self._run(detector, detector.finish)
+        return self._emit(found)
+
+    def replay(self, records: Iterable[StepRecord]) -> list[Finding]:
+        """Observe every record, then `finish`; return all findings of the stream."""
+        found: list[Finding] = []
+        for record in records:
+            found += self.observe(record)
+        return found + self.finish()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Engine counters, findings and each enabled detector's state, as JSON-able data."""
+        detectors = {}
+        for detector in self._enabled():
+            state = self._call(detector, detector.state_dict)
+            if detector.name not in self._disabled:
+                detectors[detector.name] = state
+        return {
+            "version": _STATE_VERSION,
+            "records": self._records,
+            "seen": sorted(self._seen),
+            "noted": sorted(self._noted),
+            "disabled": sorted(self._disabled),
+            "detectors": detectors,
+            "findings": [finding.to_dict() for finding in self._findings],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` saved; detectors absent from it start fresh.
+
+        Raises:
+            ValueError: ``state`` comes from an unknown version of the engine.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"`state` version must be {_STATE_VERSION}, got {state.get('version')!r}"
+            )
+        self._records = int(state["records"])
+        self._seen, self._noted = set(state["seen"]), set(state["noted"])
+        self._disabled = set(state["disabled"])
+        self._findings = [Finding.from_dict(data) for data in state["findings"]]
+        saved = state["detectors"]
+        for detector in self._enabled():
+            if detector.name in saved:
+                self._call(detector, detector.load_state_dict, saved[detector.name])
+        unknown = sorted(set(saved) - {detector.name for detector in self.detectors})
+        if unknown:
+            logger.info("ignoring saved state of detectors not configured: %s", ", ".join(unknown))
+
+    def _enabled(self) -> list[Detector]:
+        return [d for d in self.detectors if d.name not in self._disabled]
+
+    def _note_missing(self, detector: Detector) -> None:
+        if self._records >= self.signal_grace:
+            self._noted.add(detector.name)
+            logger.info(
+                "detector %r idle: none of its signals (%s) in the first %d records",
+                detector.name,
+                ", ".join(detector.requires),
+                self._records,
+            )
+
+    def _call(self, detector: Detector, method: Callable[..., Any], *args: Any) -> Any:
+        """Call a detector method; if it raises, log once and disable the detector (None)."""
+        try:
+            return method(*args)
+        except Exception:
+            self._disable(detector, "raised", exc_info=True)
+            return None
+
+    def _run(self, detector: Detector, method: Callable[..., Any], *args: Any) -> list[Finding]:
+        """`_call` for `update`/`finish`, which must return a list of `Finding`."""
+        result = self._call(detector, method, *args)
+        if detector.name in self._disabled:
+            return []
+        if not isinstance(result, list) or not all(isinstance(f, Finding) for f in result):
+            self._disable(detector, f"returned {type(result).__name__}, not a list of Finding")
+            return []
+        return result
+
+    def _disable(self, detector: Detector, why: str, exc_info: bool = False) -> None:
+        self._disabled.add(detector.name)
+        logger.warning(
+            "detector %r %s; it is disabled for the rest of the run",
+            detector.name,
+            why,
+            exc_info=exc_info,
+        )
+
+    def _emit(self, found: list[Finding]) -> list[Finding]:
+        found.sort(key=_order)
+        self._findings += found
+        return found

@@ -1,0 +1,137 @@
+"""DepthImbalance on per-block gradient norms: starved bands at one end vs healthy gradients."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from stabilizer.detectors import DepthImbalance
+from stabilizer.records import Severity, StepRecord
+from stabilizer.signals import block_group
+
+from .streams import feed
+
+
+def _stack(norms: list[float], n: int, sigma: float = 0.3, seed: int = 0) -> list[StepRecord]:
+    """``n`` records of per-block norms ``norms[i]`` times exp(N(0, sigma)), plus a loss."""
+    rng = random.Random(seed)
+    stream = []
+    for step in range(n):
+        values = {"loss": 3.0, "grad_norm": 1.0}
+        for i, norm in enumerate(norms):
+            values[f"grad_norm/{block_group(i, len(norms))}"] = norm * math.exp(rng.gauss(0, sigma))
+        stream.append(StepRecord(step, values))
+    return stream
+
+
+STARVED_INPUT = [1e-4] * 6 + [1.0] * 6
+
+
+def test_starved_input_band_is_one_warning_after_patience() -> None:
+    [finding] = feed(DepthImbalance(), _stack(STARVED_INPUT, 300))
+    assert (finding.kind, finding.severity) == ("depth_imbalance", Severity.WARNING)
+    assert (finding.step, finding.end_step) == (0, 49)
+    assert finding.location == tuple(f"block_{i:02d}" for i in range(6))
+    assert finding.message.startswith("input side: blocks 0-5 get 1e-04x the gradient of the rest")
+    assert finding.evidence["ratio"] == pytest.approx(1e4, rel=1.0)
+    assert (finding.evidence["band_first"], finding.evidence["band_last"]) == (0, 5)
+    assert finding.evidence["blocks"] == 12
+    assert finding.remedies == ("swap_to_pre_ln", "scale_lr")
+
+
+def test_starved_output_band() -> None:
+    [finding] = feed(DepthImbalance(patience=10), _stack([1.0] * 8 + [1e-3] * 4, 100))
+    assert finding.location == ("block_08", "block_09", "block_10", "block_11")
+    assert finding.message.startswith("output side: blocks 8-11")
+
+
+def test_geometric_post_ln_decay_is_caught() -> None:
+    # 12 blocks, gradients shrinking 3x per block towards the input: 3^11 ~ 1.8e5 end to end.
+    [finding] = feed(DepthImbalance(), _stack([3.0 ** (i - 11) for i in range(12)], 200))
+    assert finding.location[0] == "block_00"
+    assert finding.message.startswith("input side")
+
+
+@pytest.mark.parametrize(
+    "norms",
+    [
+        [10 ** (1 - i / 11) for i in range(12)],  # pre-LN: block 0 10x block 11
+        [3 ** (i / 11) for i in range(12)],  # late blocks 3x larger
+        [1.0] * 48,
+        [1.0] * 4 + [1e-4] * 4 + [1.0] * 4,  # a middle band is not an end of the stack
+        [1e-4, 1e-4, 1.0],  # too few blocks
+    ],
+    ids=["pre-ln-10x", "rising-3x", "flat-48", "middle-band", "three-blocks"],
+)
+def test_silent_on_healthy_stacks(norms: list[float]) -> None:
+    assert feed(DepthImbalance(), _stack(norms, 1000, sigma=0.5)) == []
+
+
+def test_silent_on_heavy_noise() -> None:
+    assert feed(DepthImbalance(), _stack([1.0] * 12, 1000, sigma=1.5, seed=1)) == []
+
+
+def test_a_blip_shorter_than_patience_is_silent() -> None:
+    stream = _stack([1.0] * 12, 100) + _stack(STARVED_INPUT, 30, seed=1)
+    stream += _stack([1.0] * 12, 100, seed=2)
+    stream = [StepRecord(i, r.values) for i, r in enumerate(stream)]
+    assert feed(DepthImbalance(), stream) == []
+
+
+def test_episode_ends_when_the_band_goes_and_can_recur() -> None:
+    phases = [STARVED_INPUT, [1.0] * 12, STARVED_INPUT]
+    stream = [r for k, norms in enumerate(phases) for r in _stack(norms, 100, sigma=0.1, seed=k)]
+    stream = [StepRecord(i, r.values) for i, r in enumerate(stream)]
+    found = feed(DepthImbalance(alpha=1.0), stream)
+    assert [(f.step, f.end_step) for f in found] == [(0, 49), (200, 249)]
+
+
+def test_update_ratio_is_secondary_evidence() -> None:
+    stream = _stack(STARVED_INPUT, 50)
+    for record in stream:
+        for i in range(12):
+            record.values[f"update_ratio/block_{i:02d}"] = 1e-6 if i < 6 else 1e-3  # type: ignore[index]
+    [finding] = feed(DepthImbalance(), stream)
+    assert finding.evidence["update_ratio_band"] == 1e-6
+    assert finding.evidence["update_ratio_rest"] == 1e-3
+
+
+def test_hundred_layers_sort_by_depth() -> None:
+    [finding] = feed(DepthImbalance(patience=5), _stack([1e-5] * 10 + [1.0] * 90, 10))
+    assert finding.location == tuple(f"block_{i:03d}" for i in range(10))
+
+
+@pytest.mark.parametrize(
+    "bad", [math.nan, math.inf, 0.0, -1.0], ids=["nan", "inf", "zero", "negative"]
+)
+def test_bad_block_norms_are_skipped(bad: float) -> None:
+    stream = _stack(STARVED_INPUT, 60)
+    for record in stream[10:20]:
+        record.values["grad_norm/block_00"] = bad  # type: ignore[index]
+    [finding] = feed(DepthImbalance(), stream)
+    assert (finding.step, finding.end_step) == (0, 49)
+
+
+def test_records_without_block_norms_change_nothing() -> None:
+    detector = DepthImbalance()
+    feed(detector, _stack(STARVED_INPUT, 10))
+    before = detector.state_dict()
+    values = {"grad_norm": 1.0, "grad_norm/embed": 1e-9, "grad_norm/head": 1.0}
+    assert detector.update(StepRecord(10, values)) == []
+    assert detector.state_dict() == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        pytest.param({"ratio": 1.0}, "`ratio` must be >= 2.0, got 1.0", id="ratio"),
+        pytest.param({"patience": 0}, "`patience` must be >= 1, got 0", id="patience"),
+        pytest.param({"alpha": 0.0}, r"`alpha` must be in \(0, 1\], got 0.0", id="alpha"),
+        pytest.param({"min_blocks": 3}, "`min_blocks` must be >= 4, got 3", id="min_blocks"),
+    ],
+)
+def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DepthImbalance(**kwargs)  # type: ignore[arg-type]

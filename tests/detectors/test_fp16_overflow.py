@@ -1,0 +1,134 @@
+"""Fp16Overflow on literal loss-scale streams: scaler probing is healthy, cascades are not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stabilizer.detectors import Fp16Overflow
+from stabilizer.records import Severity, StepRecord
+
+from .streams import feed
+
+
+def _run(events: list[tuple[float, int]], with_flag: bool = True) -> list[StepRecord]:
+    """Records of (loss scale after the step, skipped) pairs; optionally without ``skipped``."""
+    return [
+        StepRecord(
+            i, {"loss_scale": scale, "skipped": float(skip)} if with_flag else {"loss_scale": scale}
+        )
+        for i, (scale, skip) in enumerate(events)
+    ]
+
+
+def _healthy(
+    n: int, startup_skips: int = 5, growth_interval: int = 1000
+) -> list[tuple[float, int]]:
+    """A torch/DeepSpeed scaler: halves from 65536 at start-up, then doubles every
+    ``growth_interval`` good steps and overflows (skip, halve) right after."""
+    scale, events = 65536.0, []
+    for i in range(n):
+        if i < startup_skips or (i > startup_skips and i % growth_interval == 1):
+            scale /= 2
+            events.append((scale, 1))
+        else:
+            if i > startup_skips and i % growth_interval == 0:
+                scale *= 2
+            events.append((scale, 0))
+    return events
+
+
+@pytest.mark.parametrize("with_flag", [True, False], ids=["skipped-logged", "scale-only"])
+@pytest.mark.parametrize("startup_skips", [0, 3, 8])
+def test_healthy_scaler_is_silent(with_flag: bool, startup_skips: int) -> None:
+    assert feed(Fp16Overflow(), _run(_healthy(3000, startup_skips), with_flag)) == []
+
+
+def test_deepspeed_hysteresis_start_up_is_silent() -> None:
+    # hysteresis=2: the first overflow skips without lowering the scale.
+    events = [(65536.0, 1), (32768.0, 1), (16384.0, 1), (8192.0, 1)] + [(8192.0, 0)] * 500
+    assert feed(Fp16Overflow(), _run(events)) == []
+
+
+def _cascade_at(start: int, n: int = 100) -> list[tuple[float, int]]:
+    events = _healthy(start)
+    scale = events[-1][0]
+    for _ in range(n):
+        scale /= 2
+        events.append((scale, 1))
+    return events
+
+
+@pytest.mark.parametrize("with_flag", [True, False], ids=["skipped-logged", "scale-only"])
+def test_consecutive_skips_are_one_error_at_the_third(with_flag: bool) -> None:
+    detector = Fp16Overflow()
+    found = [f for r in _run(_cascade_at(500), with_flag) for f in detector.update(r)]
+    [finding] = found
+    assert (finding.kind, finding.severity) == ("fp16_overflow", Severity.ERROR)
+    assert (finding.step, finding.end_step) == (500, 502)
+    assert finding.evidence == {"skips": 3.0, "scale_start": 2048.0, "scale_min": 256.0}
+    assert finding.remedies == ("upcast_to_fp32", "skip_step")
+    assert detector.finish() == []
+
+
+def test_scale_falling_32x_within_the_window_is_a_cascade() -> None:
+    events = _healthy(300)
+    scale = events[-1][0]
+    for i in range(100):
+        if i % 10 == 9:
+            scale /= 2
+        events.append((scale, int(i % 10 == 9)))
+    [finding] = feed(Fp16Overflow(), _run(events))
+    assert (finding.step, finding.end_step) == (309, 349)
+    assert finding.evidence["scale_start"] / finding.evidence["scale_min"] == 32.0
+
+
+def test_scale_at_floor_during_start_up_is_a_cascade() -> None:
+    # NaN from the first step: the scaler never finds a working scale.
+    events = [(65536.0 / 2 ** (i + 1), 1) for i in range(40)]
+    [finding] = feed(Fp16Overflow(), _run(events))
+    assert (finding.step, finding.end_step) == (0, 15)
+    assert finding.evidence["scale_min"] == 1.0
+
+
+def test_a_new_cascade_after_a_quiet_stretch_is_a_new_episode() -> None:
+    events = _cascade_at(300, n=5)
+    events += [(events[-1][0], 0)] * 60
+    scale = events[-1][0]
+    for _ in range(4):
+        scale /= 2
+        events.append((scale, 1))
+    found = feed(Fp16Overflow(quiet=50), _run(events))
+    assert [(f.step, f.end_step) for f in found] == [(300, 302), (365, 367)]
+
+
+def test_skips_inside_an_episode_do_not_report_again() -> None:
+    events = _cascade_at(300, n=5) + [(1.0, 0)] * 10 + [(0.5, 1)] * 5
+    assert len(feed(Fp16Overflow(quiet=50), _run(events))) == 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_nonfinite_scale_and_flag_are_skipped(bad: float) -> None:
+    detector = Fp16Overflow()
+    feed(detector, _run(_healthy(50)))
+    before = detector.state_dict()
+    assert detector.update(StepRecord(50, {"loss_scale": bad, "skipped": 1.0})) == []
+    assert detector.update(StepRecord(51, {"loss": 2.0, "skipped": 1.0})) == []
+    assert detector.state_dict() == before
+    assert detector.update(StepRecord(52, {"loss_scale": 2048.0, "skipped": bad})) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        pytest.param({"cascade": 1}, "`cascade` must be >= 2, got 1", id="cascade"),
+        pytest.param({"drop_pow": 0}, "`drop_pow` must be >= 1, got 0", id="drop_pow"),
+        pytest.param({"window": 1}, "`window` must be >= 2, got 1", id="window"),
+        pytest.param({"floor": -1.0}, "`floor` must be >= 0.0, got -1.0", id="floor"),
+        pytest.param({"quiet": 0}, "`quiet` must be >= 1, got 0", id="quiet"),
+    ],
+)
+def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Fp16Overflow(**kwargs)  # type: ignore[arg-type]

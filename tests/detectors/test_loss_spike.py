@@ -1,0 +1,164 @@
+"""LossSpike on literal and seeded loss streams."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stabilizer.detectors import LossSpike
+from stabilizer.records import Severity, StepRecord
+
+from .streams import falling_loss, feed, noisy, records
+
+
+def _flat(n: int, level: float = 2.5, rel: float = 0.05, seed: int = 0) -> list[float]:
+    return noisy([level] * n, rel, seed)
+
+
+@pytest.mark.parametrize(
+    ("spike", "rel"),
+    [([5.0, 5.0, 5.0], 0.05), ([6.0, 7.5, 5.0, 3.8], 0.05), ([8.0], 0.1), ([5.0, 5.5], 0.1)],
+    ids=["2x-3-steps", "3x-4-steps", "one-step-8", "2x-noisy"],
+)
+def test_spike_reported_once_with_start_peak_and_end(spike: list[float], rel: float) -> None:
+    losses = _flat(100, rel=rel) + spike + _flat(100, rel=rel, seed=1)
+    [finding] = feed(LossSpike(), records("loss", losses))
+    assert finding.kind == "loss_spike"
+    assert finding.severity is Severity.WARNING
+    assert (finding.step, finding.end_step) == (100, 100 + len(spike) - 1)
+    assert finding.evidence["peak"] == max(spike)
+    assert finding.evidence["peak_step"] == 100 + spike.index(max(spike))
+    assert finding.evidence["recovery_steps"] == len(spike)
+    assert finding.evidence["recovered"] == 1.0
+    assert finding.evidence["baseline"] == pytest.approx(2.5, rel=0.05)
+    assert finding.remedies == ("clip_gradients", "rollback")
+    assert "\n" not in finding.message and "clip gradients" in finding.message
+
+
+def test_spike_is_reported_when_it_ends() -> None:
+    detector = LossSpike()
+    for record in records("loss", [*_flat(50), 7.0, 7.0]):
+        assert detector.update(record) == []
+    [finding] = detector.update(StepRecord(52, {"loss": 2.5}))
+    assert (finding.step, finding.end_step) == (50, 51)
+
+
+def test_spike_still_up_at_the_end_is_closed_by_finish() -> None:
+    detector = LossSpike()
+    assert feed(detector, []) == []
+    for record in records("loss", [*_flat(50), 7.0, 6.0, 5.0]):
+        assert detector.update(record) == []
+    [finding] = detector.finish()
+    assert (finding.kind, finding.step, finding.end_step) == ("loss_spike", 50, 52)
+    assert finding.evidence["recovered"] == 0.0
+    assert "recovery_steps" not in finding.evidence
+    assert detector.finish() == []
+
+
+def test_long_spike_is_one_episode_and_does_not_raise_its_own_bar() -> None:
+    # 60 steps up: with a rolling (unfrozen) median the spike would become the baseline.
+    losses = _flat(100) + [6.0] * 60 + _flat(100)
+    [finding] = feed(LossSpike(), records("loss", losses))
+    assert (finding.kind, finding.step, finding.end_step) == ("loss_spike", 100, 159)
+
+
+def test_divergence_after_recovery_window_then_rebaselines() -> None:
+    losses = _flat(100) + _flat(400, level=6.0, seed=2)
+    [finding] = feed(LossSpike(), records("loss", losses))
+    assert finding.kind == "divergence"
+    assert finding.severity is Severity.ERROR
+    assert (finding.step, finding.end_step) == (100, 201)
+    assert finding.evidence["baseline"] == pytest.approx(2.5, rel=0.05)
+    assert finding.evidence["level"] == pytest.approx(6.0, rel=0.2)
+    assert finding.remedies == ("rollback", "scale_lr", "clip_gradients")
+
+
+def test_recovery_window_is_configurable() -> None:
+    losses = _flat(100) + [6.0] * 30
+    [finding] = feed(LossSpike(recovery_window=10), records("loss", losses))
+    assert (finding.kind, finding.step, finding.end_step) == ("divergence", 100, 111)
+
+
+def test_two_spikes_are_two_findings() -> None:
+    losses = [*_flat(100), 7.0, *_flat(100), 7.0, 7.0, *_flat(50)]
+    found = feed(LossSpike(), records("loss", losses))
+    assert [(f.step, f.end_step) for f in found] == [(100, 100), (201, 202)]
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [2.5] * 2000,
+        _flat(2000, rel=0.05),
+        _flat(2000, rel=0.10, seed=3),
+        noisy(falling_loss(2000), 0.05, seed=4),
+        noisy(falling_loss(2000), 0.10, seed=5),
+        noisy(falling_loss(2000, tau=30.0), 0.10, seed=6),  # steep early fall
+        noisy(falling_loss(2000, start=0.2, end=0.01), 0.10, seed=7),  # tiny losses
+        noisy([-1.0 + 0.5 * math.sin(i / 50) for i in range(2000)], 0.02, seed=8),  # negative
+        noisy(falling_loss(5000, tau=1000.0), 0.08, seed=9),  # long run
+    ],
+    ids=[
+        "constant",
+        "flat-5pct",
+        "flat-10pct",
+        "falling-5pct",
+        "falling-10pct",
+        "steep-fall",
+        "tiny",
+        "negative",
+        "long-run",
+    ],
+)
+def test_silent_on_healthy_curves(losses: list[float]) -> None:
+    assert feed(LossSpike(), records("loss", losses)) == []
+
+
+def test_warmup_makes_no_decisions() -> None:
+    assert feed(LossSpike(min_history=20), records("loss", [2.5] * 19 + [9.0, 2.5])) == []
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_nonfinite_losses_are_ignored_also_inside_an_episode(bad: float) -> None:
+    losses = [*_flat(60), bad, 7.0, bad, 7.0, bad, *_flat(60)]
+    [finding] = feed(LossSpike(), records("loss", losses))
+    assert (finding.step, finding.end_step) == (61, 63)
+
+
+def test_records_without_loss_change_nothing() -> None:
+    detector = LossSpike()
+    feed(detector, records("loss", _flat(30)))
+    before = detector.state_dict()
+    assert detector.update(StepRecord(31, {"grad_norm": 1.0})) == []
+    assert detector.state_dict() == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        pytest.param({"window": 1}, "`window` must be >= 2, got 1", id="window"),
+        pytest.param({"min_history": 1}, "`min_history` must be >= 2, got 1", id="min_history"),
+        pytest.param(
+            {"window": 10, "min_history": 20},
+            r"`min_history` must be <= window \(10\), got 20",
+            id="history-over-window",
+        ),
+        pytest.param(
+            {"recovery_window": 0}, "`recovery_window` must be >= 1, got 0", id="recovery_window"
+        ),
+        pytest.param({"k": -1.0}, "`k` must be >= 0.0, got -1.0", id="k"),
+        pytest.param({"rel_floor": math.nan}, "`rel_floor` must be >= 0.0, got nan", id="nan"),
+        pytest.param({"min_jump": -0.5}, "`min_jump` must be >= 0.0, got -0.5", id="min_jump"),
+        pytest.param({"min_ratio": 0.5}, "`min_ratio` must be >= 1.0, got 0.5", id="min_ratio"),
+        pytest.param({"recover_k": -1.0}, "`recover_k` must be >= 0.0, got -1.0", id="recover_k"),
+        pytest.param(
+            {"k": 2.0, "recover_k": 3.0},
+            r"`recover_k` must be <= k \(2.0\), got 3.0",
+            id="recover-over-k",
+        ),
+    ],
+)
+def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LossSpike(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""NonFinite on literal streams of losses and gradient norms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stabilizer.detectors import NonFinite
+from stabilizer.records import Severity, StepRecord
+
+from .streams import feed, records
+
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF], ids=["nan", "inf", "-inf"])
+def test_nonfinite_loss_is_reported_at_its_very_step(bad: float) -> None:
+    detector = NonFinite()
+    for record in records("loss", [2.5] * 10):
+        assert detector.update(record) == []
+    [finding] = detector.update(StepRecord(10, {"loss": bad, "grad_norm": NAN}))
+    assert (finding.kind, finding.step, finding.end_step) == ("nonfinite_loss", 10, 10)
+    assert finding.severity is Severity.ERROR
+    assert finding.remedies == ("skip_step", "upcast_to_fp32", "rollback")
+    assert "step 10" in finding.message
+
+
+def test_one_off_nan_is_one_error_and_the_episode_ends() -> None:
+    found = feed(NonFinite(), records("loss", [2.5] * 5 + [NAN] + [2.5] * 5 + [NAN, NAN] + [2.4]))
+    assert [(f.kind, f.step, f.severity) for f in found] == [
+        ("nonfinite_loss", 5, Severity.ERROR),
+        ("nonfinite_loss", 11, Severity.ERROR),
+    ]
+
+
+def test_persistent_nan_is_critical_once_when_it_reaches_persistent_after() -> None:
+    detector = NonFinite(persistent_after=5)
+    found = [f for r in records("loss", [2.5] * 3 + [NAN] * 50) for f in detector.update(r)]
+    assert [(f.severity, f.step, f.end_step) for f in found] == [
+        (Severity.ERROR, 3, 3),
+        (Severity.CRITICAL, 3, 7),
+    ]
+    assert "persist for 5 steps since step 3" in found[1].message
+    assert "not recovering" in found[1].message
+    assert found[1].remedies == ("rollback", "upcast_to_fp32")
+    assert detector.finish() == []
+
+
+def test_nonfinite_group_grad_names_its_groups() -> None:
+    values = {"loss": 2.5, "grad_norm": INF, "grad_norm/block_00": 1.0}
+    values.update({"grad_norm/block_01": NAN, "grad_norm/head": INF})
+    [finding] = NonFinite().update(StepRecord(7, values))
+    assert (finding.kind, finding.step) == ("nonfinite_grad", 7)
+    assert finding.location == ("block_01", "head")
+    assert "block_01, head" in finding.message
+    assert finding.evidence["nonfinite_groups"] == 2.0
+
+
+def test_nonfinite_total_grad_norm_alone() -> None:
+    [finding] = NonFinite().update(StepRecord(3, {"grad_norm": NAN}))
+    assert (finding.kind, finding.location) == ("nonfinite_grad", ())
+
+
+def test_nonfinite_grads_count() -> None:
+    [finding] = NonFinite().update(StepRecord(3, {"loss": 2.0, "nonfinite_grads": 4.0}))
+    assert finding.kind == "nonfinite_grad"
+    assert NonFinite().update(StepRecord(3, {"loss": 2.0, "nonfinite_grads": 0.0})) == []
+
+
+def test_grad_then_loss_episode_becomes_persistent_loss() -> None:
+    stream = [StepRecord(0, {"loss": 2.0, "grad_norm": INF})]
+    stream += [StepRecord(i, {"loss": NAN, "grad_norm": NAN}) for i in range(1, 6)]
+    found = feed(NonFinite(persistent_after=3), stream)
+    assert [(f.kind, f.severity, f.step, f.end_step) for f in found] == [
+        ("nonfinite_grad", Severity.ERROR, 0, 0),
+        ("nonfinite_loss", Severity.CRITICAL, 0, 2),
+    ]
+
+
+def test_scaler_overflow_with_finite_loss_is_left_to_fp16_overflow() -> None:
+    skipped = {"loss": 2.5, "grad_norm": INF, "loss_scale": 32768.0, "skipped": 1.0}
+    assert NonFinite().update(StepRecord(0, skipped)) == []
+    # Without a scaler the same gradients are a finding ...
+    [finding] = NonFinite().update(StepRecord(0, {"loss": 2.5, "grad_norm": INF, "skipped": 1.0}))
+    assert finding.kind == "nonfinite_grad"
+    # ... and a non-finite loss is always one.
+    [finding] = NonFinite().update(StepRecord(0, {**skipped, "loss": NAN}))
+    assert finding.kind == "nonfinite_loss"
+
+
+def test_silent_on_finite_streams() -> None:
+    stream = [
+        StepRecord(i, {"loss": 2.5, "grad_norm": 1e30, "grad_norm/head": 0.0}) for i in range(100)
+    ]
+    assert feed(NonFinite(), stream) == []
+
+
+def test_records_without_its_signals_change_nothing() -> None:
+    detector = NonFinite()
+    detector.update(StepRecord(0, {"loss": NAN}))
+    before = detector.state_dict()
+    assert detector.update(StepRecord(1, {"lr": NAN, "loss_scale": NAN})) == []
+    assert detector.state_dict() == before
+
+
+def test_persistent_after_is_checked() -> None:
+    with pytest.raises(ValueError, match="`persistent_after` must be >= 2, got 1"):
+        NonFinite(persistent_after=1)

@@ -1,0 +1,161 @@
+"""StepRecord, Finding and Severity: values, strict-JSON round trips, errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+import pytest
+
+from stabilizer.records import Finding, Severity, StepRecord
+
+
+def _strict(line: str) -> Any:
+    """Parse JSON refusing the NaN/Infinity extensions, as strict parsers do."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _finding(**changes: Any) -> Finding:
+    fields: dict[str, Any] = {
+        "kind": "loss_spike",
+        "step": 100,
+        "end_step": 103,
+        "severity": Severity.WARNING,
+        "message": "loss spiked from 2.5 to 7.5 (3.0x) at step 101, back after 4 steps",
+        "evidence": {"baseline": 2.5, "peak": 7.5, "peak_step": 101.0, "ratio": 3.0},
+        "location": ("block_03",),
+        "remedies": ("clip_gradients", "rollback"),
+    }
+    fields.update(changes)
+    return Finding(**fields)
+
+
+def test_step_record_json_line() -> None:
+    record = StepRecord(3, {"loss": 2.5, "grad_norm": math.nan, "up": math.inf, "down": -math.inf})
+    line = record.to_json()
+    assert line == (
+        '{"type":"step","step":3,"values":{"loss":2.5,"grad_norm":"nan","up":"inf","down":"-inf"}}'
+    )
+    assert "\n" not in line
+    assert StepRecord.from_dict(_strict(line)) == record
+
+
+def test_step_record_values_become_plain_floats_and_nan_equals_nan() -> None:
+    record = StepRecord(1, {"skipped": True, "loss": 2})
+    assert record.values == {"skipped": 1.0, "loss": 2.0}
+    assert all(type(v) is float for v in record.values.values())
+    assert StepRecord(1, {"loss": math.nan}) == StepRecord(1, {"loss": float("nan")})
+    assert hash(StepRecord(1, {"loss": math.nan})) == hash(StepRecord(1, {"loss": math.nan}))
+    assert StepRecord(1, {"loss": 1.0}) != StepRecord(2, {"loss": 1.0})
+    assert StepRecord(0) == StepRecord(0, {})
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        pytest.param(
+            {"type": "finding", "step": 1, "values": {}}, "`type` must be 'step'", id="type"
+        ),
+        pytest.param(
+            {"step": 1}, "a step dict must have step, values; missing values", id="missing"
+        ),
+        pytest.param(
+            {"step": 1, "values": {"loss": "NaN"}},
+            "a value must be a number, 'nan', 'inf' or '-inf', got 'NaN'",
+            id="bad-string",
+        ),
+    ],
+)
+def test_step_record_from_bad_dict(data: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StepRecord.from_dict(data)
+
+
+def test_finding_round_trip_is_exact() -> None:
+    finding = _finding(evidence={"loss": math.nan, "ratio": math.inf, "low": -math.inf, "x": 0.1})
+    line = finding.to_json()
+    data = _strict(line)
+    assert data["type"] == "finding"
+    assert data["severity"] == "warning"
+    assert data["evidence"] == {"loss": "nan", "ratio": "inf", "low": "-inf", "x": 0.1}
+    back = Finding.from_dict(data)
+    assert back == finding
+    assert hash(back) == hash(finding)
+    assert (back.location, back.remedies) == (("block_03",), ("clip_gradients", "rollback"))
+
+
+def test_finding_with_open_end_and_defaults() -> None:
+    finding = Finding("nonfinite_loss", 7, None, Severity.ERROR, "loss is nan at step 7")
+    assert finding.to_dict()["end_step"] is None
+    assert Finding.from_dict(json.loads(finding.to_json())) == finding
+    assert (finding.evidence, finding.location, finding.remedies) == ({}, (), ())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"kind": "divergence"},
+        {"step": 99},
+        {"end_step": None},
+        {"severity": Severity.ERROR},
+        {"message": "other"},
+        {"evidence": {"baseline": 2.5}},
+        {"location": ()},
+        {"remedies": ("rollback",)},
+    ],
+    ids=lambda change: next(iter(change)),
+)
+def test_findings_compare_by_every_field(change: dict[str, Any]) -> None:
+    assert _finding() == _finding()
+    assert _finding(**change) != _finding()
+
+
+def test_finding_message_must_be_one_line() -> None:
+    with pytest.raises(ValueError, match="`message` must be one line, got 'a\\\\nb'"):
+        _finding(message="a\nb")
+
+
+def test_finding_from_bad_dict() -> None:
+    with pytest.raises(ValueError, match="`type` must be 'finding', got 'step'"):
+        Finding.from_dict({**_finding().to_dict(), "type": "step"})
+    with pytest.raises(ValueError, match="missing severity, message"):
+        Finding.from_dict({"kind": "x", "step": 1, "end_step": None})
+    with pytest.raises(ValueError, match="`severity` must be one of"):
+        Finding.from_dict({**_finding().to_dict(), "severity": "fatal"})
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("info", Severity.INFO),
+        ("WARNING", Severity.WARNING),
+        (" Error ", Severity.ERROR),
+        ("critical", Severity.CRITICAL),
+    ],
+    ids=["lower", "upper", "padded-mixed", "critical"],
+)
+def test_severity_parse(name: str, expected: Severity) -> None:
+    assert Severity.parse(name) is expected
+
+
+@pytest.mark.parametrize("name", ["warn", "", "fatal"], ids=["warn", "empty", "fatal"])
+def test_severity_parse_error_lists_valid_names(name: str) -> None:
+    match = f"`severity` must be one of info, warning, error, critical, got '{name}'"
+    with pytest.raises(ValueError, match=match):
+        Severity.parse(name)
+
+
+def test_severity_orders_and_matches_logging_levels() -> None:
+    assert Severity.INFO < Severity.WARNING < Severity.ERROR < Severity.CRITICAL
+    assert [int(s) for s in Severity] == [
+        logging.INFO,
+        logging.WARNING,
+        logging.ERROR,
+        logging.CRITICAL,
+    ]
