@@ -7,5 +7,12 @@ LightningModule and DataModule, fault injection for the failure scenarios, and t
 from .datamodule import StabilizerDataModule
 from .faults import FaultInjector
 from .lit_gpt import LitGPT, warmup_cosine
+from .monitor import StabilityMonitor
 
-__all__ = ["FaultInjector", "LitGPT", "StabilizerDataModule", "warmup_cosine"]
+__all__ = [
+    "FaultInjector",
+    "LitGPT",
+    "StabilityMonitor",
+    "StabilizerDataModule",
+    "warmup_cosine",
+]

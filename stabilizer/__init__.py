@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LitGPT", "StabilizerDataModule", "__version__"]
+__all__ = ["LitGPT", "StabilityMonitor", "StabilizerDataModule", "__version__"]
 __version__ = "0.1.0"
 
 # Installed, callbacks/ sits inside this package as stabilizer/callbacks. In a source checkout it is
@@ -24,6 +24,7 @@ if not (_here / "callbacks").is_dir() and (_here.parent / "callbacks" / "__init_
 
 _LAZY = {
     "LitGPT": "stabilizer.callbacks.lit_gpt",
+    "StabilityMonitor": "stabilizer.callbacks.monitor",
     "StabilizerDataModule": "stabilizer.callbacks.datamodule",
 }
 

@@ -95,6 +95,7 @@ def demo(
         corpus = load_corpus(data)  # build the cache now: errors surface before training starts
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
+    from stabilizer.callbacks.monitor import StabilityMonitor, format_finding
     from stabilizer.callbacks.run import run_scenario  # Lightning only loads for this command
 
     _quiet_lightning()  # after the import: importing lightning resets its loggers' levels
@@ -104,8 +105,16 @@ def demo(
         f"corpus: {corpus.source}, {len(corpus.train):,} train / {len(corpus.val):,} val bytes"
     )
     start = time.perf_counter()
+    monitor = StabilityMonitor()
     run = run_scenario(
-        sc, steps=steps, accelerator=device, logger=True, log_dir=log_dir, data=data, progress=True
+        sc,
+        steps=steps,
+        accelerator=device,
+        callbacks=[monitor],
+        logger=True,
+        log_dir=log_dir,
+        data=data,
+        progress=True,
     )
     elapsed = time.perf_counter() - start
     metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
@@ -116,6 +125,9 @@ def demo(
         f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
         f"val loss {metrics.get('val/loss', float('nan')):.3f}"
     )
+    click.echo(f"findings: {len(monitor.findings) or 'none'}")
+    for finding in monitor.findings:
+        click.echo(f"  {format_finding(finding)}")
     if sample:
         click.echo("--- sample ---")
         click.echo(_sample_text(run.module.model, corpus.decode, sample))

@@ -7,12 +7,15 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 
+from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.callbacks.run import ScenarioRun, run_scenario
 
 
@@ -49,24 +52,32 @@ class Trace(pl.Callback):
 
 @dataclass
 class TracedRun:
+    """A scenario trained with the ``Trace`` and a default ``StabilityMonitor`` attached."""
+
     run: ScenarioRun
     trace: Trace
+    monitor: StabilityMonitor
+    log_dir: Path  # TensorBoard event files and stability.jsonl
 
 
 _CACHE: dict[str, TracedRun] = {}
 
 
 @pytest.fixture(scope="session")
-def scenario_run() -> Callable[[str], TracedRun]:
+def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TracedRun]:
     """``scenario_run(name)`` trains the preset once per session and returns the traced run."""
 
     def get(name: str) -> TracedRun:
         if name not in _CACHE:
-            trace = Trace()
+            trace, monitor = Trace(), StabilityMonitor()
+            root = tmp_path_factory.mktemp(name)
+            logger = TensorBoardLogger(save_dir=str(root), name=name)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                run = run_scenario(name, accelerator="cpu", callbacks=[trace])
-            _CACHE[name] = TracedRun(run, trace)
+                run = run_scenario(
+                    name, accelerator="cpu", callbacks=[trace, monitor], logger=logger
+                )
+            _CACHE[name] = TracedRun(run, trace, monitor, Path(logger.log_dir))
         return _CACHE[name]
 
     return get

@@ -1,0 +1,57 @@
+"""TensorBoard extras of the monitor: the per-layer layout, the heatmap image, findings as text."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from stabilizer.records import Finding, StepRecord
+from stabilizer.signals import GRAD_NORM_PREFIX, block_index
+from stabilizer.tensorboard import (
+    HEATMAP_TAG,
+    custom_scalars_layout,
+    findings_text,
+    heatmap_png,
+    image_summary,
+)
+
+__all__ = ["TensorBoardOutput"]
+
+
+class TensorBoardOutput:
+    """Writes what plain scalars cannot show into a run's TensorBoard event file.
+
+    Args:
+        writer: ``torch.utils.tensorboard.SummaryWriter`` (``TensorBoardLogger.experiment``).
+        groups: The depth groups whose gradient norms are logged.
+        window: Steps shown in the heatmap (the most recent ones).
+    """
+
+    def __init__(self, writer: Any, groups: list[str], window: int = 500) -> None:
+        self._file = writer._get_file_writer()
+        self._file.add_summary(custom_scalars_layout(groups), 0)
+        self._keys = [GRAD_NORM_PREFIX + g for g in groups if block_index(g) is not None]
+        self._steps: deque[int] = deque(maxlen=window)
+        self._rows: deque[list[float]] = deque(maxlen=window)
+
+    def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:
+        """Remember the step's per-layer norms; write the heatmap every ``every`` steps."""
+        if record is not None and self._keys:
+            self._steps.append(record.step)
+            self._rows.append([record.values.get(k, float("nan")) for k in self._keys])
+            if every and record.step > 0 and record.step % every == 0:
+                self._heatmap(record.step)
+        if found:
+            self._file.add_summary(findings_text(found), max(f.step for f in found))
+
+    def close(self, step: int) -> None:
+        """Write the final heatmap and flush."""
+        if self._rows:
+            self._heatmap(step)
+        self._file.flush()
+
+    def _heatmap(self, step: int) -> None:
+        matrix = np.asarray(self._rows, dtype=np.float64).T  # (layers, steps)
+        self._file.add_summary(image_summary(HEATMAP_TAG, heatmap_png(matrix)), step)

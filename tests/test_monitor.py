@@ -1,0 +1,107 @@
+"""``StabilityMonitor`` on the real failure scenarios: each failure found, healthy runs silent.
+
+Every scenario is trained once per session (``scenario_run`` in conftest) with the monitor attached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+
+import pytest
+
+from conftest import TracedRun
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.records import Finding, Severity, StepRecord
+from stabilizer.scenarios import get_scenario
+from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE
+
+
+def _kinds(found: list[Finding], at_least: Severity = Severity.WARNING) -> list[str]:
+    return [f.kind for f in found if f.severity >= at_least]
+
+
+@pytest.mark.parametrize("name", ["healthy", "pre-ln-deep"])
+def test_healthy_runs_give_no_warning(scenario_run: Callable[[str], TracedRun], name: str) -> None:
+    found = scenario_run(name).monitor.findings
+    assert _kinds(found) == [], [f.to_dict() for f in found]
+
+
+def test_spike_is_one_recovered_loss_spike(scenario_run: Callable[[str], TracedRun]) -> None:
+    found = scenario_run("spike").monitor.findings
+    start, stop = get_scenario("spike").corrupt or (0, 0)
+    spikes = [f for f in found if f.kind == "loss_spike"]
+    assert len(spikes) == 1, [f.to_dict() for f in found]
+    assert start <= spikes[0].step < stop
+    assert spikes[0].end_step is not None and spikes[0].end_step < stop + 50
+    assert spikes[0].evidence.get("recovered") == 1.0
+    assert "divergence" not in _kinds(found)
+
+
+def test_diverge_is_divergence(scenario_run: Callable[[str], TracedRun]) -> None:
+    found = scenario_run("diverge").monitor.findings
+    surge = (get_scenario("diverge").lr_surge or (0, 0.0))[0]
+    div = [f for f in found if f.kind == "divergence"]
+    assert div and surge <= div[0].step < surge + 20, [f.to_dict() for f in found]
+
+
+def test_nan_found_at_the_first_nan_step(scenario_run: Callable[[str], TracedRun]) -> None:
+    found = scenario_run("nan").monitor.findings
+    fault = get_scenario("nan").activation_fault
+    assert fault is not None
+    nonfinite = [f for f in found if f.kind.startswith("nonfinite")]
+    assert nonfinite and min(f.step for f in nonfinite) == fault.start  # zero lag
+    assert "fp16_overflow" in _kinds(found)
+
+
+def test_nan_16_true_is_persistent(scenario_run: Callable[[str], TracedRun]) -> None:
+    found = scenario_run("nan-16-true").monitor.findings
+    fault = get_scenario("nan-16-true").activation_fault
+    assert fault is not None
+    assert min(f.step for f in found if f.kind.startswith("nonfinite")) == fault.start
+    assert any(f.severity == Severity.CRITICAL for f in found)
+
+
+def test_post_ln_deep_names_the_starved_input_side(
+    scenario_run: Callable[[str], TracedRun],
+) -> None:
+    found = scenario_run("post-ln-deep").monitor.findings
+    depth = [f for f in found if f.kind == "depth_imbalance"]
+    assert len(depth) == 1, [f.to_dict() for f in found]
+    assert "block_00" in depth[0].location and "block_11" not in depth[0].location
+    assert "input" in depth[0].message
+    assert "swap_to_pre_ln" in depth[0].remedies
+
+
+def test_jsonl_holds_every_step_and_finding(scenario_run: Callable[[str], TracedRun]) -> None:
+    traced = scenario_run("spike")
+    lines = (traced.log_dir / "stability.jsonl").read_text().splitlines()
+    items = [json.loads(line) for line in lines]
+    steps = [StepRecord.from_dict(d) for d in items if d["type"] == "step"]
+    assert [r.step for r in steps] == list(range(get_scenario("spike").steps))
+    assert [
+        Finding.from_dict(d) for d in items if d["type"] == "finding"
+    ] == traced.monitor.findings
+    # The logged loss is the loss the Trace measured, rounded to float32.
+    assert all(
+        math.isclose(r.values[LOSS], x, rel_tol=1e-6)
+        for r, x in zip(steps, traced.trace.loss, strict=True)
+    )
+    assert all(GRAD_NORM in r.values and "grad_norm/block_03" in r.values for r in steps)
+
+
+def test_fp16_loss_is_unscaled_and_scale_logged(scenario_run: Callable[[str], TracedRun]) -> None:
+    traced = scenario_run("nan")
+    lines = (traced.log_dir / "stability.jsonl").read_text().splitlines()
+    steps = [StepRecord.from_dict(d) for d in map(json.loads, lines) if d["type"] == "step"]
+    assert steps[0].values[LOSS_SCALE] == 65536.0
+    assert 5.0 < steps[0].values[LOSS] < 6.0  # ~ln(256), not 65536x it
+    assert steps[-1].values[LOSS_SCALE] < 65536.0
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError, match="`policy` must be one of observe, got 'fix'"):
+        StabilityMonitor(policy="fix")
+    with pytest.raises(ValueError, match="`heatmap_every` must be >= 0, got -1"):
+        StabilityMonitor(heatmap_every=-1)
