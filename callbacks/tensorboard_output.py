@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 
 from stabilizer.records import Finding, StepRecord
-from stabilizer.signals import GRAD_NORM_PREFIX, block_index
+from stabilizer.signals import GRAD_NORM_PREFIX
 from stabilizer.tensorboard import (
     HEATMAP_TAG,
     custom_scalars_layout,
+    depth_order,
     findings_text,
     heatmap_png,
     image_summary,
@@ -32,7 +33,9 @@ class TensorBoardOutput:
     def __init__(self, writer: Any, groups: list[str], window: int = 500) -> None:
         self._file = writer._get_file_writer()
         self._file.add_summary(custom_scalars_layout(groups), 0)
-        self._keys = [GRAD_NORM_PREFIX + g for g in groups if block_index(g) is not None]
+        self._keys = [
+            GRAD_NORM_PREFIX + g for g in depth_order(groups)
+        ]  # heatmap rows, input first
         self._steps: deque[int] = deque(maxlen=window)
         self._rows: deque[list[float]] = deque(maxlen=window)
 

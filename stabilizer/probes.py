@@ -94,7 +94,6 @@ class ActivationProbe:
     def __init__(self, model: nn.Module) -> None:
         self._targets: list[tuple[str, nn.Module, bool]] = []  # (name, module, use input)
         self._scores: list[tuple[str, nn.Module, int]] = []  # (name, fused QKV Linear, n_head)
-        self.keys: list[str] = []
         for name, module in model.named_modules():
             kind = type(module).__name__
             if "Norm" in kind:
@@ -104,7 +103,8 @@ class ActivationProbe:
                 qkv = getattr(module, "c_attn", None)
                 if isinstance(qkv, nn.Module) and isinstance(getattr(module, "n_head", None), int):
                     self._scores.append((name + ".scores", qkv, module.n_head))
-        self.keys += [ACT_ABSMAX_PREFIX + name for name, _, _ in self._scores]
+        names = [name for name, _, _ in self._targets] + [name for name, _, _ in self._scores]
+        self.keys = [ACT_ABSMAX_PREFIX + name for name in names]
         self._values: dict[str, Tensor] = {}
         self._handles: list[Any] = []
 

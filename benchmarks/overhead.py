@@ -1,0 +1,119 @@
+"""Step-time overhead of monitoring, measured in one process with the modes interleaved.
+
+    python benchmarks/overhead.py [--layers 4 12] [--rounds 3] [--steps 30] [--accelerator cpu]
+
+For the reference GPT at each depth, trains with a real Lightning ``Trainer`` in each mode:
+no callback; ``StabilityMonitor()`` with defaults; Lightning's ``grad_norm`` utility logged every
+step; and ``detect_anomaly=True``. Modes are interleaved round by round so that drifts of a shared
+machine hit them alike; the table shows the median step time of each mode and its ratio to the
+baseline. Results are recorded in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import grad_norm
+
+from stabilizer.callbacks import StabilityMonitor
+from stabilizer.callbacks.datamodule import StabilizerDataModule
+from stabilizer.callbacks.lit_gpt import LitGPT
+from stabilizer.callbacks.run import precision_args
+from stabilizer.config import GPTConfig
+
+MODES = ("baseline", "monitor", "grad_norm", "detect_anomaly")
+
+
+class StepTimer(pl.Callback):
+    """Wall time from batch start to batch end (forward, backward, optimizer, callbacks)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t = 0.0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter() - self._t)
+
+
+class LogGradNorm(pl.Callback):
+    """What Lightning's docs recommend: ``grad_norm`` of every parameter, logged every step."""
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+        pl_module.log_dict(grad_norm(pl_module, norm_type=2))
+
+
+def run_mode(mode: str, config: GPTConfig, steps: int, accelerator: str, precision: str) -> float:
+    """Median step time (s) of ``steps`` steps, the first 5 (warm-up) left out."""
+    timer = StepTimer()
+    callbacks: list[pl.Callback] = [timer]
+    if mode == "monitor":
+        callbacks.append(StabilityMonitor(jsonl=False))
+    elif mode == "grad_norm":
+        callbacks.append(LogGradNorm())
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=steps + 5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        detect_anomaly=mode == "detect_anomaly",
+        callbacks=callbacks,
+        **precision_args(precision, accelerator),
+    )
+    data = StabilizerDataModule(block_size=config.block_size, batch_size=16, max_steps=steps + 5)
+    trainer.fit(LitGPT(config, lr=1e-3, max_steps=steps + 5), datamodule=data)
+    return statistics.median(timer.times[5:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[4, 12])
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    args = parser.parse_args()
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+    print(f"{'layers':>6} {'mode':>15} {'median step (ms)':>17} {'ratio':>7}")
+    for n_layer in args.layers:
+        config = replace(
+            GPTConfig(), n_layer=n_layer, n_embd=args.width, block_size=args.block_size
+        )
+        times: dict[str, list[float]] = {m: [] for m in args.modes}
+        for _ in range(args.rounds):
+            for mode in args.modes:
+                times[mode].append(
+                    run_mode(mode, config, args.steps, args.accelerator, args.precision)
+                )
+        base = statistics.median(times[args.modes[0]])
+        for mode in args.modes:
+            med = statistics.median(times[mode])
+            print(f"{n_layer:>6} {mode:>15} {med * 1e3:>17.2f} {med / base:>6.3f}x")
+
+
+if __name__ == "__main__":
+    main()
