@@ -66,6 +66,7 @@ def run_scenario(
     cache_dir: str | Path | None = None,
     progress: bool = False,
     validate: bool = True,
+    module_class: type[LitGPT] = LitGPT,
 ) -> ScenarioRun:
     """Train the reference GPT through ``scenario`` with a real Lightning ``Trainer``.
 
@@ -80,12 +81,13 @@ def run_scenario(
         cache_dir: Corpus cache location.
         progress: Show Lightning's progress bar.
         validate: Run validation once at the end of training.
+        module_class: ``LitGPT`` or a subclass with another model (same optimizer, schedule).
     """
     sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
     if steps is not None:
         sc = sc.with_steps(steps)
     pl.seed_everything(sc.seed, verbose=False)
-    module = LitGPT(
+    module = module_class(
         sc.model,
         lr=sc.lr,
         weight_decay=sc.weight_decay,
