@@ -14,6 +14,7 @@ import pytest
 from conftest import TracedRun
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.engine import Engine
+from stabilizer.readers import read_log
 from stabilizer.records import Finding, Severity, StepRecord
 from stabilizer.scenarios import get_scenario
 from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE
@@ -128,3 +129,18 @@ def test_parity_replay_of_jsonl(scenario_run: Callable[[str], TracedRun], name: 
     traced = scenario_run(name)
     replayed = Engine().replay(_jsonl_records(traced))
     assert replayed == traced.monitor.findings
+
+
+@pytest.mark.parametrize("name", PARITY_SCENARIOS)
+def test_parity_replay_of_tensorboard(scenario_run: Callable[[str], TracedRun], name: str) -> None:
+    traced = scenario_run(name)
+    events = sorted(traced.log_dir.glob("events.out.tfevents.*"))
+    assert events
+    records = list(read_log(events[0], format="tensorboard"))
+    # The event file also holds Lightning's own scalars (epoch, hp_metric, val loss): compare the
+    # monitor's keys, which must come back for every step, bit for bit.
+    jsonl = _jsonl_records(traced)
+    keys = set().union(*(r.values for r in jsonl))
+    ours = [StepRecord(r.step, {k: v for k, v in r.values.items() if k in keys}) for r in records]
+    assert ours[: len(jsonl)] == jsonl
+    assert Engine().replay(records) == traced.monitor.findings
