@@ -1,19 +1,28 @@
 """The ``stabilizer`` command line.
 
 Exit codes: 0 success, 1 a failure the command reports, 2 usage errors (click's convention).
+``stabilizer diagnose`` imports neither torch nor Lightning; ``stabilizer demo`` loads them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from .readers import READERS
+from .records import Severity, StepRecord
+from .report import Diagnosis, Failure, exit_code, render_markdown, render_text, report_dict
+from .report.session import diagnose_input, needs_progress, prepare_outputs, warnings_as_lines
+from .report.text import render_overall
 from .scenarios import PRECISIONS, SCENARIOS, get_scenario
 
 if TYPE_CHECKING:
@@ -150,3 +159,115 @@ def _quiet_lightning() -> None:
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*litlogger.*")
+
+
+_SEVERITIES = [severity.name.lower() for severity in Severity]
+
+
+@main.command(name="diagnose")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(["auto", *READERS]),
+    default="auto",
+    show_default=True,
+    help="Log format; auto detects it from the first lines.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--markdown", is_flag=True, help="Print the report as markdown.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Save loss, gradient norm, loss scale and a per-layer heatmap as this PNG "
+    "(needs matplotlib; with several PATHs: FILE-1.png, FILE-2.png, ...).",
+)
+@click.option(
+    "--tensorboard",
+    "tb_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the replayed signals, the heatmap and the findings as TensorBoard events in "
+    "this directory (with several PATHs: one run per PATH inside it).",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(_SEVERITIES),
+    default="warning",
+    show_default=True,
+    help="Exit 1 when a finding is at least this severe.",
+)
+@click.pass_context
+def diagnose(
+    ctx: click.Context,
+    paths: tuple[str, ...],
+    format_: str,
+    as_json: bool,
+    markdown: bool,
+    plot: Path | None,
+    tb_dir: Path | None,
+    fail_on: str,
+) -> None:
+    """Diagnose finished runs from their logs: what went wrong, when, where, and what to do.
+
+    PATH is a log file (plain or .gz), a run directory (TensorBoard, Lightning CSV, HF Trainer
+    output) or - for standard input. Formats: the monitor's stability.jsonl, Lightning
+    metrics.csv, TensorBoard event files, and the console logs of Megatron-LM, DeepSpeed, the
+    Hugging Face Trainer, fairseq, nanoGPT and modded-nanogpt. Each PATH is diagnosed on its own.
+
+    Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error
+    or an unreadable input (the worst over all PATHs).
+    """
+    if as_json and markdown:
+        raise click.UsageError("--json and --markdown exclude each other")
+    if paths.count("-") > 1:
+        raise click.UsageError("- (standard input) can be given only once")
+    problem = prepare_outputs(plot, tb_dir)
+    if problem:
+        _fail(problem)
+        ctx.exit(2)
+    severity = Severity.parse(fail_on)
+    outcomes: list[Diagnosis | Failure] = []
+    with warnings_as_lines(sys.stderr, "stabilizer diagnose"):
+        for index, path in enumerate(paths, 1):
+            with contextlib.ExitStack() as stack:
+                progress = _progress(path, stack) if needs_progress(path) else None
+                outcome, messages = diagnose_input(
+                    path, format_, index, len(paths), plot=plot, tb_dir=tb_dir, wrap=progress
+                )
+            outcomes.append(outcome)
+            if isinstance(outcome, Failure):
+                _fail(outcome.message)
+            elif not as_json:
+                render = render_markdown if markdown else render_text
+                click.echo(("\n" if index > 1 else "") + render(outcome, severity))
+            for message in messages:
+                click.echo(f"stabilizer diagnose: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps(report_dict(outcomes, severity), indent=2, allow_nan=False))
+    elif len(paths) > 1:
+        click.echo("\n" + render_overall(outcomes, severity))
+    ctx.exit(max(exit_code(outcome, severity) for outcome in outcomes))
+
+
+def _fail(message: str) -> None:
+    click.echo(f"stabilizer diagnose: error: {message}", err=True)
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _progress(
+    path: str, stack: contextlib.ExitStack
+) -> Callable[[Iterator[StepRecord]], Iterable[StepRecord]] | None:
+    """A progress bar on stderr, by records (the readers do not tell bytes), on a terminal."""
+    if not _stderr_is_terminal():
+        return None
+
+    def wrap(records: Iterator[StepRecord]) -> Iterable[StepRecord]:
+        bar = click.progressbar(
+            records, label=f"reading {path}", file=sys.stderr, show_pos=True, update_min_steps=5000
+        )
+        return stack.enter_context(bar)
+
+    return wrap

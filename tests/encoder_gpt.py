@@ -21,8 +21,13 @@ class EncoderLM(nn.Module):
         self.tok = nn.Embedding(config.vocab_size, C)
         self.pos = nn.Embedding(config.block_size, C)
         layer = nn.TransformerEncoderLayer(
-            C, config.n_head, 4 * C, dropout=0.0, batch_first=True,
-            norm_first=config.norm_position == "pre", activation="gelu",
+            C,
+            config.n_head,
+            4 * C,
+            dropout=0.0,
+            batch_first=True,
+            norm_first=config.norm_position == "pre",
+            activation="gelu",
         )
         final = nn.LayerNorm(C) if config.norm_position == "pre" else None
         self.encoder = nn.TransformerEncoder(

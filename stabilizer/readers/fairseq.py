@@ -1,0 +1,124 @@
+"""`FairseqReader`: fairseq's ``train_inner`` progress lines and its fp16 scaler messages.
+
+Lines read (``--log-format simple`` and ``json``, with or without the hydra-era prefix)::
+
+    2024-01-01 12:00:00 | INFO | train_inner | epoch 001:    100 / 1000 loss=9.123, nll_loss=9.0,
+        ppl=512, wps=..., num_updates=100, lr=0.0005, gnorm=1.234, clip=0, loss_scale=128, ...
+    2024-01-01 12:00:00 | INFO | train_inner | {"epoch": 1, "loss": "9.123", "num_updates": "100"}
+    2024-01-01 12:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.5 | ...
+    2024-01-01 12:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring
+        gradient, setting loss scale to: 32.0
+    FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. ...
+
+The step is ``num_updates``. The loss is in base 2 (bits; fairseq's convention), noted and kept.
+Fields are interval averages (``--log-interval``, default 100 updates). ``gnorm`` is the grad norm;
+``clip``, the percentage of clipped updates in the interval, becomes ``clipped`` in 0..1.
+An overflow skips an update without counting it: a record at the next update with ``skipped`` 1
+and ``loss_scale`` the scale in force, twice the one announced (fairseq halves its scale). The
+minimum-scale error is a skipped step at that scale, with a note: the run stopped there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from typing import IO, ClassVar
+
+from ..records import StepRecord
+from ..signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
+from ._lines import labels, pick, resume_banner, text_lines
+from .base import BaseReader, record
+
+__all__ = ["FairseqReader"]
+
+_NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_INNER = re.compile(r"\|\s*(?:train_inner\s*\|\s*|epoch \d+:\s*\d+\s*/\s*\d+\s)")
+_VALID = re.compile(r"\|\s*valid\s*\|")
+_FIELDS = labels(
+    {
+        " loss=": LOSS,
+        " nll_loss=": "nll_loss",
+        " num_updates=": "num_updates",
+        " lr=": LR,
+        " gnorm=": GRAD_NORM,
+        " clip=": CLIPPED,
+        " loss_scale=": LOSS_SCALE,
+    }
+)
+_VALID_PAIR = re.compile(r"\|\s*(\w+) ([^|\s]+)")
+_OVERFLOW = re.compile(r"overflow detected.{0,80}?loss scale to:? ?" + _NUMBER)
+_MINIMUM = re.compile(r"Minimum loss scale reached \(" + _NUMBER)
+_STRONG = re.compile(r"\|\s*train_inner\s*\||\|\s*epoch \d+:\s*\d+\s*/\s*\d+\s+loss=")
+_WEAK = re.compile(r"fairseq|\| INFO \| (?:train|valid) \|")
+_JSON = {label.strip(" ="): key for label, key, _ in _FIELDS}
+
+
+class FairseqReader(BaseReader):
+    """Reads fairseq training logs (see the module docstring)."""
+
+    format: ClassVar[str] = "fairseq"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        if any(_STRONG.search(line) for line in head):
+            return 0.95
+        return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        last, banner, noted = -1, "", False
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            found = _INNER.search(line)
+            step, values = _inner(line, found.end()) if found is not None else _other(line)
+            if step is None:
+                if values:  # an overflow: the update that was tried is the next one
+                    yield self._overflow(max(last, 0) + 1, values, lineno)
+                elif last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            if step < last or banner:
+                self.segment(step, last, banner, lineno)
+                banner = ""
+            if not noted and LOSS in values:
+                noted = True
+                self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)
+            last = step
+            yield record(step, values)
+
+    def _overflow(self, step: int, values: dict[str, float], lineno: int) -> StepRecord:
+        if values.pop("minimum", 0.0):
+            self.note("format", "fairseq stopped: minimum loss scale reached", lineno)
+        return record(step, values)
+
+
+def _inner(line: str, start: int) -> tuple[int | None, dict[str, float]]:
+    """``(num_updates, signal values)`` of a train_inner line."""
+    if line.startswith("{", start):
+        try:
+            data = json.loads(line[start:])
+            pairs = {_JSON[k]: float(v) for k, v in data.items() if k in _JSON}
+        except (ValueError, TypeError, AttributeError):
+            return None, {}
+    else:
+        pairs = pick(line, start - 1, _FIELDS, ",")
+    updates = pairs.pop("num_updates", None)
+    if updates is None or not math.isfinite(updates):
+        return None, {}
+    if CLIPPED in pairs:
+        pairs[CLIPPED] /= 100.0  # a percentage of the interval's updates
+    return int(updates), pairs
+
+
+def _other(line: str) -> tuple[int | None, dict[str, float]]:
+    """A valid line ``(num_updates, {"val_loss": ...})``, or an overflow ``(None, fields)``."""
+    if "verflow" in line and (match := _OVERFLOW.search(line)):
+        return None, {SKIPPED: 1.0, LOSS_SCALE: 2 * float(match.group(1))}
+    if "Minimum loss scale" in line and (match := _MINIMUM.search(line)):
+        return None, {SKIPPED: 1.0, LOSS_SCALE: float(match.group(1)), "minimum": 1.0}
+    if not _VALID.search(line):
+        return None, {}
+    pairs = dict(_VALID_PAIR.findall(line))
+    if "num_updates" not in pairs or "loss" not in pairs:
+        return None, {}
+    return int(pairs["num_updates"]), {"val_loss": float(pairs["loss"])}

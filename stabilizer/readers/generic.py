@@ -1,0 +1,77 @@
+"""`GenericReader`: the fallback for console logs of ``key: value`` or ``key=value`` pairs.
+
+A line is a record when it holds a step-like key (``step``, ``iter``, ``iteration``,
+``global_step``, ``num_updates``) with an integer, and at least one other numeric pair::
+
+    2024-05-01 12:00:00 INFO step=120 loss=2.51 grad_norm=0.83 lr=3e-4
+    Epoch 3 | iter: 4500 | train/loss: 2.31 | lr: 0.0003
+
+Names map through the shared aliases (``train/loss`` → ``loss``, ``gnorm`` → ``grad_norm``, ...);
+other numeric names pass through unchanged. A line may also read ``step 120/5000``. The reader
+cannot know a format's quirks: prefer a specific reader when one fits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import IO, ClassVar
+
+from ..records import StepRecord
+from ._keys import KeyMap
+from ._lines import resume_banner, text_lines
+from .base import BaseReader, record
+
+__all__ = ["GenericReader"]
+
+_STEP_KEYS = ("global_step", "step", "iteration", "iter", "num_updates")  # by priority
+_STEPS = frozenset(_STEP_KEYS)
+_STEP = re.compile(r"\b(?:global_step|step|iteration|iter|num_updates) ?[:=]? ?(\d+)\b")
+_PAIR = re.compile(  # the lookbehind keeps it linear on long runs of name characters
+    r"(?<![\w./-])([A-Za-z_][\w./-]*) ?[:=] ?"
+    r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf|NaN|Inf))(?=[\s,;|)\]]|$)"
+)
+
+
+class GenericReader(BaseReader):
+    """Reads any log of ``key: value`` / ``key=value`` pairs with a step (the module doc)."""
+
+    format: ClassVar[str] = "generic"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        keys = KeyMap()
+        hits = sum(1 for line in head if _step_and_values(line, keys) is not None)
+        return 0.25 if hits >= 2 else 0.15 if hits else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        keys, last, banner = KeyMap(), -1, ""
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            found = _step_and_values(line, keys)
+            if found is None:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            step, values = found
+            if step < last or banner:
+                self.segment(step, last, banner, lineno)
+                banner = ""
+            last = step
+            yield record(step, values)
+
+
+def _step_and_values(line: str, keys: KeyMap) -> tuple[int, dict[str, float]] | None:
+    """The step and the other values of a line with a step-like key and another number."""
+    values = keys.rename(_PAIR.findall(line))
+    steps = _STEPS.intersection(values)
+    step: float | None = None
+    for name in _STEP_KEYS if steps else ():
+        if name in steps:
+            number = values.pop(name)
+            step = number if step is None else step
+    if step is None and ("step" in line or "iter" in line):
+        match = _STEP.search(line)
+        step = float(match.group(1)) if match else None
+    if step is None or not values or step != int(step):
+        return None
+    return int(step), values

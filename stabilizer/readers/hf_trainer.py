@@ -1,0 +1,114 @@
+"""`HfTrainerReader`: the log dicts the Hugging Face ``Trainer`` prints to the console.
+
+A line (Python dict syntax, often glued to a tqdm bar)::
+
+    {'loss': 2.5, 'grad_norm': 0.9, 'learning_rate': 0.0001, 'epoch': 0.5}
+
+The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. Numbers may be bare
+``nan``/``inf`` (not Python literals) or wrapped as ``tensor(0.9, ...)`` / ``np.float32(0.9)``.
+The console carries no step: training dicts are numbered 1, 2, ... (times ``logging_steps`` is the
+optimizer step) unless a dict has a ``step``. Eval dicts (``eval_*`` keys) land on the current
+number; the final summary (``train_runtime``, whose ``train_loss`` is the run's mean) is skipped.
+
+The Trainer hides NaN losses by default (``logging_nan_inf_filter=True``): a NaN step's loss is
+replaced by the interval's running mean, and an interval of NaN steps logs a loss of exactly 0.
+`HiddenNan` watches for the traces (NaN/Inf grad norm beside a finite loss, a loss of exactly 0
+after positive ones, the same loss three times running) and leaves a ``hidden_nan`` note.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import IO, ClassVar
+
+from ..records import StepRecord
+from ..signals import GRAD_NORM, LOSS
+from ._keys import KeyMap
+from ._lines import resume_banner, text_lines
+from .base import BaseReader, record
+
+__all__ = ["HfTrainerReader", "HiddenNan"]
+
+_DICT = re.compile(r"\{'\w+': ")
+_PAIR = re.compile(r"'(\w+)': ([^,}]+)")
+_WRAPPED = re.compile(r"'(\w+)': [\w.]+\(([^,)]+)")  # tensor(0.9, device=...), np.float32(0.9)
+_STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
+_WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
+
+
+class HiddenNan:
+    """Notes the traces of NaN losses hidden by ``logging_nan_inf_filter`` (once per kind).
+
+    Args:
+        reader: The reader whose notes get the findings.
+    """
+
+    def __init__(self, reader: BaseReader) -> None:
+        self.reader = reader
+        self._seen: set[str] = set()
+        self._last, self._repeats = math.nan, 0  # the last loss; how often it came again
+        self._positive = False  # a positive loss has been seen
+
+    def check(self, step: int, values: Mapping[str, float], line: int | None) -> None:
+        """Look at one record's ``loss`` and ``grad_norm``."""
+        loss, norm = values.get(LOSS), values.get(GRAD_NORM)
+        if loss is None or not math.isfinite(loss):
+            return
+        if norm is not None and not math.isfinite(norm):
+            self._say("grad", f"grad_norm is {norm} at step {step} while the loss is finite", line)
+        if loss == self._last:
+            self._repeats += 1
+            if self._repeats == 2 and loss != 0.0:
+                what = f"the loss is exactly {loss} three times up to step {step}"
+                self._say("repeat", what, line)
+        else:
+            self._last, self._repeats = loss, 0
+        if loss == 0.0 and self._positive:
+            self._say("zero", f"the loss is exactly 0 at step {step} after positive losses", line)
+        self._positive = self._positive or loss > 0
+
+    def _say(self, kind: str, what: str, line: int | None) -> None:
+        if kind not in self._seen:
+            self._seen.add(kind)
+            why = "the HF Trainer hides NaN losses by default (logging_nan_inf_filter=True)"
+            self.reader.note("hidden_nan", f"{what}: {why}; the loss curve may hide NaN", line)
+
+
+class HfTrainerReader(BaseReader):
+    """Reads the console output of a Hugging Face ``Trainer`` run (see the module docstring)."""
+
+    format: ClassVar[str] = "hf_trainer"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        if any(_STRONG.search(line) for line in head):
+            return 0.9
+        return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        keys, hidden = KeyMap(), HiddenNan(self)
+        count, last, banner = 0, -1, ""
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            start = line.find("{'")
+            if start < 0 or _DICT.match(line, start) is None:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            pairs = _PAIR.findall(line, start)
+            if "(" in line:
+                pairs += _WRAPPED.findall(line, start)
+            if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
+                continue
+            count += "'eval_" not in line
+            values = keys.rename(pairs)
+            step = int(values.pop("step")) if "'step'" in line and "step" in values else count
+            if step == 1 == count:
+                self.note("format", "HF console dicts carry no step: records count log lines")
+            if step < last or banner:
+                self.segment(step, last, banner, lineno)
+                banner = ""
+            last = step
+            hidden.check(step, values, lineno)
+            yield record(step, values)

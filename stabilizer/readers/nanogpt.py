@@ -1,0 +1,69 @@
+"""`NanoGptReader`: the console output of Karpathy's nanoGPT ``train.py``.
+
+Lines read::
+
+    iter 100: loss 2.3456, time 12.34ms, mfu 30.00%
+    step 100: train loss 2.3000, val loss 2.4000
+
+The ``iter`` loss is the last micro-batch's loss times the accumulation steps (an estimate of the
+step's loss), printed every ``log_interval`` iterations. The eval line's losses are means over
+``eval_iters`` batches: they pass through as ``eval_train_loss`` and ``val_loss``, not as
+``loss``. ``Resuming training from <dir>`` starts a new segment.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import IO, ClassVar
+
+from ..records import StepRecord
+from ..signals import LOSS
+from ._lines import resume_banner, text_lines
+from .base import BaseReader, record
+
+__all__ = ["NanoGptReader"]
+
+_NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_ITER = re.compile(r"\biter (\d+): loss " + _NUMBER)
+_EVAL = re.compile(r"\bstep (\d+): train loss " + _NUMBER + r", val loss " + _NUMBER)
+_WEAK = re.compile(
+    r"tokens per iteration will be|Initializing a new model from scratch|found vocab"
+)
+
+
+class NanoGptReader(BaseReader):
+    """Reads nanoGPT training logs (see the module docstring)."""
+
+    format: ClassVar[str] = "nanogpt"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        if any(_ITER.search(line) for line in head):
+            return 0.9
+        if any(_EVAL.search(line) for line in head):
+            return 0.85
+        return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        last, banner = -1, ""
+        search_iter, search_eval = _ITER.search, _EVAL.search
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            match = search_iter(line)
+            if match is not None:
+                step, values = int(match.group(1)), {LOSS: float(match.group(2))}
+            elif (match := search_eval(line)) is not None:
+                step = int(match.group(1))
+                values = {
+                    "eval_train_loss": float(match.group(2)),
+                    "val_loss": float(match.group(3)),
+                }
+            else:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            if step < last or banner:
+                self.segment(step, last, banner, lineno)
+                banner = ""
+            last = step
+            yield record(step, values)

@@ -1,0 +1,94 @@
+"""The human report as markdown: the content of the text report, for a pull request or a wiki.
+
+    ## Diagnosis of `runs/megatron.log`
+
+    | | |
+    |---|---|
+    | format | megatron |
+    | records | 480, steps 10–48000 |
+
+    **Notes**
+    - line 13: Megatron losses are averages over the log interval ...
+
+    ### Timeline
+
+    #### #1 · steps 12300–12800 · WARNING · loss spike
+    - **what:** loss spiked from 2.41 to 7.9 ...
+    - **likely cause:** one batch with an outsized gradient ...
+    - **remedy:** clip the global gradient norm to 1.0 (`clip_gradients`); ...
+
+    **Verdict:** critical: 2 episodes ...
+
+The structure is that of `stabilizer.report.text`, with the same episodes and verdict.
+"""
+
+from __future__ import annotations
+
+from ..records import Severity
+from .advice import advice_for, remedy_text
+from .diagnosis import Diagnosis
+from .episodes import (
+    Episode,
+    episodes,
+    evidence_text,
+    header_facts,
+    note_lines,
+    outcome,
+    step_range,
+    verdict,
+)
+from .text import segment_text
+
+__all__ = ["render_markdown"]
+
+
+def _escape(text: str) -> str:
+    """Text safe inside a table cell or a list item."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+
+
+def _header(diagnosis: Diagnosis) -> list[str]:
+    name = "standard input" if diagnosis.path == "-" else f"`{diagnosis.path}`"
+    lines = [f"## Diagnosis of {name}", "", "| | |", "|---|---|"]
+    lines += [f"| {label} | {_escape(value)} |" for label, value in header_facts(diagnosis)]
+    if len(diagnosis.segments) > 1:
+        lines += ["", "**Segments**", ""]
+        lines += [f"{_escape(segment_text(s)).replace('  ', '. ', 1)}" for s in diagnosis.segments]
+    notes = note_lines(diagnosis.notes)
+    if notes:
+        lines += ["", "**Notes**", "", *(f"- {_escape(note)}" for note in notes)]
+    return lines
+
+
+def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
+    worst, segments = episode.worst, diagnosis.segments
+    title = f"#{episode.number} · {step_range(episode.start, episode.end)} · "
+    title += f"{worst.severity.name} · {advice_for(worst.kind).title}"
+    if len(segments) > 1:
+        title += f" · segment {episode.segment}"
+    lines = ["", f"#### {title}", ""]
+    lines += [f"- **what:** {_escape(f.message)}" for f in episode.findings]
+    if episode.location:
+        lines.append("- **where:** " + ", ".join(f"`{name}`" for name in episode.location))
+    if episode.evidence:
+        lines.append(f"- **evidence:** {_escape(evidence_text(episode.evidence))}")
+    ended = outcome(episode, segments[episode.segment - 1], len(segments))
+    if ended:
+        lines.append(f"- **outcome:** {ended}")
+    lines.append(f"- **likely cause:** {advice_for(worst.kind).cause}")
+    if episode.remedies:
+        actions = [f"{remedy_text(name)} (`{name}`)" for name in episode.remedies]
+        lines.append("- **remedy:** " + "; ".join(actions))
+    return lines
+
+
+def render_markdown(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> str:
+    """The markdown report of one diagnosis (no trailing newline)."""
+    lines = _header(diagnosis)
+    found = episodes(diagnosis)
+    if found:
+        lines += ["", "### Timeline"]
+        for episode in found:
+            lines += _episode(episode, diagnosis)
+    lines += ["", f"**Verdict:** {_escape(verdict(diagnosis, fail_on))}"]
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The picture of a diagnosis, drawn with matplotlib (the optional extra ``plot``) on Agg.
+
+Panels, top to bottom, sharing the step axis: the loss with every episode shaded (numbered as in
+the timeline, coloured by severity, red marks where the loss is NaN/Inf); the total gradient norm
+(log scale); the loss scale (log scale) when logged; a heatmap of log10 per-layer gradient norms
+(input side at the top, NaN in red) when logged. Curves come from the bounded `History`: each
+bin draws its min-max band and its last value; each segment of a restarted run is its own curve.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..records import Severity
+from ..signals import GRAD_NORM, LOSS, LOSS_SCALE
+from ..tensorboard import depth_order
+from .diagnosis import Diagnosis
+from .episodes import episodes
+
+__all__ = ["PlotUnavailable", "plot_diagnosis", "require_matplotlib"]
+
+_COLOURS = {
+    Severity.INFO: "tab:gray",
+    Severity.WARNING: "tab:orange",
+    Severity.ERROR: "tab:red",
+    Severity.CRITICAL: "darkred",
+}
+_SEGMENT_COLOURS = ("tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan")
+_INSTALL = "`--plot` needs matplotlib: pip install 'stabilizer-lightning[plot]'"
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed; the message says how to get it."""
+
+
+def require_matplotlib() -> None:
+    """Import matplotlib now, so that a missing install fails before a long read.
+
+    Raises:
+        PlotUnavailable: matplotlib cannot be imported.
+    """
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    except ImportError:
+        raise PlotUnavailable(_INSTALL) from None
+
+
+def _curve(ax: Any, diagnosis: Diagnosis, key: str, log: bool) -> bool:
+    """Draw ``key``, a colour per segment (band and last values); False when nothing to draw."""
+    series = diagnosis.history.series(key)
+    drawn = False
+    for segment in diagnosis.segments:
+        rows = [
+            (step, low, high, last)
+            for step, seg, low, high, last in zip(
+                series.steps, series.segments, series.low, series.high, series.last, strict=True
+            )
+            if seg == segment.index and math.isfinite(last) and (last > 0 or not log)
+        ]
+        if not rows:
+            continue
+        steps, lows, highs, lasts = (list(column) for column in zip(*rows, strict=True))
+        colour = _SEGMENT_COLOURS[(segment.index - 1) % len(_SEGMENT_COLOURS)]
+        label = f"segment {segment.index}" if len(diagnosis.segments) > 1 else None
+        ax.fill_between(steps, lows, highs, color=colour, alpha=0.25, linewidth=0)
+        ax.plot(steps, lasts, color=colour, linewidth=1.0, label=label)
+        drawn = True
+    if drawn and log:
+        ax.set_yscale("log")
+    return drawn
+
+
+def _episodes(ax: Any, diagnosis: Diagnosis) -> None:
+    """Shade each episode's steps and number it as the timeline does."""
+    for episode in episodes(diagnosis):
+        colour = _COLOURS.get(episode.worst.severity, "tab:gray")
+        end = episode.end if episode.end is not None else episode.start
+        if end > episode.start:
+            ax.axvspan(episode.start, end, color=colour, alpha=0.2, linewidth=0)
+        else:
+            ax.axvline(episode.start, color=colour, alpha=0.6, linewidth=1.5)
+        ax.text(  # staggered, so that episodes that start together stay readable
+            episode.start, 0.98 - 0.09 * (episode.number % 3), f"#{episode.number}",
+            color=colour, fontsize=8, va="top",
+            transform=ax.get_xaxis_transform(),
+        )  # fmt: skip
+
+
+def _nonfinite_marks(ax: Any, diagnosis: Diagnosis) -> None:
+    series = diagnosis.history.series(LOSS)
+    steps = [step for step, bad in zip(series.steps, series.nonfinite, strict=True) if bad]
+    if steps:
+        ax.scatter(
+            steps, [0.02] * len(steps), marker="^", color="red", s=12, label="NaN/Inf loss",
+            transform=ax.get_xaxis_transform(), zorder=3,
+        )  # fmt: skip
+
+
+def _heatmap(fig: Any, ax: Any, diagnosis: Diagnosis, groups: list[str]) -> None:
+    import numpy as np
+    from matplotlib import colormaps
+
+    steps, rows = diagnosis.history.matrix(groups)
+    values = np.asarray(rows, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logged = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
+    logged[np.isnan(values)] = np.nan
+    image = ax.imshow(
+        np.ma.masked_invalid(logged), aspect="auto", interpolation="nearest",
+        extent=(steps[0], max(steps[-1], steps[0] + 1), len(groups) - 0.5, -0.5),
+        cmap=colormaps["viridis"].with_extremes(bad="red"),
+    )  # fmt: skip
+    step = max(1, len(groups) // 16)
+    ax.set_yticks(range(0, len(groups), step), groups[::step], fontsize=7)
+    ax.set_ylabel("layer")
+    fig.colorbar(image, ax=ax, label="log10 grad norm", pad=0.01)
+
+
+def plot_diagnosis(diagnosis: Diagnosis, path: Path) -> None:
+    """Draw the diagnosis and save it as a PNG at ``path``.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+        OSError: ``path`` cannot be written.
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    keys = diagnosis.history.keys()
+    groups = depth_order(diagnosis.history.groups())
+    panels = [LOSS, GRAD_NORM, *([LOSS_SCALE] if LOSS_SCALE in keys else [])]
+    panels += ["heatmap"] if groups else []
+    fig = Figure(figsize=(11, 2.4 * len(panels) + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, panel in zip(axes, panels, strict=True):
+        if panel == "heatmap":
+            _heatmap(fig, ax, diagnosis, groups)
+            continue
+        drawn = _curve(ax, diagnosis, panel, panel != LOSS)
+        ax.set_ylabel(panel.replace("_", " "))
+        if not drawn:
+            ax.text(0.5, 0.5, f"no {panel} in this log", ha="center", transform=ax.transAxes)
+        _episodes(ax, diagnosis)
+    _nonfinite_marks(axes[0], diagnosis)
+    if len(diagnosis.segments) > 1 or LOSS in diagnosis.history.nonfinite_keys():
+        axes[0].legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("step")
+    name = "standard input" if diagnosis.path == "-" else diagnosis.path
+    fig.suptitle(f"{name} ({diagnosis.format}, {diagnosis.records} records)", fontsize=10)
+    fig.savefig(path, dpi=100, format="png")

@@ -1,0 +1,118 @@
+"""The human report, plain text: a header, a timeline of episodes, a one-line verdict.
+
+    diagnosis of runs/megatron.log
+    format    megatron
+    records   480, steps 10–48000
+    notes     line 13: Megatron losses are averages over the log interval ...
+
+    timeline: 2 episodes
+    #1  steps 12300–12800  WARNING  loss spike
+        what      loss spiked from 2.41 to 7.9 (3.3x) at step 12400, back after 40 steps: ...
+        evidence  baseline 2.41, peak 7.9, ratio 3.28
+        cause     one batch with an outsized gradient pushed the weights off course; ...
+        remedy    clip the global gradient norm to 1.0 (clip_gradients)
+                  roll back to the last good checkpoint and step past the bad batch (rollback)
+
+    verdict: critical: 2 episodes (1 critical, 1 warning); act first on #2, ...
+
+Labels sit in a 10-character column; several findings of one episode give several ``what``
+lines. Segments are listed only for a restarted run, notes once per distinct message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..records import Severity
+from .advice import advice_for
+from .diagnosis import Diagnosis, Failure, Segment, exit_code
+from .episodes import (
+    Episode,
+    episodes,
+    evidence_text,
+    header_facts,
+    note_lines,
+    outcome,
+    remedy_lines,
+    step_range,
+    verdict,
+)
+
+__all__ = ["render_overall", "render_text", "segment_text"]
+
+_LABEL = 10  # width of the label column
+
+
+def _block(label: str, lines: list[str], indent: str = "") -> list[str]:
+    """``label`` beside the first line, the others aligned under it."""
+    pad = indent + " " * _LABEL
+    return [
+        (f"{indent}{label:<{_LABEL}}" if i == 0 else pad) + line for i, line in enumerate(lines)
+    ]
+
+
+def segment_text(segment: Segment) -> str:
+    """``"2  steps 200–400, 201 records; line 230: restart: step went back ..."``."""
+    text = f"{segment.index}  {step_range(segment.first_step, segment.last_step)}, "
+    text += f"{segment.records} records"
+    if segment.why:
+        text += f"; line {segment.line}: {segment.why}" if segment.line else f"; {segment.why}"
+    return text
+
+
+def _header(diagnosis: Diagnosis) -> list[str]:
+    name = "standard input" if diagnosis.path == "-" else diagnosis.path
+    lines = [f"diagnosis of {name}"]
+    for label, value in header_facts(diagnosis):
+        lines += _block(label, [value])
+    if len(diagnosis.segments) > 1:
+        lines += _block("", [segment_text(s) for s in diagnosis.segments])
+    notes = note_lines(diagnosis.notes)
+    if notes:
+        lines += _block("notes", notes)
+    return lines
+
+
+def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
+    worst, segments = episode.worst, diagnosis.segments
+    head = f"#{episode.number}  {step_range(episode.start, episode.end)}  "
+    head += f"{worst.severity.name}  {advice_for(worst.kind).title}"
+    if len(segments) > 1:
+        head += f"  (segment {episode.segment})"
+    lines = [head, *_block("what", [f.message for f in episode.findings], "    ")]
+    if episode.location:
+        lines += _block("where", [", ".join(episode.location)], "    ")
+    if episode.evidence:
+        lines += _block("evidence", [evidence_text(episode.evidence)], "    ")
+    ended = outcome(episode, segments[episode.segment - 1], len(segments))
+    if ended:
+        lines += _block("outcome", [ended], "    ")
+    lines += _block("cause", [advice_for(worst.kind).cause], "    ")
+    if episode.remedies:
+        lines += _block("remedy", remedy_lines(episode.remedies), "    ")
+    return lines
+
+
+def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> str:
+    """The text report of one diagnosis (no trailing newline)."""
+    lines = _header(diagnosis)
+    found = episodes(diagnosis)
+    if found:
+        lines += ["", f"timeline: {len(found)} episode{'s' if len(found) > 1 else ''}"]
+        for episode in found:
+            lines += _episode(episode, diagnosis)
+    lines += ["", f"verdict: {verdict(diagnosis, fail_on)}"]
+    return "\n".join(lines)
+
+
+def render_overall(outcomes: Sequence[Diagnosis | Failure], fail_on: Severity) -> str:
+    """The closing line of a report on several inputs: how many, the worst, the exit status."""
+    worst = [o.worst() for o in outcomes if isinstance(o, Diagnosis)]
+    found = max((severity for severity in worst if severity is not None), default=None)
+    parts = [f"{len(outcomes)} inputs"]
+    unreadable = len(outcomes) - len(worst)
+    if unreadable:
+        parts.append(f"{unreadable} unreadable")
+    parts.append(f"worst finding: {'none' if found is None else found.name.lower()}")
+    code = max((exit_code(outcome, fail_on) for outcome in outcomes), default=0)
+    return f"overall: {', '.join(parts)}; exit status {code}"

@@ -1,0 +1,80 @@
+"""`HfTrainerReader` and `HfTrainerStateReader`: console dicts, ``log_history``, hidden NaN."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from reader_cases import findings, kinds, parse, records, serious
+
+from stabilizer.readers import Note
+from stabilizer.records import StepRecord
+
+CONSOLE = """\
+***** Running training *****
+ 10%|█         | 50/500 [00:10<01:30,  5.00it/s]\r{'loss': 2.5, 'grad_norm': 0.9, \
+'learning_rate': 0.0001, 'epoch': 0.5}
+{'loss': 2.4, 'grad_norm': tensor(0.8, device='cuda:0'), 'learning_rate': np.float64(9e-05), \
+'epoch': 0.6}
+{'loss': nan, 'grad_norm': inf, 'learning_rate': 8e-05, 'epoch': 0.7}
+{'eval_loss': 2.6, 'eval_runtime': 1.2, 'epoch': 0.7}
+{'train_runtime': 100.0, 'train_samples_per_second': 10.0, 'train_loss': 2.45, 'epoch': 1.0}
+"""
+
+
+def test_console_dicts_never_evaluated() -> None:
+    notes: list[Note] = []
+    recs = parse("hf_trainer", CONSOLE, notes)
+    assert recs[:2] == [
+        StepRecord(1, {"loss": 2.5, "grad_norm": 0.9, "lr": 1e-4, "epoch": 0.5}),
+        StepRecord(2, {"loss": 2.4, "grad_norm": 0.8, "lr": 9e-5, "epoch": 0.6}),
+    ]
+    assert recs[2].step == 3 and math.isnan(recs[2].values["loss"])  # a bare nan
+    assert recs[3] == StepRecord(3, {"eval_loss": 2.6, "eval_runtime": 1.2, "epoch": 0.7})
+    assert len(recs) == 4  # the summary line, whose train_loss is a mean, is skipped
+    assert [n.kind for n in notes] == ["format"]
+
+
+def test_healthy_console_fixture() -> None:
+    notes: list[Note] = []
+    recs = records("hf_trainer_healthy.log", notes)
+    assert recs[0].step == 1 and set(recs[0].values) == {"loss", "grad_norm", "lr", "epoch"}
+    assert not serious(findings(recs))
+    assert "hidden_nan" not in {n.kind for n in notes}
+
+
+def test_failing_console_fixture_notes_hidden_nan() -> None:
+    notes: list[Note] = []
+    recs = records("hf_trainer_failing.log", notes)
+    assert recs[210].values["loss"] == 0.0 and math.isnan(recs[210].values["grad_norm"])
+    assert kinds(findings(recs)) == {"nonfinite_grad"}
+    hidden = [n.message for n in notes if n.kind == "hidden_nan"]
+    assert len(hidden) == 2 and all("logging_nan_inf_filter" in m for m in hidden)
+
+
+def test_repeated_losses_are_noted() -> None:
+    notes: list[Note] = []
+    parse("hf_trainer", "{'loss': 2.5}\n{'loss': 2.5}\n{'loss': 2.5}\n", notes)
+    assert any("three times" in n.message for n in notes if n.kind == "hidden_nan")
+
+
+def test_trainer_state_fixture() -> None:
+    recs = records("hf_trainer_state_healthy")
+    assert [r.step for r in recs[:3]] == [10, 20, 30] and len(recs) == 250
+    assert recs[49].values.keys() >= {"loss", "grad_norm", "lr", "eval_loss"}  # merged at 500
+    assert not serious(findings(recs))
+    assert kinds(findings(records("hf_trainer_state_failing"))) == {"loss_spike"}
+
+
+def test_trainer_state_compact_and_nan() -> None:
+    history = [{"loss": 2.0, "step": 1}, {"loss": float("nan"), "grad_norm": 1.0, "step": 2}]
+    text = json.dumps({"best_metric": None, "log_history": history, "max_steps": 2})
+    first, second = parse("hf_trainer_state", text)
+    assert first == StepRecord(1, {"loss": 2.0}) and math.isnan(second.values["loss"])
+
+
+def test_trainer_state_invalid_entry_stops_with_a_note() -> None:
+    notes: list[Note] = []
+    text = '{\n"log_history": [\n{"loss": 1, "step": 1},\n{"loss": }\n]\n}\n'
+    assert parse("hf_trainer_state", text, notes) == [StepRecord(1, {"loss": 1.0})]
+    assert [n.message for n in notes] == ["a log_history entry is not valid JSON: stopped"]

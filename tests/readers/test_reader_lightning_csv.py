@@ -1,0 +1,60 @@
+"""`LightningCsvReader`: sparse rows merge by step, aliases, ``grad_2.0_norm`` groups."""
+
+from __future__ import annotations
+
+import math
+
+from reader_cases import findings, kinds, parse, records, serious
+
+from stabilizer.readers import Note
+
+CSV = """epoch,grad_2.0_norm/model.h.0.attn.weight,grad_2.0_norm/model.h.0.mlp.weight,\
+grad_2.0_norm/model.h.1.mlp.weight,grad_2.0_norm/model.wte.weight,grad_2.0_norm_total,lr-AdamW,\
+step,train_loss_epoch,train_loss_step,val_loss,stability/loss_scale
+0,3.0,4.0,1.0,2.0,6.0,0.001,49,,2.5,,1024
+0,,,,,,,49,,,2.7,
+0,,,,,,,49,2.6,,,
+1,,,,,,,99,,nan,,
+"""
+
+
+def test_rows_merge_and_names_map() -> None:
+    first, second = parse("lightning_csv", CSV)
+    assert first.step == 49 and second.step == 99
+    assert first.values == {
+        "grad_norm/block_00": 5.0,  # sqrt(3² + 4²): one depth group
+        "grad_norm/block_01": 1.0,
+        "grad_norm/embed": 2.0,
+        "grad_norm": 6.0,
+        "lr": 0.001,
+        "loss": 2.5,
+        "val_loss": 2.7,
+        "train_loss_epoch": 2.6,
+        "loss_scale": 1024.0,
+    }
+    assert math.isnan(second.values["loss"])
+
+
+def test_healthy_fixture() -> None:
+    recs = records("lightning_csv_healthy")
+    assert len(recs) == 400 and recs[0].step == 0 and recs[-1].step == 399
+    assert set(recs[99].values) >= {
+        "loss",
+        "val_loss",
+        "train_loss_epoch",
+        "grad_norm/block_05",
+        "lr",
+    }
+    assert recs[0].values["lr"] == 6e-06
+    assert not serious(findings(recs))
+
+
+def test_failing_fixture() -> None:
+    assert kinds(findings(records("lightning_csv_failing"))) == {"loss_spike"}
+
+
+def test_step_back_and_garbage_rows() -> None:
+    notes: list[Note] = []
+    text = "step,loss\n1,2.0\n2,x\n\n3,2.0,9\n1,2.0\n"
+    assert [r.step for r in parse("lightning_csv", text, notes)] == [1, 3, 1]
+    assert [n.kind for n in notes] == ["restart"]

@@ -1,0 +1,56 @@
+"""`MegatronReader`: both layouts, interval averages, NaN averages left off the line."""
+
+from __future__ import annotations
+
+import math
+
+from reader_cases import findings, kinds, parse, records, serious
+
+from stabilizer.readers import Note
+
+OLD = (
+    " iteration      100/   50000 | consumed samples:        51200 | elapsed time per iteration "
+    "(ms): 1234.5 | learning rate: 3.000E-04 | global batch size:   512 | lm loss: 3.141593E+00 | "
+    "loss scale: 4096.0 | grad norm: 0.500 | number of skipped iterations:   0 | "
+    "number of nan iterations:   0 |"
+)
+NEW_NAN = (
+    "[2024-05-01 12:00:00] iteration      200/   50000 | consumed samples:       102400 | "
+    "elapsed time per iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 180.3 | "
+    "learning rate: 3.000000E-04 | global batch size:   512 | loss scale: 2048.0 | "
+    "number of skipped iterations:   3 | number of nan iterations:   2 |"
+)
+
+
+def test_old_and_new_layouts_and_nan_interval() -> None:
+    notes: list[Note] = []
+    good, bad = parse("megatron", f"{OLD}\ntime (ms) | forward-compute: 400.1\n{NEW_NAN}\n", notes)
+    assert good.step == 100 and good.values == {
+        "lr": 3e-4, "loss": 3.141593, "loss_scale": 4096.0, "grad_norm": 0.5,
+        "skipped_iterations": 0.0, "nan_iterations": 0.0, "skipped": 0.0,
+    }  # fmt: skip
+    assert bad.step == 200 and math.isnan(bad.values["loss"]) and bad.values["skipped"] == 1.0
+    assert "grad_norm" not in bad.values
+    assert [(n.kind, n.line) for n in notes] == [("format", 3)]
+    assert "averages over the log interval of 100 iterations" in notes[0].message
+
+
+def test_healthy_fixture() -> None:
+    recs = records("megatron_healthy.log")
+    assert [r.step for r in recs[:3]] == [10, 20, 30] and len(recs) == 200
+    assert recs[0].values["loss_scale"] == 131072.0 and recs[30].values["skipped"] == 1.0
+    assert not serious(findings(recs))
+
+
+def test_failing_fixture() -> None:
+    recs = records("megatron_failing.log")
+    assert all(math.isnan(r.values["loss"]) for r in recs[150:])
+    assert kinds(findings(recs)) == {"nonfinite_loss", "fp16_overflow"}
+
+
+def test_resume_banner_starts_a_segment() -> None:
+    notes: list[Note] = []
+    text = f"{OLD}\n loading checkpoint from /ckpt at iteration 100\n{OLD}\n"
+    assert len(parse("megatron", text, notes)) == 2
+    assert [n.kind for n in notes] == ["restart"]
+    assert "loading checkpoint" in notes[0].message and notes[0].line == 3
