@@ -35,6 +35,7 @@ def test_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
         )
     assert result.exit_code == 0, result.output
     assert "healthy: 20 steps in" in result.output
+    assert "findings: none" in result.output  # the monitor ran; a healthy start finds nothing
     assert "--- sample ---" in result.output
     events = list((tmp_path / "healthy").rglob("events.out.tfevents.*"))
     assert events, result.output
