@@ -10,12 +10,10 @@ import numpy as np
 from stabilizer.records import Finding, StepRecord
 from stabilizer.signals import GRAD_NORM_PREFIX
 from stabilizer.tensorboard import (
-    HEATMAP_TAG,
     custom_scalars_layout,
     depth_order,
     findings_text,
-    heatmap_png,
-    image_summary,
+    heatmap_summary,
 )
 
 __all__ = ["TensorBoardOutput"]
@@ -57,4 +55,4 @@ class TensorBoardOutput:
 
     def _heatmap(self, step: int) -> None:
         matrix = np.asarray(self._rows, dtype=np.float64).T  # (layers, steps)
-        self._file.add_summary(image_summary(HEATMAP_TAG, heatmap_png(matrix)), step)
+        self._file.add_summary(heatmap_summary(matrix), step)

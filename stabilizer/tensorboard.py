@@ -51,6 +51,7 @@ from .signals import (
 
 __all__ = [
     "FINDINGS_TAG",
+    "HEATMAP_DESCRIPTION",
     "HEATMAP_TAG",
     "EventWriter",
     "SummaryWriter",
@@ -58,6 +59,7 @@ __all__ = [
     "depth_order",
     "findings_text",
     "heatmap_png",
+    "heatmap_summary",
     "image_summary",
     "png_size",
     "scalar_summary",
@@ -385,3 +387,14 @@ def findings_text(findings: Sequence[Finding], tag: str = FINDINGS_TAG) -> Summa
     )
     metadata = text_metadata.create_summary_metadata(display_name="findings", description="")
     return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
+
+
+HEATMAP_DESCRIPTION = (
+    "log10 gradient norm per depth group (rows, input side at the top) over the steps (columns; "
+    "past 512 steps, neighbouring steps share a column showing their maximum); red: NaN, white: Inf"
+)
+
+
+def heatmap_summary(matrix: np.ndarray) -> Summary:
+    """The per-layer gradient-norm heatmap of ``matrix`` (groups x steps) as `HEATMAP_TAG`."""
+    return image_summary(HEATMAP_TAG, heatmap_png(matrix), description=HEATMAP_DESCRIPTION)

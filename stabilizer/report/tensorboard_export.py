@@ -21,18 +21,12 @@ from ..tensorboard import (
     custom_scalars_layout,
     depth_order,
     findings_text,
-    heatmap_png,
-    image_summary,
+    heatmap_summary,
     scalar_summary,
 )
 from .diagnosis import Diagnosis
 
 __all__ = ["FINDINGS_TAG", "HEATMAP_TAG", "TensorBoardExport"]
-
-_HEATMAP_NOTE = (
-    "log10 gradient norm per depth group (rows, input side at the top) over the run (columns: "
-    "downsampled bins, each its maximum); red: NaN/Inf"
-)
 
 
 class TensorBoardExport:
@@ -70,9 +64,8 @@ class TensorBoardExport:
             groups = depth_order(diagnosis.history.groups())
             if groups:
                 _, rows = diagnosis.history.matrix(groups)
-                png = heatmap_png(np.asarray(rows, dtype=np.float64))
-                summary = image_summary(HEATMAP_TAG, png, description=_HEATMAP_NOTE)
-                self._writer.add_summary(summary, self._last)
+                matrix = np.asarray(rows, dtype=np.float64)
+                self._writer.add_summary(heatmap_summary(matrix), self._last)
             findings = [item.finding for item in diagnosis.findings]
             self._writer.add_summary(findings_text(findings), self._last)
         finally:
