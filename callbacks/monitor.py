@@ -141,6 +141,13 @@ class StabilityMonitor(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guard(self._finish, trainer)
 
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # The run died (or was interrupted): keep what was logged; every line is already flushed.
+        if self._writer is not None:
+            self._writer.close()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "engine": self.engine.state_dict(),
