@@ -63,7 +63,8 @@ class EventDecoder:
         event = self._parse(data)
         if event is None or not event.HasField("summary"):
             return None
-        return event.step, self._scalars(event)
+        scalars = self._scalars(event)  # text and images carry none: they open no step
+        return (event.step, scalars) if scalars else None
 
     def _learn(self, data: bytes, parts: list[bytes], match: re.Match[bytes]) -> Layout | None:
         """The layout of an event of plain simple_values (fast path from now on), else None."""

@@ -148,6 +148,24 @@ def test_restart_within_a_file_and_window(tmp_path: Path) -> None:
     assert [n.kind for n in reader.notes] == ["restart"]
 
 
+def test_late_text_event_is_no_restart(tmp_path: Path) -> None:
+    # The monitor writes a finding's text at the episode's first step, long after that step.
+    writer = EventFileWriter(str(tmp_path))
+    for step in range(WINDOW + 10):
+        value = summary_pb2.Summary.Value(tag="loss", simple_value=1.0)
+        writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value])))
+    text = summary_pb2.Summary.Value(tag="stability/findings")
+    text.tensor.string_val.append(b"divergence")
+    text.metadata.plugin_data.plugin_name = "text"
+    writer.add_event(event_pb2.Event(step=3, summary=summary_pb2.Summary(value=[text])))
+    writer.close()
+    reader = TensorBoardReader()
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    with path.open("rb") as stream:
+        assert [r.step for r in reader.read(stream)] == list(range(WINDOW + 10))
+    assert reader.segment_starts == [0] and not reader.notes
+
+
 def test_files_of_a_run_merge_by_step(tmp_path: Path) -> None:
     write_events(tmp_path, [(s, "train/loss", 2.0) for s in range(5)])
     write_events(tmp_path, [(s, "lr-SGD", 0.1) for s in range(3, 8)])
