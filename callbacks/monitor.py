@@ -6,12 +6,13 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from stabilizer.detectors import default_detectors
 from stabilizer.detectors.base import Detector
@@ -19,15 +20,26 @@ from stabilizer.engine import Engine
 from stabilizer.jsonl import JsonlWriter
 from stabilizer.probes import ActivationProbe, GradProbe
 from stabilizer.records import Finding, StepRecord
-from stabilizer.signals import CLIP_VAL, CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
+from stabilizer.signals import (
+    CLIP_VAL,
+    CLIPPED,
+    GRAD_NORM,
+    LOSS,
+    LOSS_SCALE,
+    LR,
+    NONFINITE_GRADS,
+    NONFINITE_UPDATE,
+    SKIPPED,
+)
 
+from .guard import StepGuard
 from .tensorboard_output import TensorBoardOutput
 
 __all__ = ["StabilityMonitor", "format_finding"]
 
 log = logging.getLogger("stabilizer")
 
-_POLICIES = ("observe",)
+_POLICIES = ("protect", "observe")
 
 
 class StabilityMonitor(pl.Callback):
@@ -56,8 +68,15 @@ class StabilityMonitor(pl.Callback):
     TensorBoard also gets a custom-scalars layout (all per-layer gradient norms in one chart),
     a layers × steps heatmap image every ``heatmap_every`` steps, and findings as text.
 
+    Policies (see ``docs/protection.md``): ``"protect"`` (default) skips the optimizer step of any
+    step whose loss or gradients are non-finite (the optimizer never sees it: parameters and
+    optimizer state stay untouched; ``skipped`` = 1), undoes a step that turned the weights
+    non-finite (``guard_optimizer``), and stops the Trainer after ``stop_after`` non-finite steps
+    in a row. ``"observe"`` only detects and reports. The LR scheduler still advances on skipped
+    steps, as it does when an fp16 grad scaler skips one.
+
     Args:
-        policy: ``"observe"``: detect and report only.
+        policy: ``"protect"`` or ``"observe"``.
         detectors: The detectors to run (default: all registered, with default settings).
         grouping: ``parameter name -> depth group``, to override the naming conventions.
         activation_every: Sample activation maxima every N steps (0: never).
@@ -66,17 +85,24 @@ class StabilityMonitor(pl.Callback):
             for none.
         strict: Raise on an internal error of the monitor instead of warning once and stepping
             aside (training goes on either way when ``False``).
+        guard_optimizer: ``protect`` only: copy parameters and optimizer state before each step
+            and undo the step if it made them non-finite. ``None``: when parameters are fp16 or
+            bf16 (``16-true``, ``bf16-true``), where the optimizer's own arithmetic can overflow.
+        stop_after: ``protect`` only: stop the Trainer (``trainer.should_stop``) after this many
+            non-finite steps in a row; ``None`` never stops.
     """
 
     def __init__(
         self,
-        policy: str = "observe",
+        policy: str = "protect",
         detectors: Sequence[Detector] | None = None,
         grouping: Callable[[str], str] | None = None,
         activation_every: int = 50,
         heatmap_every: int = 100,
         jsonl: str | Path | bool = True,
         strict: bool = False,
+        guard_optimizer: bool | None = None,
+        stop_after: int | None = 10,
     ) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"`policy` must be one of {', '.join(_POLICIES)}, got {policy!r}")
@@ -86,18 +112,24 @@ class StabilityMonitor(pl.Callback):
         ):
             if value < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {value}")
+        if stop_after is not None and stop_after < 1:
+            raise ValueError(f"`stop_after` must be >= 1 or None, got {stop_after}")
         self.policy, self.grouping, self.strict = policy, grouping, strict
         self.activation_every, self.heatmap_every, self.jsonl = (
             activation_every,
             heatmap_every,
             jsonl,
         )
+        self.stop_after = stop_after
+        self.guard = StepGuard(guard_optimizer) if policy != "observe" else None
+        self.bad_in_a_row = 0  # consecutive non-finite steps
+        self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
         self.engine = Engine(list(detectors) if detectors is not None else default_detectors())
         self.findings: list[Finding] = []
         self._grads: GradProbe | None = None
         self._acts: ActivationProbe | None = None
         self._loss: torch.Tensor | None = None
-        self._pending: StepRecord | None = None
+        self._pending: tuple[int, dict[str, float]] | None = None  # the step's record, unsealed
         self._writer: JsonlWriter | None = None
         self._tb: TensorBoardOutput | None = None
         self._failed = False
@@ -114,6 +146,8 @@ class StabilityMonitor(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self.guard is not None:
+            self.guard.skip = self.guard.last_reverted = False
         every = self.activation_every
         if self._acts is not None and every and trainer.global_step % every == 0:
             self._acts.attach()
@@ -135,11 +169,17 @@ class StabilityMonitor(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
         if self._pending is not None:
-            record, self._pending = self._pending, None
-            self._guard(self._observe, trainer, record)
+            (step, values), self._pending = self._pending, None
+            if self.guard is not None and self.guard.last_reverted:
+                values[NONFINITE_UPDATE] = values[SKIPPED] = 1.0
+            self._guard(self._observe, trainer, StepRecord(step, values))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guard(self._finish, trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.guard is not None:
+            self.guard.uninstall()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -147,16 +187,28 @@ class StabilityMonitor(pl.Callback):
         # The run died (or was interrupted): keep what was logged; every line is already flushed.
         if self._writer is not None:
             self._writer.close()
+        if self.guard is not None:
+            self.guard.uninstall()
 
     def state_dict(self) -> dict[str, Any]:
+        guard = self.guard
         return {
             "engine": self.engine.state_dict(),
             "findings": [f.to_dict() for f in self.findings],
+            "bad_in_a_row": self.bad_in_a_row,
+            "skipped_steps": self.skipped_steps,
+            "skipped": guard.skipped if guard is not None else 0,
+            "reverted": guard.reverted if guard is not None else 0,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.engine.load_state_dict(state_dict["engine"])
         self.findings = [Finding.from_dict(f) for f in state_dict["findings"]]
+        self.bad_in_a_row = int(state_dict.get("bad_in_a_row", 0))
+        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
+        if self.guard is not None:
+            self.guard.skipped = int(state_dict.get("skipped", 0))
+            self.guard.reverted = int(state_dict.get("reverted", 0))
 
     # --- the work ------------------------------------------------------------------------------
 
@@ -169,6 +221,9 @@ class StabilityMonitor(pl.Callback):
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if trainer.is_global_zero and tb:
             self._tb = TensorBoardOutput(tb[0].experiment, self._grads.groups)
+        if self.guard is not None:
+            for problem in self.guard.install(trainer.optimizers):
+                log.warning("StabilityMonitor cannot protect this run: %s", problem)
 
     def _probe(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
         assert self._grads is not None, "on_fit_start builds the probes"
@@ -181,20 +236,41 @@ class StabilityMonitor(pl.Callback):
             parts.append(acts.to(grads.device))
         vec = torch.cat(parts)
         if trainer.world_size > 1:  # every rank must feed the engine the same numbers
-            vec = trainer.strategy.reduce(vec, reduce_op="mean")
+            vec = self._reduce(trainer.strategy, vec, len(grads))
         # The one host sync of the step; float32 so that a replay of the logs sees these numbers.
         host = vec.cpu().numpy().astype(np.float32)
         self._loss = None
-        self._pending = self._record(trainer, optimizer, host, scaler is not None, acts is not None)
+        values = self._values(trainer, optimizer, host, scaler is not None, acts is not None)
+        if self.guard is not None:
+            # Identical on every rank: the numbers were reduced. Overflowing gradients under a
+            # grad scaler are the scaler's to skip (it never calls the optimizer then).
+            loss_ok = bool(np.isfinite(values[LOSS]))
+            grads_ok = np.isfinite(values[GRAD_NORM]) and values[NONFINITE_GRADS] == 0
+            self.guard.skip = not loss_ok or (not grads_ok and scaler is None)
+            values[SKIPPED] = float(self.guard.skip or values.get(SKIPPED, 0.0) >= 0.5)
+        self._pending = (trainer.global_step, values)
 
-    def _record(
+    @staticmethod
+    def _reduce(strategy: Any, vec: torch.Tensor, n: int) -> torch.Tensor:
+        """Mean over ranks; a NaN anywhere makes it NaN everywhere, so all ranks decide alike.
+
+        Sharded parameters (FSDP): each rank holds a shard of every gradient, so the norms are
+        partial: their squares are summed over ranks (then the square root), the rest averaged.
+        """
+        if not isinstance(strategy, FSDPStrategy | ModelParallelStrategy):
+            return cast(torch.Tensor, strategy.reduce(vec, reduce_op="mean"))
+        norms = strategy.reduce(GradProbe.sharded_squares(vec[:n]), reduce_op="sum")
+        rest = strategy.reduce(vec[n:], reduce_op="mean")
+        return torch.cat((GradProbe.from_squares(norms), rest))
+
+    def _values(
         self,
         trainer: pl.Trainer,
         optimizer: torch.optim.Optimizer,
         host: np.ndarray,
         scaled: bool,
         sampled: bool,
-    ) -> StepRecord:
+    ) -> dict[str, float]:
         assert self._grads is not None
         n = len(self._grads.keys)
         values = dict(zip(self._grads.keys, host[:n].tolist(), strict=True))
@@ -210,11 +286,33 @@ class StabilityMonitor(pl.Callback):
             values[CLIPPED] = float(values[GRAD_NORM] > values[CLIP_VAL])
         if sampled and self._acts is not None:
             values.update(zip(self._acts.keys, host[n + 2 :].tolist(), strict=True))
-        return StepRecord(trainer.global_step, values)
+        return values
 
     def _observe(self, trainer: pl.Trainer, record: StepRecord) -> None:
         found = self.engine.observe(record)
         self._emit(trainer, record, found)
+        if self.guard is None:
+            return
+        self.skipped_steps += int(record.values[SKIPPED] >= 0.5)
+        bad = self.guard.skip or self.guard.last_reverted
+        self.bad_in_a_row = self.bad_in_a_row + 1 if bad else 0
+        if self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
+            self._stop(trainer, record.step)
+
+    def _stop(self, trainer: pl.Trainer, step: int) -> None:
+        """Stop gracefully: every rank counted the same steps, so every rank stops."""
+        trainer.should_stop = True
+        ckpt = trainer.checkpoint_callback
+        path = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
+        where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
+        if trainer.is_global_zero:
+            log.error(
+                "stabilizer: stopping at step %d after %d non-finite steps in a row "
+                "(every one skipped, the weights are intact)%s",
+                step,
+                self.bad_in_a_row,
+                where,
+            )
 
     def _finish(self, trainer: pl.Trainer) -> None:
         self._emit(trainer, None, self.engine.finish())

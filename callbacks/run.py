@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,8 @@ def run_scenario(
     progress: bool = False,
     validate: bool = True,
     module_class: type[LitGPT] = LitGPT,
+    trainer_args: Mapping[str, Any] | None = None,
+    ckpt_path: str | Path | None = None,
 ) -> ScenarioRun:
     """Train the reference GPT through ``scenario`` with a real Lightning ``Trainer``.
 
@@ -82,6 +84,9 @@ def run_scenario(
         progress: Show Lightning's progress bar.
         validate: Run validation once at the end of training.
         module_class: ``LitGPT`` or a subclass with another model (same optimizer, schedule).
+        trainer_args: ``Trainer`` arguments that override the defaults (``devices``,
+            ``strategy``, ``enable_checkpointing``, ...).
+        ckpt_path: Resume from this Lightning checkpoint.
     """
     sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
     if steps is not None:
@@ -108,21 +113,23 @@ def run_scenario(
     if logger is True:
         logger = TensorBoardLogger(save_dir=str(log_dir), name=sc.name)
     faults = [FaultInjector(sc.lr_surge, sc.activation_fault)]
-    trainer = pl.Trainer(
-        accelerator=accelerator,
-        devices=1,
-        max_steps=sc.steps,
-        max_epochs=1,
-        callbacks=[*faults, *callbacks],
-        logger=logger,
-        log_every_n_steps=1,
-        enable_checkpointing=False,
-        enable_progress_bar=progress,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=1.0 if validate else 0,
-        deterministic=False,
+    args: dict[str, Any] = {
+        "accelerator": accelerator,
+        "devices": 1,
+        "max_steps": sc.steps,
+        "max_epochs": 1,
+        "callbacks": [*faults, *callbacks],
+        "logger": logger,
+        "log_every_n_steps": 1,
+        "enable_checkpointing": False,
+        "enable_progress_bar": progress,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 1.0 if validate else 0,
+        "deterministic": False,
         **precision_args(sc.precision, accelerator),
-    )
-    trainer.fit(module, datamodule=datamodule)
+        **(trainer_args or {}),
+    }
+    trainer = pl.Trainer(**args)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return ScenarioRun(sc, trainer, module, datamodule)

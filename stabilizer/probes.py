@@ -24,7 +24,8 @@ class GradProbe:
 
     Groups come from parameter names (``blocks.N.``, ``layers.N.``, ``h.N.`` …, see
     :func:`stabilizer.groups.depth_group`) unless ``grouping`` maps a name to a group itself.
-    One ``torch._foreach_norm`` over all gradients, one ``index_add_`` into the groups.
+    One ``torch._foreach_norm`` over all gradients, one ``index_add_`` into the groups. With
+    sharded parameters (FSDP) the norms are of this rank's shards: `reduce_sharded` combines them.
 
     Args:
         named_parameters: ``model.named_parameters()``; only those requiring grad are watched.
@@ -55,7 +56,8 @@ class GradProbe:
     def __call__(self) -> Tensor:
         """``(2 + n_groups,)`` float32 on the gradients' device, ordered as :attr:`keys`."""
         present = [(p.grad, i) for p, i in zip(self._params, self._group_idx, strict=True)]
-        grads = [g for g, _ in present if g is not None]
+        # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces across ranks.
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g, _ in present if g is not None]
         if not grads:
             return torch.full((len(self.keys),), math.nan)
         device = grads[0].device
@@ -64,6 +66,20 @@ class GradProbe:
         sq = torch.zeros(len(self.groups), device=device).index_add_(0, index, norms.square())
         nonfinite = (~torch.isfinite(norms)).sum().float()
         return torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq.sqrt()))
+
+    @staticmethod
+    def sharded_squares(vec: Tensor) -> Tensor:
+        """Norms → squares (counts unchanged), to sum over the ranks that hold the shards."""
+        out = vec.square()
+        out[1] = vec[1]
+        return out
+
+    @staticmethod
+    def from_squares(vec: Tensor) -> Tensor:
+        """The inverse of `sharded_squares`, after the sum over ranks."""
+        out = vec.sqrt()
+        out[1] = vec[1]
+        return out
 
     def _index(self, idx: list[int], device: torch.device) -> Tensor:
         if len(idx) == len(self._group_idx):  # the usual case: every parameter has a gradient

@@ -25,6 +25,7 @@ __all__ = [
     "LOSS_SCALE",
     "LR",
     "NONFINITE_GRADS",
+    "NONFINITE_UPDATE",
     "OTHER",
     "SKIPPED",
     "TB_PREFIX",
@@ -40,6 +41,7 @@ GRAD_NORM = "grad_norm"  # total L2 norm of all gradients: unscaled (AMP), befor
 GRAD_NORM_PREFIX = "grad_norm/"  # + depth group: L2 norm of that group's gradients, as GRAD_NORM
 UPDATE_RATIO_PREFIX = "update_ratio/"  # + depth group: ‖Δw‖ / ‖w‖ of that group's optimizer step
 NONFINITE_GRADS = "nonfinite_grads"  # number of parameters whose gradient holds a NaN or an Inf
+NONFINITE_UPDATE = "nonfinite_update"  # 1.0 when the optimizer made finite weights non-finite
 LOSS_SCALE = "loss_scale"  # dynamic loss scale of the fp16 grad scaler (absent without one)
 SKIPPED = "skipped"  # 1.0 when the optimizer step was skipped (grad scaler, guard), else 0.0
 CLIPPED = "clipped"  # 1.0 when gradient clipping changed the gradients this step, else 0.0

@@ -7,7 +7,15 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..records import Finding, Severity, StepRecord
-from ..signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, NONFINITE_GRADS, SKIPPED
+from ..signals import (
+    GRAD_NORM,
+    GRAD_NORM_PREFIX,
+    LOSS,
+    LOSS_SCALE,
+    NONFINITE_GRADS,
+    NONFINITE_UPDATE,
+    SKIPPED,
+)
 from .base import check_at_least
 
 __all__ = ["NonFinite"]
@@ -16,7 +24,8 @@ __all__ = ["NonFinite"]
 class NonFinite:
     """A NaN or Inf loss or gradient, and whether the run recovers from it.
 
-    Requires: ``loss``, ``grad_norm``, ``grad_norm/<group>`` or ``nonfinite_grads``.
+    Requires: ``loss``, ``grad_norm``, ``grad_norm/<group>`` or ``nonfinite_grads``;
+    ``nonfinite_update`` where the live guard undid a step that made the weights non-finite.
     Rule: a NaN/Inf loss or gradient → ERROR at once; CRITICAL after `persistent_after` in a row.
 
     An episode is a run of consecutive non-finite records. Its first step is reported immediately
@@ -28,6 +37,9 @@ class NonFinite:
     An fp16 grad scaler overflow (``loss_scale`` present, ``skipped`` = 1, finite loss) is the
     scaler doing its job: the step was skipped and nothing non-finite reached the weights, so
     non-finite gradients are left to `Fp16Overflow` there. A non-finite loss is always reported.
+
+    Finite loss and gradients with ``nonfinite_update`` = 1 mean the optimizer itself produced the
+    NaN/Inf (AdamW's ``eps`` underflowing in fp16): ``nonfinite_update``, located at the optimizer.
 
     Args:
         persistent_after: Consecutive non-finite records after which the run counts as stuck.
@@ -53,6 +65,8 @@ class NonFinite:
         bad_loss = loss is not None and not math.isfinite(loss)
         scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
         groups = () if scaler_skip else _bad_groups(values)
+        if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
+            groups = ("optimizer",)
         if not (bad_loss or groups):
             self._start, self._length, self._loss_seen = None, 0, False
             return []
@@ -71,6 +85,8 @@ class NonFinite:
         if loss is not None:
             evidence["loss"] = loss
             what, kind = f"loss is {loss}", "nonfinite_loss"
+        elif location == ("optimizer",):
+            what, kind = "the optimizer step made finite weights non-finite", "nonfinite_update"
         else:
             where = f" in {', '.join(location)}" if location else ""
             what, kind = f"gradients are non-finite{where}", "nonfinite_grad"
@@ -78,6 +94,12 @@ class NonFinite:
             f"{what} at step {step}: skip the step; if it recurs, run LayerNorm/softmax in fp32"
         )
         remedies = ("skip_step", "upcast_to_fp32", "rollback")
+        if kind == "nonfinite_update":
+            message = (
+                f"{what} at step {step} (in fp16, AdamW's eps underflows to 0): skip the step; "
+                "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
+            )
+            remedies = ("skip_step", "mixed_precision")
         return Finding(kind, step, step, Severity.ERROR, message, evidence, location, remedies)
 
     def _persistent(self, step: int) -> Finding:

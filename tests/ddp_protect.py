@@ -1,0 +1,58 @@
+"""Run by ``test_ddp.py`` (DDP needs a fresh process): 2 CPU ranks over gloo, NaN on rank 1 only.
+
+Usage: ``python tests/ddp_protect.py OUT_DIR``. Each rank writes ``rank<N>.json``: its global
+step, skip count, findings and a checksum of its weights; rank 0 also writes the JSONL log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from test_protect import Fault, tiny
+
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.callbacks.run import run_scenario
+
+
+class RankFault(Fault):
+    """The fault of `Fault`, on rank 1 only."""
+
+    def _active(self, trainer: pl.Trainer) -> bool:
+        return trainer.global_rank == 1 and super()._active(trainer)
+
+
+def main(out: Path) -> None:
+    torch.set_num_threads(1)
+    monitor = StabilityMonitor(jsonl=out / "stability.jsonl")
+    run = run_scenario(
+        tiny("32-true"),
+        accelerator="cpu",
+        callbacks=[RankFault("activation"), monitor],
+        validate=False,
+        trainer_args={"devices": 2, "strategy": "ddp", "default_root_dir": str(out)},
+    )
+    digest = hashlib.sha256()
+    finite = True
+    for p in run.module.parameters():
+        finite = finite and bool(torch.isfinite(p).all())
+        digest.update(p.detach().cpu().numpy().tobytes())
+    assert monitor.guard is not None
+    report: dict[str, Any] = {
+        "step": run.trainer.global_step,
+        "skipped": monitor.guard.skipped,
+        "findings": [f.kind for f in monitor.findings],
+        "weights": digest.hexdigest(),
+        "finite": finite,
+    }
+    rank = run.trainer.global_rank
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,181 @@
+"""Policy ``protect``: faults injected into real training never reach the weights.
+
+Each run trains the reference GPT (tiny) with a real Trainer for a few steps and injects a NaN at
+chosen steps into the loss, a forward activation, a gradient in backward, or the optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from stabilizer.callbacks.guard import StepGuard, state_tensors
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.callbacks.run import ScenarioRun, run_scenario
+from stabilizer.config import GPTConfig
+from stabilizer.scenarios import Scenario
+
+FAULT_STEPS = (4, 5)
+STEPS = 10
+PRECISIONS = ["32-true", "bf16-mixed", "16-true", "fp16"]
+
+
+def tiny(precision: str, **kw: Any) -> Scenario:
+    model = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)
+    return Scenario(
+        "tiny", "protect test", model=model, steps=STEPS, batch_size=4, warmup_steps=2,
+        precision=precision, adam_eps=1e-4 if precision == "16-true" else 1e-8, **kw,
+    )  # fmt: skip
+
+
+class NaNGrad(torch.autograd.Function):
+    """Identity forward; NaN gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * math.nan
+
+
+class Fault(pl.Callback):
+    """A NaN at the steps `FAULT_STEPS`, in the loss, an activation, a gradient or the optimizer.
+
+    `once`: only the first pass through the faulted module in a step (a transient fault).
+    """
+
+    def __init__(self, where: str, once: bool = False) -> None:
+        self.where, self.once = where, once
+        self.passes = 0
+
+    def _active(self, trainer: pl.Trainer) -> bool:
+        return trainer.global_step in FAULT_STEPS
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        gpt = pl_module.model
+        hooks = {
+            "loss": (gpt, lambda out: (out[0], out[1] * math.nan)),
+            "activation": (gpt.blocks[1].mlp, lambda out: out * math.nan),
+            "gradient": (gpt.blocks[0].attn, NaNGrad.apply),
+        }
+        if self.where in hooks:
+            module, fn = hooks[self.where]
+            module.register_forward_hook(lambda m, a, out: self._fire(trainer, fn, out))
+
+    def _fire(self, trainer: pl.Trainer, fn: Any, out: Any) -> Any:
+        if not self._active(trainer) or (self.once and self.passes):
+            return None
+        self.passes += 1
+        return fn(out)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.passes = 0
+        if self.where == "optimizer" and self._active(trainer):
+            for group in trainer.optimizers[0].param_groups:
+                group["lr"] = math.nan  # the scheduler rewrites it next step
+
+
+def assert_intact(run: ScenarioRun) -> None:
+    for name, p in run.module.named_parameters():
+        assert torch.isfinite(p).all(), f"parameter {name} is not finite"
+    for opt in run.trainer.optimizers:
+        for t in state_tensors(opt):
+            assert torch.isfinite(t).all(), "optimizer state is not finite"
+
+
+def train(sc: Scenario, monitor: StabilityMonitor, fault: Fault | None) -> ScenarioRun:
+    callbacks: list[pl.Callback] = [monitor] if fault is None else [fault, monitor]
+    return run_scenario(sc, accelerator="cpu", callbacks=callbacks, validate=False)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("where", ["loss", "activation", "gradient"])
+def test_nan_never_reaches_the_weights(precision: str, where: str) -> None:
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(tiny(precision), monitor, Fault(where))
+    assert_intact(run)
+    assert monitor.guard is not None
+    kinds = {f.kind for f in monitor.findings}
+    if precision != "fp16" or where == "loss":  # else two skips are a scaler's normal business
+        assert kinds & {"nonfinite_loss", "nonfinite_grad"}
+    if precision == "fp16":
+        # Non-finite gradients under a grad scaler: the scaler skips them, the guard counts them.
+        assert monitor.guard.skipped == 0 and monitor.skipped_steps >= len(FAULT_STEPS)
+    else:
+        assert monitor.guard.skipped == monitor.skipped_steps == len(FAULT_STEPS)
+    assert run.trainer.global_step == STEPS  # one-off faults: the run goes on
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-true"])
+def test_optimizer_fault_is_undone(precision: str) -> None:
+    monitor = StabilityMonitor(jsonl=False, guard_optimizer=True)
+    run = train(tiny(precision), monitor, Fault("optimizer"))
+    assert_intact(run)
+    assert monitor.guard is not None and monitor.guard.reverted == len(FAULT_STEPS)
+    first = [f for f in monitor.findings if f.kind == "nonfinite_update"]
+    assert first and first[0].step == FAULT_STEPS[0] and first[0].location == ("optimizer",)
+
+
+def test_fp16_adamw_eps_underflow_is_caught_by_default() -> None:
+    # AdamW's eps of 1e-8 is 0 in fp16: a weight whose gradient was always 0 gets 0/0 = NaN.
+    # The guard is on by default for fp16 parameters.
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(replace(tiny("16-true"), adam_eps=1e-8), monitor, None)
+    assert_intact(run)
+    assert monitor.guard is not None and monitor.guard.reverted > 0
+    assert any(f.kind == "nonfinite_update" for f in monitor.findings)
+
+
+class Persistent(Fault):
+    def _active(self, trainer: pl.Trainer) -> bool:
+        return trainer.global_step >= FAULT_STEPS[0]
+
+
+def test_stop_after_consecutive_nonfinite_steps() -> None:
+    monitor = StabilityMonitor(jsonl=False, stop_after=3)
+    run = train(replace(tiny("32-true"), steps=30), monitor, Persistent("activation"))
+    assert_intact(run)
+    assert run.trainer.global_step == FAULT_STEPS[0] + 3  # stopped after the third bad step
+    assert monitor.guard is not None and monitor.guard.skipped == 3
+    assert any(f.severity.name == "ERROR" for f in monitor.findings)
+
+
+def test_observe_lets_the_nan_through() -> None:
+    # The control: without protection the same fault poisons the weights.
+    monitor = StabilityMonitor(policy="observe", jsonl=False)
+    run = train(tiny("32-true"), monitor, Fault("activation"))
+    assert monitor.guard is None
+    assert not all(torch.isfinite(p).all() for p in run.module.parameters())
+
+
+def test_guard_is_removed_after_fit() -> None:
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(tiny("32-true"), monitor, None)
+    for opt in run.trainer.optimizers:
+        assert getattr(opt.step, "__name__", "") != "guarded_step"
+
+
+def test_skip_leaves_adamw_untouched() -> None:
+    # Zeroing gradients is not skipping: weight decay and momentum would still move weights.
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    guard = StepGuard()
+    guard.install([opt])
+    before = [p.detach().clone() for p in model.parameters()]
+    state = [t.clone() for t in state_tensors(opt)]
+    guard.skip = True
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(state, state_tensors(opt), strict=True))
+    guard.uninstall()
+    assert "step" not in opt.__dict__
