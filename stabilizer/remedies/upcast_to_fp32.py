@@ -97,12 +97,14 @@ def _upcast_class(module: nn.Module) -> type[nn.Module] | None:
     named_rms = cls.__name__.endswith("RMSNorm") and hasattr(module, "weight")
     if not (isinstance(module, nn.LayerNorm) or is_rms or (named_rms and hasattr(module, "eps"))):
         return None
-    base: type[nn.Module] = _UpcastInput  # a subclass with its own forward, a hand-written RMSNorm
-    if isinstance(module, nn.LayerNorm) and cls.forward is nn.LayerNorm.forward:
-        base = FP32LayerNorm
-    elif is_rms and cls.forward is getattr(_RMS_NORM, "forward", None):
-        base = _RMSNormFP32
-    upcast = type(f"FP32{cls.__name__}", (base, cls), {"__module__": __name__})
+    # The module's own forward runs on an fp32 input; for a subclass of a torch norm, whatever it
+    # inherits from that norm resolves to the fp32 version placed after it.
+    bases: tuple[type[nn.Module], ...] = (_UpcastInput, cls)
+    if isinstance(module, nn.LayerNorm):
+        bases = (_UpcastInput, cls, FP32LayerNorm)
+    elif is_rms and FP32RMSNorm is not None:
+        bases = (_UpcastInput, cls, FP32RMSNorm)
+    upcast = type(f"FP32{cls.__name__}", bases, {"__module__": __name__})
     _CLASSES[cls] = upcast
     return upcast
 
