@@ -155,25 +155,30 @@ class Snapshots:
 
 @dataclass
 class SkipWindow:
-    """Which steps to skip after a rollback: those before `until`.
+    """Which steps to skip after a rollback: those from `since` up to, not including, `until`.
 
     Attributes:
-        until: First step no longer skipped; ``-1`` before any `start`.
+        since: First step skipped.
+        until: First step no longer skipped; ``since == until`` (no window) before `start`.
     """
 
-    until: int = -1
+    since: int = 0
+    until: int = 0
 
     def start(self, step: int, count: int) -> int:
-        """Skip the `count` steps from `step` on (extending a window already open); returns
+        """Skip the `count` steps from `step` on, extending a window still open; returns
         the new `until`."""
         if count < 0:
             raise ValueError(f"`count` must be >= 0, got {count}")
-        self.until = max(self.until, step + count)
+        if self.active(step):
+            self.until = max(self.until, step + count)
+        else:
+            self.since, self.until = step, step + count
         return self.until
 
     def active(self, step: int) -> bool:
         """Whether `step` is to be skipped."""
-        return step < self.until
+        return self.since <= step < self.until
 
 
 def _finite(model: nn.Module) -> bool:
