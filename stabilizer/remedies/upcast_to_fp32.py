@@ -26,7 +26,11 @@ class _Upcast(nn.Module):
 
 
 class FP32LayerNorm(_Upcast, nn.LayerNorm):
-    """``nn.LayerNorm`` computed in fp32; the output has the input's dtype."""
+    """``nn.LayerNorm`` computed in fp32; the output has the input's dtype.
+
+    Under autocast a bf16/fp16 input therefore gets a bf16/fp16 output, where autocast's own
+    LayerNorm returns fp32; an fp32 input (the usual residual stream there) is unaffected.
+    """
 
     def forward(self, input: Tensor) -> Tensor:
         weight = None if self.weight is None else self.weight.float()

@@ -120,3 +120,32 @@ def test_skip_window() -> None:
     assert window.start(11, 1) == 13  # a shorter window does not cut the open one short
     with pytest.raises(ValueError, match="`count` must be >= 0, got -1"):
         window.start(0, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("where", [IN_MEMORY, ON_DISK], ids=["memory", "disk"])
+def test_restore_on_cuda(where: dict[str, int], tmp_path: Path) -> None:
+    model = tiny_gpt(dropout=0.1).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    snapshots = Snapshots(model, optimizer, directory=tmp_path, **where)
+
+    def losses() -> list[float]:
+        out = []
+        for _ in range(2):
+            idx = torch.randint(0, 64, (2, 8), device="cuda")  # drawn from the CUDA generator
+            _, loss = model(idx, idx)
+            assert loss is not None
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            out.append(float(loss.detach()))
+        return out
+
+    losses()
+    assert snapshots.save(2)
+    first = losses()
+    assert snapshots.restore() == 2
+    assert all(p.is_cuda for p in model.parameters())
+    assert all(v.is_cuda for k, v in optimizer_tensors(optimizer).items() if k[1] != "step")
+    assert losses() == first
