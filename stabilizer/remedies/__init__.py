@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from .clip_gradients import ClipReport, clip_gradients, clipped_norm, enable_gradient_clipping
 from .lr_multiplier import FactorChange, LRMultiplier
-from .rollback import RollbackError, SkipWindow, Snapshots
+from .rollback import RollbackError, Snapshots
+from .skip_window import SkipWindow
 from .swap_to_pre_ln import SwapReport, swap_to_pre_ln
 from .upcast_to_fp32 import FP32LayerNorm, FP32RMSNorm, UpcastReport, upcast_to_fp32
 

@@ -2,8 +2,8 @@
 
 A snapshot is the model's and optimizer's ``state_dict``, the LR scheduler's (optional) and every
 random generator's state, so that after `Snapshots.restore` training continues exactly as it did
-from the snapshot. Skipping the batches that caused the divergence is up to the caller; `SkipWindow`
-keeps count.
+from the snapshot. Skipping the batches that caused the divergence is up to the caller
+(`SkipWindow` keeps count).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ from torch.optim import Optimizer
 
 from ._rng import get_rng_state, set_rng_state
 
-__all__ = ["RollbackError", "SkipWindow", "Snapshots"]
+__all__ = ["RollbackError", "Snapshots"]
 
 log = logging.getLogger(__name__)
 
@@ -151,34 +150,6 @@ class Snapshots:
         # The optimizer may keep the loaded tensors as its state and update them in place: hand
         # it copies, so the snapshot survives for the next restore.
         return {**self._memory, "optimizer": copy.deepcopy(self._memory["optimizer"])}
-
-
-@dataclass
-class SkipWindow:
-    """Which steps to skip after a rollback: those from `since` up to, not including, `until`.
-
-    Attributes:
-        since: First step skipped.
-        until: First step no longer skipped; ``since == until`` (no window) before `start`.
-    """
-
-    since: int = 0
-    until: int = 0
-
-    def start(self, step: int, count: int) -> int:
-        """Skip the `count` steps from `step` on, extending a window still open; returns
-        the new `until`."""
-        if count < 0:
-            raise ValueError(f"`count` must be >= 0, got {count}")
-        if self.active(step):
-            self.until = max(self.until, step + count)
-        else:
-            self.since, self.until = step, step + count
-        return self.until
-
-    def active(self, step: int) -> bool:
-        """Whether `step` is to be skipped."""
-        return self.since <= step < self.until
 
 
 def _finite(model: nn.Module) -> bool:
