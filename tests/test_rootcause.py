@@ -239,6 +239,7 @@ def test_rng_replays_the_failing_steps_dropout_and_leaves_the_stream_alone() -> 
     run_step = step_of(model)
     state = capture_rng()
     loss = float(run_step().detach())
+    torch.rand(3)  # the caller's stream moves on after the failing step
     later = torch.get_rng_state()
     loc = locate_nonfinite(model, run_step, rng_state=state)
     assert loc.loss == loss
