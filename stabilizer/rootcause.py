@@ -125,7 +125,9 @@ class Localization:
             "weights": f"weights already non-finite before the step ({where}): the optimizer",
             "input": "the batch itself holds NaN/Inf",
             "forward": f"{where} produced NaN/Inf in the forward pass from finite inputs",
-            "backward": f"{where} produced a NaN/Inf gradient from finite incoming gradients",
+            "backward": f"{where} produced a NaN/Inf gradient from finite incoming gradients"
+            if self.parameter is None
+            else f"the gradient of {where} is NaN/Inf; every activation gradient is finite",
             "loss": "only the loss is non-finite; every module output is finite",
             "none": "nothing non-finite found",
         }[self.phase]
@@ -171,13 +173,18 @@ def locate_nonfinite(
 
     Returns:
         The localization; ``reproduced`` is False when the replay stayed finite.
+
+    Raises:
+        ValueError: ``loss_scale`` is not a finite positive number.
     """
+    if not (math.isfinite(loss_scale) and loss_scale > 0):
+        raise ValueError(f"`loss_scale` must be finite and > 0, got {loss_scale}")
     start = time.perf_counter()
-    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    bad_weight = _first_nonfinite(named_params, lambda p: p)
+    bad_weight = _first_nonfinite(list(model.named_parameters()), lambda p: p)
     if bad_weight is not None:
         owner = _owner(bad_weight)
         return Localization("weights", owner, bad_weight, elapsed_s=time.perf_counter() - start)
+    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     saved_grads = [(p, p.grad) for _, p in named_params]
     after = capture_rng()
     try:
@@ -214,7 +221,7 @@ def _replay(
     recorder = _Recorder(model)
     handles = recorder.attach(model, backward_hooks)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), torch.enable_grad():
             # Our temporary hooks on modules without grad-requiring inputs or with dict outputs.
             warnings.filterwarnings("ignore", message=_HOOK_WARNINGS, category=UserWarning)
             if rng is not None:

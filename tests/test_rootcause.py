@@ -286,6 +286,38 @@ def test_optimizer_is_named_as_the_source(dtype: torch.dtype) -> None:
         assert "optimizer" in loc.message
 
 
+def test_replay_runs_with_gradients_even_under_no_grad() -> None:
+    model = tiny_gpt()
+    model.blocks[0].mlp.c_fc.weight.register_hook(lambda g: g * math.nan)
+    with torch.no_grad():
+        loc = locate_nonfinite(model, step_of(model))
+    assert (loc.phase, loc.parameter) == ("backward", "blocks.0.mlp.c_fc.weight")
+    assert "every activation gradient is finite" in loc.message
+
+
+@pytest.mark.parametrize(
+    ("scale", "phase", "module"), [(1.0, "none", None), (3e4, "backward", "1")]
+)
+def test_loss_scale_reproduces_an_fp16_gradient_overflow(
+    scale: float, phase: str, module: str | None
+) -> None:
+    # GradScaler's scale 3e4 flows in finite; 4.0 * 3e4 = 1.2e5 overflows fp16 (max 65504).
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)).half()
+    with torch.no_grad():
+        net[1].weight.fill_(4.0)
+    x = torch.ones(1, 4, dtype=torch.float16)
+    loc = locate_nonfinite(net, lambda: net(x).float().sum(), loss_scale=scale)
+    assert (loc.phase, loc.module) == (phase, module)
+    if module is not None:
+        assert loc.input_absmax == 3e4 and loc.output_absmax == math.inf
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan])
+def test_loss_scale_must_be_positive(scale: float) -> None:
+    with pytest.raises(ValueError, match="`loss_scale` must be finite and > 0, got"):
+        locate_nonfinite(nn.Linear(1, 1), lambda: torch.zeros(()), loss_scale=scale)
+
+
 def test_localization_evidence_is_floats() -> None:
     loc = Localization("forward", "blocks.0", input_absmax=1.0, output_absmax=math.inf)
     assert loc.evidence["output_absmax"] == math.inf
