@@ -184,12 +184,10 @@ def locate_nonfinite(
     if bad_weight is not None:
         owner = _owner(bad_weight)
         return Localization("weights", owner, bad_weight, elapsed_s=time.perf_counter() - start)
-    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    saved_grads = [(p, p.grad) for _, p in named_params]
+    named_params = list(model.named_parameters())
+    saved_grads = [(p, p.grad) for _, p in named_params]  # references: the replay makes new ones
     after = capture_rng()
     try:
-        for _, p in named_params:
-            p.grad = None
         recorder = _replay_with_fallback(model, run_step, rng_state, loss_scale)
         bad_grad = _first_nonfinite(named_params, lambda p: p.grad)
     finally:
@@ -218,6 +216,8 @@ def _replay(
     *,
     backward_hooks: bool,
 ) -> _Recorder:
+    for p in model.parameters():
+        p.grad = None  # the caller's are saved; a failed first try may have left some
     recorder = _Recorder(model)
     handles = recorder.attach(model, backward_hooks)
     try:
