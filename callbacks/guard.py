@@ -19,13 +19,14 @@ anything non-finite (`verify`); the copy costs one pass over the weights and the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["StepGuard", "all_finite", "state_tensors"]
+from stabilizer.rootcause import all_finite, optimizer_state_tensors
+
+__all__ = ["StepGuard"]
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -84,7 +85,7 @@ class StepGuard:
                 return loss
             saved = _snapshot(opt)
             step(**kwargs)
-            if not all_finite([*_params(opt), *state_tensors(opt)]):
+            if not all_finite([*_params(opt), *optimizer_state_tensors(opt)]):
                 _restore(opt, saved)
                 self.reverted += 1
                 self.last_reverted = True
@@ -93,15 +94,6 @@ class StepGuard:
         # Keep the marks of wrappers below (torch's LR scheduler looks for its own on `step`).
         guarded_step.__dict__.update(getattr(step, "__dict__", {}))
         return guarded_step
-
-
-def state_tensors(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    """Every floating-point tensor of the optimizer's state (moments, ...), in a fixed order."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            for value in opt.state.get(p, {}).values():
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    yield value
 
 
 def _params(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -137,14 +129,6 @@ def _restore(opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
                     current.copy_(value)
                 else:
                     opt.state[p][key] = value
-
-
-def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether every element is finite: one fused reduction, one host sync."""
-    if not tensors:
-        return True
-    norms = torch._foreach_norm(tensors, ord=math.inf)  # a max: NaN and Inf propagate
-    return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
 
 def _low_precision(opt: torch.optim.Optimizer) -> bool:

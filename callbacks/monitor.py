@@ -20,6 +20,7 @@ from stabilizer.engine import Engine
 from stabilizer.jsonl import JsonlWriter
 from stabilizer.probes import ActivationProbe, GradProbe
 from stabilizer.records import Finding, StepRecord
+from stabilizer.rootcause import RngState, capture_rng
 from stabilizer.signals import (
     CLIP_VAL,
     CLIPPED,
@@ -32,6 +33,8 @@ from stabilizer.signals import (
     SKIPPED,
 )
 
+from .auto import AutoRemedies
+from .checks import preflight, root_cause
 from .guard import StepGuard
 from .tensorboard_output import TensorBoardOutput
 
@@ -39,7 +42,7 @@ __all__ = ["StabilityMonitor", "format_finding"]
 
 log = logging.getLogger("stabilizer")
 
-_POLICIES = ("protect", "observe")
+_POLICIES = ("protect", "observe", "auto")
 
 
 class StabilityMonitor(pl.Callback):
@@ -72,11 +75,13 @@ class StabilityMonitor(pl.Callback):
     step whose loss or gradients are non-finite (the optimizer never sees it: parameters and
     optimizer state stay untouched; ``skipped`` = 1), undoes a step that turned the weights
     non-finite (``guard_optimizer``), and stops the Trainer after ``stop_after`` non-finite steps
-    in a row. ``"observe"`` only detects and reports. The LR scheduler still advances on skipped
-    steps, as it does when an fp16 grad scaler skips one.
+    in a row. ``"observe"`` only detects and reports. ``"auto"`` protects and also applies the
+    remedies of :class:`~stabilizer.callbacks.auto.AutoRemedies` (clipping, fp32 norms and
+    softmax, pre-LN, LR cut, rollback), each application a ``remedy_applied`` finding. The LR
+    scheduler still advances on skipped steps, as it does when an fp16 grad scaler skips one.
 
     Args:
-        policy: ``"protect"`` or ``"observe"``.
+        policy: ``"protect"``, ``"observe"`` or ``"auto"``.
         detectors: The detectors to run (default: all registered, with default settings).
         grouping: ``parameter name -> depth group``, to override the naming conventions.
         activation_every: Sample activation maxima every N steps (0: never).
@@ -90,7 +95,16 @@ class StabilityMonitor(pl.Callback):
             bf16 (``16-true``, ``bf16-true``), where the optimizer's own arithmetic can overflow.
         stop_after: ``protect`` only: stop the Trainer (``trainer.should_stop``) after this many
             non-finite steps in a row; ``None`` never stops.
+        root_cause: ``protect`` only: on the first step of each non-finite episode, replay the
+            step under hooks and name the module that produced the NaN/Inf (``root_cause``
+            finding; at most `MAX_ROOT_CAUSES` a run). Costs one forward+backward, then only.
+        preflight: At the first training batch, check the configuration (``config_risk``) and
+            run the causal self-check (``causal_leak``).
+        auto: The remedies of policy ``"auto"`` and their settings (which are allowed, snapshot
+            interval, rollbacks ...); default ``AutoRemedies()``: all of them.
     """
+
+    MAX_ROOT_CAUSES = 10
 
     def __init__(
         self,
@@ -103,6 +117,9 @@ class StabilityMonitor(pl.Callback):
         strict: bool = False,
         guard_optimizer: bool | None = None,
         stop_after: int | None = 10,
+        root_cause: bool = True,
+        preflight: bool = True,
+        auto: AutoRemedies | None = None,
     ) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"`policy` must be one of {', '.join(_POLICIES)}, got {policy!r}")
@@ -120,8 +137,15 @@ class StabilityMonitor(pl.Callback):
             heatmap_every,
             jsonl,
         )
-        self.stop_after = stop_after
+        self.stop_after, self.root_cause, self.preflight = stop_after, root_cause, preflight
+        self.root_causes = 0  # localizations run
+        self._batch: tuple[Any, int] | None = None  # the step's batch, for a root-cause replay
+        self._rng: RngState | None = None
+        self._extra: list[Finding] = []  # the monitor's own findings, emitted with the record
+        self._preflight_done = False
         self.guard = StepGuard(guard_optimizer) if policy != "observe" else None
+        self.auto = (auto or AutoRemedies()) if policy == "auto" else None
+        self._nonfinite = False  # whether the step in flight is non-finite
         self.bad_in_a_row = 0  # consecutive non-finite steps
         self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
         self.engine = Engine(list(detectors) if detectors is not None else default_detectors())
@@ -147,7 +171,12 @@ class StabilityMonitor(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self.guard is not None:
-            self.guard.skip = self.guard.last_reverted = False
+            self.guard.skip = self.guard.last_reverted = self._nonfinite = False
+            if self.root_cause and self.root_causes < self.MAX_ROOT_CAUSES:
+                self._batch, self._rng = (batch, batch_idx), capture_rng()
+        if self.preflight and not self._preflight_done:
+            self._preflight_done = True
+            self._guard(self._preflight, trainer, pl_module, batch)
         every = self.activation_every
         if self._acts is not None and every and trainer.global_step % every == 0:
             self._acts.attach()
@@ -164,6 +193,8 @@ class StabilityMonitor(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         self._guard(self._probe, trainer, optimizer)
+        if self.guard is not None and self._nonfinite and self.bad_in_a_row == 0:
+            self._guard(self._root_cause, trainer, pl_module)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
@@ -172,14 +203,19 @@ class StabilityMonitor(pl.Callback):
             (step, values), self._pending = self._pending, None
             if self.guard is not None and self.guard.last_reverted:
                 values[NONFINITE_UPDATE] = values[SKIPPED] = 1.0
-            self._guard(self._observe, trainer, StepRecord(step, values))
+            self._guard(self._observe, trainer, pl_module, StepRecord(step, values))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guard(self._finish, trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._release()
+
+    def _release(self) -> None:
         if self.guard is not None:
             self.guard.uninstall()
+        if self.auto is not None:
+            self.auto.stop()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -187,8 +223,7 @@ class StabilityMonitor(pl.Callback):
         # The run died (or was interrupted): keep what was logged; every line is already flushed.
         if self._writer is not None:
             self._writer.close()
-        if self.guard is not None:
-            self.guard.uninstall()
+        self._release()
 
     def state_dict(self) -> dict[str, Any]:
         guard = self.guard
@@ -197,6 +232,8 @@ class StabilityMonitor(pl.Callback):
             "findings": [f.to_dict() for f in self.findings],
             "bad_in_a_row": self.bad_in_a_row,
             "skipped_steps": self.skipped_steps,
+            "root_causes": self.root_causes,
+            "auto": self.auto.state_dict() if self.auto is not None else None,
             "skipped": guard.skipped if guard is not None else 0,
             "reverted": guard.reverted if guard is not None else 0,
         }
@@ -206,6 +243,10 @@ class StabilityMonitor(pl.Callback):
         self.findings = [Finding.from_dict(f) for f in state_dict["findings"]]
         self.bad_in_a_row = int(state_dict.get("bad_in_a_row", 0))
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
+        self.root_causes = int(state_dict.get("root_causes", 0))
+        self._preflight_done = True  # a resumed run was checked when it started
+        if self.auto is not None and state_dict.get("auto"):
+            self.auto.load_state_dict(state_dict["auto"])
         if self.guard is not None:
             self.guard.skipped = int(state_dict.get("skipped", 0))
             self.guard.reverted = int(state_dict.get("reverted", 0))
@@ -215,8 +256,10 @@ class StabilityMonitor(pl.Callback):
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._grads = GradProbe(pl_module.named_parameters(), self.grouping)
         self._acts = ActivationProbe(pl_module) if self.activation_every else None
+        # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.
+        log_dir = trainer.log_dir or trainer.default_root_dir
         if trainer.is_global_zero and self.jsonl is not False:
-            default = Path(trainer.log_dir or trainer.default_root_dir) / "stability.jsonl"
+            default = Path(log_dir) / "stability.jsonl"
             self._writer = JsonlWriter(default if self.jsonl is True else Path(self.jsonl))
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if trainer.is_global_zero and tb:
@@ -224,6 +267,20 @@ class StabilityMonitor(pl.Callback):
         if self.guard is not None:
             for problem in self.guard.install(trainer.optimizers):
                 log.warning("StabilityMonitor cannot protect this run: %s", problem)
+        if self.auto is not None:
+            self.auto.start(trainer, pl_module)
+
+    def _preflight(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        found = preflight(trainer, pl_module, batch)
+        self._emit(trainer, None, found)
+
+    def _root_cause(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._batch is None:
+            return
+        batch, batch_idx = self._batch
+        self._batch = None
+        self.root_causes += 1
+        self._extra.append(root_cause(trainer, pl_module, batch, batch_idx, self._rng))
 
     def _probe(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
         assert self._grads is not None, "on_fit_start builds the probes"
@@ -246,7 +303,9 @@ class StabilityMonitor(pl.Callback):
             # grad scaler are the scaler's to skip (it never calls the optimizer then).
             loss_ok = bool(np.isfinite(values[LOSS]))
             grads_ok = np.isfinite(values[GRAD_NORM]) and values[NONFINITE_GRADS] == 0
-            self.guard.skip = not loss_ok or (not grads_ok and scaler is None)
+            self._nonfinite = not loss_ok or (not grads_ok and scaler is None)
+            stepping_past = self.auto is not None and self.auto.skip.active(trainer.global_step)
+            self.guard.skip = self._nonfinite or stepping_past
             values[SKIPPED] = float(self.guard.skip or values.get(SKIPPED, 0.0) >= 0.5)
         self._pending = (trainer.global_step, values)
 
@@ -276,7 +335,8 @@ class StabilityMonitor(pl.Callback):
         values = dict(zip(self._grads.keys, host[:n].tolist(), strict=True))
         loss, scale = float(host[n]), float(host[n + 1])
         values[LOSS] = float(np.float32(loss / scale)) if scaled else loss
-        values[LR] = float(np.float32(optimizer.param_groups[0]["lr"]))
+        factor = self.auto.lr.factor if self.auto is not None else 1.0  # as the step will use it
+        values[LR] = float(np.float32(optimizer.param_groups[0]["lr"] * factor))
         if scaled:
             values[LOSS_SCALE] = scale
             values[SKIPPED] = float(not np.isfinite(values[GRAD_NORM]))  # the scaler will skip
@@ -288,31 +348,30 @@ class StabilityMonitor(pl.Callback):
             values.update(zip(self._acts.keys, host[n + 2 :].tolist(), strict=True))
         return values
 
-    def _observe(self, trainer: pl.Trainer, record: StepRecord) -> None:
-        found = self.engine.observe(record)
+    def _observe(self, trainer: pl.Trainer, module: pl.LightningModule, record: StepRecord) -> None:
+        found = self.engine.observe(record) + self._extra
+        self._extra = []
         self._emit(trainer, record, found)
+        if self.auto is not None:
+            self._emit(trainer, None, self.auto.after_step(trainer, module, record.step, found))
+            if self.auto.exhausted(found):
+                self._stop(trainer, record.step, "no rollback left")
         if self.guard is None:
             return
         self.skipped_steps += int(record.values[SKIPPED] >= 0.5)
-        bad = self.guard.skip or self.guard.last_reverted
+        bad = self._nonfinite or self.guard.last_reverted
         self.bad_in_a_row = self.bad_in_a_row + 1 if bad else 0
         if self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
-            self._stop(trainer, record.step)
+            self._stop(trainer, record.step, f"{self.bad_in_a_row} non-finite steps in a row")
 
-    def _stop(self, trainer: pl.Trainer, step: int) -> None:
+    def _stop(self, trainer: pl.Trainer, step: int, why: str) -> None:
         """Stop gracefully: every rank counted the same steps, so every rank stops."""
         trainer.should_stop = True
         ckpt = trainer.checkpoint_callback
         path = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
         where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
         if trainer.is_global_zero:
-            log.error(
-                "stabilizer: stopping at step %d after %d non-finite steps in a row "
-                "(every one skipped, the weights are intact)%s",
-                step,
-                self.bad_in_a_row,
-                where,
-            )
+            log.error("stabilizer: stopping at step %d: %s (weights intact)%s", step, why, where)
 
     def _finish(self, trainer: pl.Trainer) -> None:
         self._emit(trainer, None, self.engine.finish())

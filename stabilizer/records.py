@@ -27,8 +27,11 @@ KINDS = (
     "fp16_overflow",
     "overflow_risk",
     "depth_imbalance",
+    "nonfinite_update",
+    "root_cause",
     "config_risk",
     "causal_leak",
+    "remedy_applied",
 )
 """Known `Finding.kind` values (not enforced: other components may add kinds)."""
 
@@ -39,6 +42,8 @@ REMEDIES = (
     "skip_step",
     "rollback",
     "scale_lr",
+    "lr_warmup",
+    "mixed_precision",
 )
 """Known remedy names for `Finding.remedies`."""
 

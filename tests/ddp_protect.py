@@ -35,7 +35,13 @@ def main(out: Path) -> None:
         accelerator="cpu",
         callbacks=[RankFault("activation"), monitor],
         validate=False,
-        trainer_args={"devices": 2, "strategy": "ddp", "default_root_dir": str(out)},
+        # Each rank reads half the batches of an epoch: let epochs roll over up to max_steps.
+        trainer_args={
+            "devices": 2,
+            "strategy": "ddp",
+            "max_epochs": -1,
+            "default_root_dir": str(out),
+        },
     )
     digest = hashlib.sha256()
     finite = True

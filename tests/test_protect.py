@@ -15,10 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from stabilizer.callbacks.guard import StepGuard, state_tensors
+from stabilizer.callbacks.guard import StepGuard
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.callbacks.run import ScenarioRun, run_scenario
 from stabilizer.config import GPTConfig
+from stabilizer.rootcause import optimizer_state_tensors as state_tensors
 from stabilizer.scenarios import Scenario
 
 FAULT_STEPS = (4, 5)
@@ -112,6 +113,24 @@ def test_nan_never_reaches_the_weights(precision: str, where: str) -> None:
     else:
         assert monitor.guard.skipped == monitor.skipped_steps == len(FAULT_STEPS)
     assert run.trainer.global_step == STEPS  # one-off faults: the run goes on
+    causes = [f for f in monitor.findings if f.kind == "root_cause"]
+    if precision == "fp16" and where == "gradient":
+        assert not causes  # the scaler skipped: no guard skip, no replay
+        return
+    # The step was replayed under hooks and the injected module named (once per episode).
+    assert [(c.step, c.location) for c in causes] == [(FAULT_STEPS[0], (INJECTED[where],))]
+    assert causes[0].severity.name == "ERROR" and "numerical" in causes[0].message
+
+
+INJECTED = {"loss": "model", "activation": "blocks.1.mlp", "gradient": "blocks.0.attn"}
+
+
+def test_fault_gone_on_replay_is_transient() -> None:
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(tiny("32-true"), monitor, Fault("activation", once=True))
+    assert_intact(run)
+    (cause,) = [f for f in monitor.findings if f.kind == "root_cause"]
+    assert cause.severity.name == "WARNING" and "transient" in cause.message
 
 
 @pytest.mark.parametrize("precision", ["32-true", "16-true"])

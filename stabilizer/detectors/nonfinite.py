@@ -93,7 +93,7 @@ class NonFinite:
         message = (
             f"{what} at step {step}: skip the step; if it recurs, run LayerNorm/softmax in fp32"
         )
-        remedies = ("skip_step", "upcast_to_fp32", "rollback")
+        remedies: tuple[str, ...] = ("skip_step", "upcast_to_fp32", "rollback")
         if kind == "nonfinite_update":
             message = (
                 f"{what} at step {step} (in fp16, AdamW's eps underflows to 0): skip the step; "

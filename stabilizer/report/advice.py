@@ -68,6 +68,20 @@ ADVICE: dict[str, Advice] = {
         "starved layers (depth imbalance)",
         "post-LN residual blocks in a deep stack: the gradient vanishes towards one end of it",
     ),
+    "nonfinite_update": Advice(
+        "non-finite optimizer update",
+        "the optimizer's own arithmetic overflowed from finite gradients: in pure fp16, AdamW's "
+        "eps underflows to 0 and a weight whose gradient was always 0 gets 0/0",
+    ),
+    "root_cause": Advice(
+        "origin of the NaN/Inf",
+        "the failing step replayed under hooks: the first module whose output (or input "
+        "gradient) became non-finite",
+    ),
+    "remedy_applied": Advice(
+        "remedy applied",
+        "the monitor's `auto` policy changed the run to fix a finding",
+    ),
     "config_risk": Advice(
         "risky configuration",
         "a setting known to make Transformer training unstable",
@@ -88,6 +102,9 @@ REMEDY_TEXT: dict[str, str] = {
     "weights",
     "rollback": "roll back to the last good checkpoint and step past the bad batch",
     "scale_lr": "lower the learning rate",
+    "lr_warmup": "warm the learning rate up over the first few hundred steps",
+    "mixed_precision": "keep fp32 master weights (16-mixed/bf16-mixed) or raise the optimizer's "
+    "eps (1e-8 is 0 in fp16)",
 }
 """What to do, by remedy name (the names of `stabilizer.records.REMEDIES`)."""
 

@@ -1,0 +1,229 @@
+"""``AutoRemedies``: the ``auto`` policy's table from findings to the remedies that fix them.
+
+The remedies themselves are the plain functions of `stabilizer.remedies`; this module decides
+*when*, applies each at most as often as the table allows (never twice in a loop), and reports
+every application as a ``remedy_applied`` finding with the numbers before and after.
+
+=====================================  =====================================================
+finding                                remedy (name)
+=====================================  =====================================================
+``loss_spike``, ``grad_spike``         clip the gradient norm to 1.0 (``clip_gradients``)
+``clip_saturation``                    halve the LR, once (``scale_lr``)
+``nonfinite_*``, ``fp16_overflow``,    norms and attention softmax in fp32 (``upcast_to_fp32``)
+``overflow_risk``
+``depth_imbalance`` before             post-LN → pre-LN, LR re-warmed (``swap_to_pre_ln``);
+``swap_before`` steps                  later the finding only recommends restarting pre-LN
+``divergence``, critical               restore the last good snapshot and skip the next
+``nonfinite_*``                        ``skip_batches`` updates (``rollback``), at most
+                                       ``max_rollbacks`` times; then the run stops
+=====================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from stabilizer.records import Finding, Severity
+from stabilizer.remedies import (
+    LRMultiplier,
+    SkipWindow,
+    Snapshots,
+    enable_gradient_clipping,
+    swap_to_pre_ln,
+    upcast_to_fp32,
+)
+
+__all__ = ["REMEDY_NAMES", "AutoRemedies"]
+
+log = logging.getLogger("stabilizer")
+
+REMEDY_NAMES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
+
+_TABLE: dict[str, str] = {
+    "loss_spike": "clip_gradients",
+    "grad_spike": "clip_gradients",
+    "clip_saturation": "scale_lr",
+    "nonfinite_loss": "upcast_to_fp32",
+    "nonfinite_grad": "upcast_to_fp32",
+    "nonfinite_update": "upcast_to_fp32",
+    "fp16_overflow": "upcast_to_fp32",
+    "overflow_risk": "upcast_to_fp32",
+    "depth_imbalance": "swap_to_pre_ln",
+    "divergence": "rollback",
+}
+_ROLLBACK_CRITICAL = ("nonfinite_loss", "nonfinite_grad", "nonfinite_update")
+
+
+@dataclass
+class _Applied:
+    name: str
+    message: str
+    evidence: dict[str, float]
+
+
+class AutoRemedies:
+    """Applies the remedies of the table above to a running Lightning fit.
+
+    Args:
+        allow: Remedy names that may be applied (default: all of `REMEDY_NAMES`).
+        snapshot_every: Steps between rollback snapshots (taken only while no finding of
+            WARNING or above is open).
+        max_rollbacks: Rollbacks allowed over the run.
+        skip_batches: Optimizer updates skipped after a rollback (past the bad data).
+        swap_before: ``depth_imbalance`` at or after this step recommends a restart instead of
+            a swap (mid-run surgery on a trained post-LN stack is a gamble).
+        warmup_steps: LR warmup re-armed after a swap to pre-LN.
+        snapshot_dir: Where snapshots larger than 1 GiB go (default: in memory anyway).
+    """
+
+    def __init__(
+        self,
+        allow: Iterable[str] | None = None,
+        snapshot_every: int = 50,
+        max_rollbacks: int = 3,
+        skip_batches: int = 20,
+        swap_before: int = 2000,
+        warmup_steps: int = 100,
+        snapshot_dir: str | Path | None = None,
+    ) -> None:
+        allowed = set(REMEDY_NAMES if allow is None else allow)
+        unknown = allowed - set(REMEDY_NAMES)
+        if unknown:
+            names = ", ".join(REMEDY_NAMES)
+            raise ValueError(f"`allow` must name remedies among {names}, got {sorted(unknown)}")
+        self.allow = allowed
+        self.snapshot_every, self.max_rollbacks = snapshot_every, max_rollbacks
+        self.skip_batches, self.swap_before = skip_batches, swap_before
+        self.warmup_steps, self.snapshot_dir = warmup_steps, snapshot_dir
+        self.applied: dict[str, int] = {}  # remedy name -> times applied
+        self.lr = LRMultiplier()
+        self.skip = SkipWindow()
+        self._snapshots: Snapshots | None = None
+        self._last_trouble = -(10**9)  # step of the last finding at WARNING or above
+
+    def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        optimizer = trainer.optimizers[0]
+        self.lr.attach(optimizer)
+        if "rollback" in self.allow:
+            self._snapshots = Snapshots(
+                pl_module,
+                optimizer,
+                every=self.snapshot_every,
+                max_restores=self.max_rollbacks,
+                directory=self.snapshot_dir,
+            )
+
+    def stop(self) -> None:
+        self.lr.detach()
+
+    def after_step(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: int,
+        found: Sequence[Finding],
+    ) -> list[Finding]:
+        """Apply what the step's findings call for; returns the ``remedy_applied`` findings."""
+        if any(f.severity >= Severity.WARNING for f in found):
+            self._last_trouble = step
+        out = []
+        for finding in found:
+            applied = self._apply(trainer, pl_module, step, finding)
+            if applied is not None:
+                self.applied[applied.name] = self.applied.get(applied.name, 0) + 1
+                out.append(_finding(step, finding, applied))
+        quiet = step - self._last_trouble >= self.snapshot_every
+        if self._snapshots is not None and quiet and not self.skip.active(step):
+            self._snapshots.maybe_save(step)
+        return out
+
+    def exhausted(self, found: Sequence[Finding]) -> bool:
+        """Whether a finding called for a rollback that can no longer be done."""
+        return any(self._wants_rollback(f) for f in found) and not (
+            self._snapshots is not None and self._snapshots.can_restore
+        )
+
+    def _wants_rollback(self, f: Finding) -> bool:
+        critical = f.kind in _ROLLBACK_CRITICAL and f.severity >= Severity.CRITICAL
+        return "rollback" in self.allow and (f.kind == "divergence" or critical)
+
+    def _apply(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding
+    ) -> _Applied | None:
+        if self._wants_rollback(f):
+            return self._rollback(step)
+        name = _TABLE.get(f.kind)
+        if name is None or name not in self.allow or self.applied.get(name):
+            return None  # each of these remedies once: never twice in a loop
+        if name == "clip_gradients":
+            report = enable_gradient_clipping(trainer, 1.0)
+            if not report.changed:
+                return None
+            before = report.before if report.before is not None else float("inf")
+            return _Applied(name, "gradient clipping at norm 1.0", {"before": before, "after": 1.0})
+        if name == "scale_lr":
+            change = self.lr.scale(0.5)
+            return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
+        if name == "upcast_to_fp32":
+            up = upcast_to_fp32(pl_module)
+            if not up.changed:
+                return None
+            count = {"norms": float(len(up.norms)), "attention": float(len(up.attention))}
+            return _Applied(name, "norms and attention softmax now in fp32", count)
+        return self._swap(pl_module, step, trainer)
+
+    def _swap(
+        self, pl_module: pl.LightningModule, step: int, trainer: pl.Trainer
+    ) -> _Applied | None:
+        if step >= self.swap_before:
+            return None  # the finding's advice stands: restart with pre-LN
+        swap = swap_to_pre_ln(pl_module)
+        if not swap.changed:
+            return None
+        if swap.new_parameters:
+            trainer.optimizers[0].add_param_group({"params": list(swap.new_parameters)})
+        self.lr.warmup(self.warmup_steps)
+        evidence = {"blocks": float(len(swap.blocks)), "warmup_steps": float(self.warmup_steps)}
+        message = f"{len(swap.blocks)} blocks now pre-LN; LR re-warmed over {self.warmup_steps}"
+        return _Applied("swap_to_pre_ln", message, evidence)
+
+    def _rollback(self, step: int) -> _Applied | None:
+        if self._snapshots is None or not self._snapshots.can_restore:
+            return None
+        restored = self._snapshots.restore()
+        until = self.skip.start(step + 1, self.skip_batches)
+        message = (
+            f"rolled back to step {restored}'s weights and optimizer state; the next "
+            f"{self.skip_batches} updates skipped (to step {until})"
+        )
+        evidence = {"restored_step": float(restored), "skip_until": float(until)}
+        return _Applied("rollback", message, evidence)
+
+    def state_dict(self) -> dict[str, object]:
+        return {"applied": dict(self.applied), "lr": self.lr.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        applied = state.get("applied", {})
+        self.applied = {str(k): int(v) for k, v in dict(applied).items()}  # type: ignore[call-overload]
+        lr = state.get("lr")
+        if isinstance(lr, dict):
+            self.lr.load_state_dict(lr)
+
+
+def _finding(step: int, cause: Finding, applied: _Applied) -> Finding:
+    message = f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}"
+    return Finding(
+        "remedy_applied",
+        step,
+        step,
+        Severity.INFO,
+        message,
+        applied.evidence,
+        cause.location,
+        (applied.name,),
+    )

@@ -1,0 +1,144 @@
+"""The Lightning side of the one-off checks: preflight at the first batch, root cause on a NaN.
+
+Both read what they need from the Trainer and hand plain tensors and modules to the torch-only
+`stabilizer.preflight` and `stabilizer.rootcause`. Neither runs in steady state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from stabilizer.preflight import causal_self_check, config_risks
+from stabilizer.records import Finding, Severity
+from stabilizer.rootcause import Localization, RngState, locate_nonfinite
+
+__all__ = ["first_token_batch", "preflight", "root_cause"]
+
+_POSITION_ATTRS = ("block_size", "max_position_embeddings", "n_positions", "max_seq_len")
+
+
+def preflight(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> list[Finding]:
+    """`config_risk` findings from the Trainer's settings, and the causal self-check."""
+    ids = first_token_batch(batch)
+    step = trainer.global_step
+    found = config_risks(
+        pl_module,
+        warmup_steps=_warmup(trainer),
+        precision=str(trainer.precision),
+        gradient_clip_val=trainer.gradient_clip_val,
+        seq_len=None if ids is None else ids.size(1),
+        max_positions=_max_positions(pl_module),
+        step=step,
+    )
+    if ids is not None and ids.size(1) >= 2:
+        found += causal_self_check(pl_module, ids[:2], step=step)
+    return found
+
+
+def first_token_batch(batch: Any) -> torch.Tensor | None:
+    """The first 2-D integer tensor of a batch (token ids), searched in order; None if none."""
+    if isinstance(batch, torch.Tensor):
+        ok = batch.dim() == 2 and not batch.is_floating_point() and not batch.is_complex()
+        return batch if ok else None
+    items = batch.values() if isinstance(batch, dict) else batch
+    if isinstance(items, list | tuple) or isinstance(batch, dict):
+        for item in items:
+            found = first_token_batch(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _warmup(trainer: pl.Trainer) -> int | None:
+    """0 when the scheduler starts at its peak LR (no warmup), 1 when below it, None: unknown."""
+    if not trainer.lr_scheduler_configs or not trainer.optimizers:
+        return 0  # a constant LR has no warmup
+    group = trainer.optimizers[0].param_groups[0]
+    peak = group.get("initial_lr")
+    if peak is None or not peak:
+        return None
+    return 0 if group["lr"] >= 0.5 * peak else 1
+
+
+def _max_positions(pl_module: pl.LightningModule) -> int | None:
+    for owner in (pl_module, getattr(pl_module, "model", None)):
+        config = getattr(owner, "config", None)
+        for attr in _POSITION_ATTRS:
+            value = getattr(config, attr, None)
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def root_cause(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    batch_idx: int,
+    rng: RngState | None,
+) -> Finding:
+    """Replay the failing step (same weights, same batch, same RNG) and name the module."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    scale = float(scaler.get_scale()) if scaler is not None else 1.0
+
+    def run_step() -> torch.Tensor:
+        with trainer.precision_plugin.train_step_context(), _quiet(pl_module):
+            out = pl_module.training_step(batch, batch_idx)
+        loss = out["loss"] if isinstance(out, dict) else out
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"training_step returned {type(out).__name__}, not a loss")
+        return loss
+
+    # Under DDP the replay's backward must not all-reduce: the other ranks are not replaying in
+    # step (a rank whose forward is already non-finite skips the backward).
+    no_sync = getattr(trainer.strategy.model, "no_sync", contextlib.nullcontext)
+    with no_sync():
+        where = locate_nonfinite(pl_module, run_step, rng_state=rng, loss_scale=scale)
+    rank = 0
+    if trainer.world_size > 1 and torch.distributed.is_initialized():
+        # The fault may sit on one rank only: every rank gets every rank's answer (our own
+        # processes' objects, pickled by torch.distributed) and reports the first reproduced.
+        gathered: list[Localization | None] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, where)
+        found = [(r, w) for r, w in enumerate(gathered) if w is not None and w.reproduced]
+        rank, where = found[0] if found else (trainer.global_rank, where)
+    finding = _finding(trainer.global_step, where)
+    if trainer.world_size > 1:
+        finding = replace(finding, message=f"rank {rank}: {finding.message}")
+    return finding
+
+
+def _finding(step: int, where: Localization) -> Finding:
+    location = tuple(_strip(name) for name in (where.module,) if name)
+    severity = Severity.ERROR if where.reproduced else Severity.WARNING
+    message = where.message
+    if where.reproduced:
+        message += f" (reproduced on replay: a {where.cause} fault; replay {where.elapsed_s:.2f} s)"
+    remedies = ("upcast_to_fp32", "skip_step") if where.reproduced else ("skip_step",)
+    return Finding("root_cause", step, step, severity, message, where.evidence, location, remedies)
+
+
+def _strip(name: str) -> str:
+    # Names are relative to the LightningModule: drop the wrapper's attribute (``model.``).
+    return name.removeprefix("model.")
+
+
+@contextlib.contextmanager
+def _quiet(pl_module: pl.LightningModule) -> Iterator[None]:
+    """No ``self.log`` from a replayed training step: its numbers were logged once already."""
+    saved = pl_module.__dict__.get("log"), pl_module.__dict__.get("log_dict")
+    pl_module.log = pl_module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        for name, value in zip(("log", "log_dict"), saved, strict=True):
+            if value is None:
+                pl_module.__dict__.pop(name, None)
+            else:
+                setattr(pl_module, name, value)
