@@ -13,6 +13,9 @@ finding                                remedy (name)
 ``overflow_risk``
 ``depth_imbalance`` before             post-LN → pre-LN, LR re-warmed (``swap_to_pre_ln``);
 ``swap_before`` steps                  later the finding only recommends restarting pre-LN
+``config_risk`` (warning: post-LN       the finding's own remedy, before training is under
+without warmup, fp16 norms)            way: ``swap_to_pre_ln`` (LR warmed up) or
+                                       ``upcast_to_fp32``
 ``divergence``, critical               restore the last good snapshot and skip the next
 ``nonfinite_*``                        ``skip_batches`` updates (``rollback``), at most
                                        ``max_rollbacks`` times; then the run stops
@@ -157,7 +160,7 @@ class AutoRemedies:
     ) -> _Applied | None:
         if self._wants_rollback(f):
             return self._rollback(step)
-        name = _TABLE.get(f.kind)
+        name = _TABLE.get(f.kind) or _config_remedy(f)
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
         if name == "clip_gradients":
@@ -213,6 +216,13 @@ class AutoRemedies:
         lr = state.get("lr")
         if isinstance(lr, dict):
             self.lr.load_state_dict(lr)
+
+
+def _config_remedy(f: Finding) -> str | None:
+    """The remedy a preflight warning names (none for the info that clipping is off)."""
+    if f.kind != "config_risk" or f.severity < Severity.WARNING:
+        return None
+    return next((r for r in f.remedies if r in ("swap_to_pre_ln", "upcast_to_fp32")), None)
 
 
 def _finding(step: int, cause: Finding, applied: _Applied) -> Finding:

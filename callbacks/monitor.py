@@ -271,8 +271,8 @@ class StabilityMonitor(pl.Callback):
             self.auto.start(trainer, pl_module)
 
     def _preflight(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        found = preflight(trainer, pl_module, batch)
-        self._emit(trainer, None, found)
+        # Reported with the first step's record, so that the `auto` policy sees them too.
+        self._extra += preflight(trainer, pl_module, batch)
 
     def _root_cause(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._batch is None:
