@@ -4,22 +4,17 @@ The remedies themselves are the plain functions of `stabilizer.remedies`; this m
 *when*, applies each at most as often as the table allows (never twice in a loop), and reports
 every application as a ``remedy_applied`` finding with the numbers before and after.
 
-=====================================  =====================================================
-finding                                remedy (name)
-=====================================  =====================================================
-``loss_spike``, ``grad_spike``         clip the gradient norm to 1.0 (``clip_gradients``)
-``clip_saturation``                    halve the LR, once (``scale_lr``)
-``nonfinite_*``, ``fp16_overflow``,    norms and attention softmax in fp32 (``upcast_to_fp32``)
-``overflow_risk``
-``depth_imbalance`` before             post-LN → pre-LN, LR re-warmed (``swap_to_pre_ln``);
-``swap_before`` steps                  later the finding only recommends restarting pre-LN
-``config_risk`` (warning: post-LN       the finding's own remedy, before training is under
-without warmup, fp16 norms)            way: ``swap_to_pre_ln`` (LR warmed up) or
-                                       ``upcast_to_fp32``
-``divergence``, critical               restore the last good snapshot and skip the next
-``nonfinite_*``                        ``skip_batches`` updates (``rollback``), at most
-                                       ``max_rollbacks`` times; then the run stops
-=====================================  =====================================================
+- ``loss_spike``, ``grad_spike`` → clip the gradient norm to 1.0 (``clip_gradients``);
+- ``clip_saturation`` → halve the LR, once (``scale_lr``);
+- ``nonfinite_loss``, ``nonfinite_grad``, ``fp16_overflow``, ``overflow_risk`` → norms and
+  attention softmax in fp32 (``upcast_to_fp32``); ``nonfinite_update`` is the guard's own (it
+  undoes the step) and the advice is fp32 master weights;
+- ``depth_imbalance`` before step ``swap_before`` → post-LN to pre-LN with the LR re-warmed
+  (``swap_to_pre_ln``); later the finding only recommends restarting pre-LN;
+- ``config_risk`` warnings of the preflight (post-LN without warmup, fp16 norms) → their own
+  remedy, ``swap_to_pre_ln`` or ``upcast_to_fp32``, before training is under way;
+- ``divergence``, critical ``nonfinite_*`` → restore the last good snapshot and skip the next
+  ``skip_batches`` updates (``rollback``), at most ``max_rollbacks`` times; then the run stops.
 """
 
 from __future__ import annotations
@@ -53,7 +48,6 @@ _TABLE: dict[str, str] = {
     "clip_saturation": "scale_lr",
     "nonfinite_loss": "upcast_to_fp32",
     "nonfinite_grad": "upcast_to_fp32",
-    "nonfinite_update": "upcast_to_fp32",
     "fp16_overflow": "upcast_to_fp32",
     "overflow_risk": "upcast_to_fp32",
     "depth_imbalance": "swap_to_pre_ln",

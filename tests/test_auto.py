@@ -1,0 +1,113 @@
+"""Policy ``auto``: findings trigger their remedies in real (tiny) training runs.
+
+Every application is a ``remedy_applied`` finding; no remedy is applied twice in a loop; users
+allow or forbid remedies by name. The rescue of the full scenarios is measured by
+``benchmarks/rescue.py`` (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from test_protect import Fault, assert_intact, tiny, train
+
+from stabilizer.callbacks.auto import AutoRemedies
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.model import Block
+from stabilizer.records import Finding, Severity
+from stabilizer.remedies import FP32LayerNorm
+
+
+def applied(monitor: StabilityMonitor) -> list[Finding]:
+    return [f for f in monitor.findings if f.kind == "remedy_applied"]
+
+
+class Window(Fault):
+    """NaN activations on steps 10..15: the episode turns critical at its fifth step (14)."""
+
+    def _active(self, trainer: pl.Trainer) -> bool:
+        return 10 <= trainer.global_step < 16
+
+
+def test_persistent_nan_rolls_back_and_steps_past_the_batches() -> None:
+    auto = AutoRemedies(snapshot_every=5, skip_batches=8)
+    monitor = StabilityMonitor(policy="auto", jsonl=False, auto=auto)
+    run = train(replace(tiny("32-true"), steps=40), monitor, Window("activation"))
+    assert_intact(run)
+    assert run.trainer.global_step == 40  # rescued: the run went on
+    (rollback,) = [f for f in applied(monitor) if f.remedies == ("rollback",)]
+    assert rollback.step == 14
+    assert rollback.evidence == {"restored_step": 5.0, "skip_until": 23.0}
+    # Updates skipped: the bad steps 10-14, then 15-22 stepped past after the rollback.
+    assert monitor.skipped_steps == 5 + 8
+
+
+def test_post_ln_without_warmup_is_swapped_before_it_trains() -> None:
+    sc = replace(tiny("32-true"), warmup_steps=0, steps=6)
+    sc = replace(sc, model=replace(sc.model, norm_position="post", n_layer=4))
+    monitor = StabilityMonitor(policy="auto", jsonl=False)
+    run = train(sc, monitor, None)
+    (swap,) = [f for f in applied(monitor) if f.remedies == ("swap_to_pre_ln",)]
+    assert swap.step == 0 and swap.evidence["blocks"] == 4.0
+    blocks = [m for m in run.module.modules() if isinstance(m, Block)]
+    assert blocks and all(b.norm_position == "pre" for b in blocks)
+    assert monitor.auto is not None and monitor.auto.lr.warmup_steps == 100
+
+
+def test_fp16_nan_upcasts_norms_and_softmax() -> None:
+    monitor = StabilityMonitor(policy="auto", jsonl=False)
+    run = train(tiny("fp16"), monitor, Fault("activation"))
+    assert_intact(run)
+    (up,) = [f for f in applied(monitor) if f.remedies == ("upcast_to_fp32",)]
+    assert up.step == 4
+    assert all(isinstance(m, FP32LayerNorm) for m in run.module.modules() if type(m).__name__
+               .endswith("LayerNorm"))  # fmt: skip
+    assert all(m.softmax_fp32 for m in run.module.modules() if hasattr(m, "softmax_fp32"))
+
+
+def test_forbidden_remedy_is_not_applied() -> None:
+    monitor = StabilityMonitor(policy="auto", jsonl=False, auto=AutoRemedies(allow=["rollback"]))
+    run = train(tiny("fp16"), monitor, Fault("activation"))
+    assert_intact(run)
+    assert not applied(monitor)
+    assert not any(hasattr(m, "softmax_fp32") and m.softmax_fp32 for m in run.module.modules())
+
+
+def test_remedy_is_never_applied_twice() -> None:
+    class Twice(Fault):
+        def _active(self, trainer: pl.Trainer) -> bool:
+            return trainer.global_step in (4, 8)
+
+    monitor = StabilityMonitor(policy="auto", jsonl=False)
+    train(tiny("fp16"), monitor, Twice("activation"))
+    assert len([f for f in monitor.findings if f.kind == "nonfinite_loss"]) == 2
+    assert [f.remedies for f in applied(monitor)] == [("upcast_to_fp32",)]
+
+
+def test_unknown_remedy_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="`allow` must name remedies among clip_gradients"):
+        AutoRemedies(allow=["clip", "rollback"])
+
+
+def test_auto_state_rides_in_the_checkpoint() -> None:
+    monitor = StabilityMonitor(policy="auto")
+    assert monitor.auto is not None
+    monitor.auto.applied["clip_gradients"] = 1
+    monitor.auto.lr.scale(0.5)
+    other = StabilityMonitor(policy="auto")
+    other.load_state_dict(monitor.state_dict())
+    assert other.auto is not None and other.auto.applied == {"clip_gradients": 1}
+    assert other.auto.lr.factor == 0.5
+
+
+def test_loss_spike_turns_clipping_on_once() -> None:
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    auto, module = AutoRemedies(allow=["clip_gradients"]), torch.nn.Linear(2, 2)
+    spike = Finding("loss_spike", 150, 154, Severity.WARNING, "spike", {}, (), ("clip_gradients",))
+    (done,) = auto.after_step(trainer, module, 155, [spike])  # type: ignore[arg-type]
+    assert trainer.gradient_clip_val == 1.0
+    assert done.kind == "remedy_applied" and done.evidence["after"] == 1.0
+    assert auto.after_step(trainer, module, 200, [replace(spike, step=199)]) == []  # type: ignore[arg-type]
