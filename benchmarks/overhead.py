@@ -3,11 +3,14 @@
     python benchmarks/overhead.py [--layers 4 12] [--rounds 3] [--steps 30] [--accelerator cpu]
 
 For the reference GPT at each depth, trains with a real Lightning ``Trainer`` in each mode:
-no callback; ``StabilityMonitor()`` with defaults; Lightning's ``grad_norm`` utility logged every
-step; and ``detect_anomaly=True``. Modes are interleaved round by round so that drifts of a shared
-machine hit them alike; the table shows the median step time of each mode and its ratio to the
-baseline. Step-time ratios on a shared machine carry a few percent of noise, so the monitor's
-own hooks are also timed directly: their time per step is the overhead, free of that noise.
+no callback; ``StabilityMonitor(policy="observe")``; ``StabilityMonitor()`` (``protect``, the
+default: the step guard too); Lightning's ``grad_norm`` utility logged every step; and
+``detect_anomaly=True``. Then one ``protect`` run with a NaN injected at one step times the
+root-cause replay, the one cost that is paid only on a failing step. Modes are interleaved
+round by round so that drifts of a shared machine hit them alike; the table shows the median
+step time of each mode and its ratio to the baseline. Step-time ratios on a shared machine carry
+a few percent of noise, so the monitor's own hooks are also timed directly: their time per step
+is the overhead, free of that noise.
 Results are recorded in docs/benchmarks.md.
 """
 
@@ -31,7 +34,8 @@ from stabilizer.callbacks.lit_gpt import LitGPT
 from stabilizer.callbacks.run import precision_args
 from stabilizer.config import GPTConfig
 
-MODES = ("baseline", "monitor", "grad_norm", "detect_anomaly")
+MODES = ("baseline", "observe", "protect", "grad_norm", "detect_anomaly")
+MONITORED = ("observe", "protect")
 
 
 class StepTimer(pl.Callback):
@@ -56,8 +60,8 @@ class StepTimer(pl.Callback):
 class TimedMonitor(StabilityMonitor):  # type: ignore[misc]
     """``StabilityMonitor`` that also times its own hooks: the added cost, measured directly."""
 
-    def __init__(self) -> None:
-        super().__init__(jsonl=False)
+    def __init__(self, policy: str = "protect") -> None:
+        super().__init__(policy=policy, jsonl=False)
         self.hook_time = 0.0
 
     def _timed(self, hook: str, *args: Any) -> None:
@@ -85,16 +89,34 @@ class LogGradNorm(pl.Callback):
         pl_module.log_dict(grad_norm(pl_module, norm_type=2))
 
 
+class NaNOnce(pl.Callback):
+    """A NaN in the last block's MLP output at one step: the monitor replays that step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        def hook(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+            return out * float("nan") if trainer.global_step == self.step else None
+
+        pl_module.model.blocks[-1].mlp.register_forward_hook(hook)
+
+
 def run_mode(
     mode: str, config: GPTConfig, steps: int, accelerator: str, precision: str
 ) -> tuple[float, float]:
     """Median step time (s) of ``steps`` steps, the first 5 (warm-up) left out, and the mean time
-    per step spent inside the monitor's hooks (0 for the other modes)."""
+    per step spent inside the monitor's hooks (0 for the other modes).
+
+    Mode ``replay``: ``protect`` with a NaN at step 10; returns the root-cause replay's time
+    instead of the hooks' time."""
     timer = StepTimer()
     callbacks: list[pl.Callback] = [timer]
-    monitor = TimedMonitor()
-    if mode == "monitor":
+    monitor = TimedMonitor("observe" if mode == "observe" else "protect")
+    if mode in (*MONITORED, "replay"):
         callbacks.append(monitor)
+    if mode == "replay":
+        callbacks.append(NaNOnce(10))
     elif mode == "grad_norm":
         callbacks.append(LogGradNorm())
     pl.seed_everything(0, verbose=False)
@@ -113,6 +135,9 @@ def run_mode(
     )
     data = StabilizerDataModule(block_size=config.block_size, batch_size=16, max_steps=steps + 5)
     trainer.fit(LitGPT(config, lr=1e-3, max_steps=steps + 5), datamodule=data)
+    if mode == "replay":
+        (cause,) = [f for f in monitor.findings if f.kind == "root_cause"]
+        return statistics.median(timer.times[5:]), cause.evidence["elapsed_s"]
     return statistics.median(timer.times[5:]), monitor.hook_time / (steps + 5)
 
 
@@ -148,8 +173,13 @@ def main() -> None:
         base = statistics.median(times[args.modes[0]])
         for mode in args.modes:
             med, hook = statistics.median(times[mode]), statistics.median(hooks[mode])
-            extra = f"{hook * 1e3:>27.2f} {hook / base:>16.2%}" if mode == "monitor" else ""
+            extra = f"{hook * 1e3:>27.2f} {hook / base:>16.2%}" if mode in MONITORED else ""
             print(f"{n_layer:>6} {mode:>15} {med * 1e3:>17.2f} {med / base:>6.3f}x {extra}")
+        step, replay = run_mode("replay", config, args.steps, args.accelerator, args.precision)
+        print(
+            f"{n_layer:>6} root-cause replay on the failing step: {replay * 1e3:.1f} ms "
+            f"(a training step: {step * 1e3:.1f} ms); 0 on every other step"
+        )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LitGPT", "StabilityMonitor", "StabilizerDataModule", "__version__"]
+__all__ = ["AutoRemedies", "LitGPT", "StabilityMonitor", "StabilizerDataModule", "__version__"]
 __version__ = "0.1.0"
 
 # Installed, callbacks/ sits inside this package as stabilizer/callbacks. In a source checkout it is
@@ -23,6 +23,7 @@ if not (_here / "callbacks").is_dir() and (_here.parent / "callbacks" / "__init_
     __path__.append(str(_here.parent))
 
 _LAZY = {
+    "AutoRemedies": "stabilizer.callbacks.auto",
     "LitGPT": "stabilizer.callbacks.lit_gpt",
     "StabilityMonitor": "stabilizer.callbacks.monitor",
     "StabilizerDataModule": "stabilizer.callbacks.datamodule",

@@ -198,3 +198,27 @@ def test_skip_leaves_adamw_untouched() -> None:
     assert all(torch.equal(a, b) for a, b in zip(state, state_tensors(opt), strict=True))
     guard.uninstall()
     assert "step" not in opt.__dict__
+
+
+def test_monitor_failing_inside_does_not_stop_training(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: object) -> torch.Tensor:
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr("stabilizer.probes.GradProbe.__call__", broken)
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(tiny("32-true"), monitor, None)
+    assert run.trainer.global_step == STEPS  # the user's training went on
+    warnings = [r for r in caplog.records if "disabled after an internal error" in r.message]
+    assert len(warnings) == 1 and "probe exploded" in warnings[0].getMessage()
+    assert monitor.guard is not None and monitor.guard.skipped == 0  # fails open, skips nothing
+
+
+def test_strict_monitor_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: object) -> torch.Tensor:
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr("stabilizer.probes.GradProbe.__call__", broken)
+    with pytest.raises(RuntimeError, match="probe exploded"):
+        train(tiny("32-true"), StabilityMonitor(jsonl=False, strict=True), None)
