@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from stabilizer.callbacks.guard import StepGuard
+from stabilizer.callbacks.lit_gpt import LitGPT
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.callbacks.run import ScenarioRun, run_scenario
 from stabilizer.config import GPTConfig
@@ -222,3 +223,29 @@ def test_strict_monitor_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("stabilizer.probes.GradProbe.__call__", broken)
     with pytest.raises(RuntimeError, match="probe exploded"):
         train(tiny("32-true"), StabilityMonitor(jsonl=False, strict=True), None)
+
+
+class LeakyLitGPT(LitGPT):
+    """The reference GPT with its causal mask broken: every position sees the whole sequence."""
+
+    def __init__(self, config: GPTConfig, **kwargs: Any) -> None:
+        super().__init__(replace(config, attention="manual"), **kwargs)
+        for block in self.model.blocks:
+            block.attn.mask.fill_(True)
+
+
+def test_preflight_catches_a_causal_leak() -> None:
+    monitor = StabilityMonitor(jsonl=False)
+    run_scenario(tiny("32-true"), accelerator="cpu", callbacks=[monitor], validate=False,
+                 module_class=LeakyLitGPT)  # fmt: skip
+    (leak,) = [f for f in monitor.findings if f.kind == "causal_leak"]
+    assert leak.step == 0 and leak.severity.name == "CRITICAL"
+    assert leak.evidence["first_position"] == 0
+
+
+def test_reference_gpt_passes_preflight() -> None:
+    monitor = StabilityMonitor(jsonl=False)
+    train(tiny("32-true"), monitor, None)
+    kinds = [(f.kind, f.severity.name) for f in monitor.findings]
+    assert ("causal_leak", "CRITICAL") not in kinds
+    assert kinds == [("config_risk", "INFO")]  # only: no gradient clipping configured
