@@ -9,6 +9,7 @@ then times reading each with `stabilizer.readers.read_log`, TensorBoard's own
 
     python benchmarks/diagnose_throughput.py                 # the full run
     python benchmarks/diagnose_throughput.py --lines 200000 --scalars 200000 --no-accumulator
+    python benchmarks/diagnose_throughput.py --only megatron,fairseq   # some formats only
 
 Targets on 2 CPU cores: ≥ 300k text lines/s, ≥ 300k TB scalars/s, a 1M-line log diagnosed in
 under 5 s.
@@ -239,7 +240,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per reader; the best counts")
     parser.add_argument("--no-accumulator", action="store_true", help="skip EventAccumulator")
     parser.add_argument("--no-engine", action="store_true", help="skip the end-to-end diagnosis")
+    parser.add_argument(
+        "--only", default="", help="comma-separated formats to time (text formats, tensorboard)"
+    )
     args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
     rows: list[tuple[str, str, int, float]] = []
     speed = loop_speed()
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,6 +257,8 @@ def main() -> None:
         write_events(lightning / "events.out.tfevents.1.bench", args.scalars, 1)
         write_events(monitor / "events.out.tfevents.1.bench", args.scalars, 20)
         for name, path in paths.items():
+            if only and name not in only:
+                continue
             lines = sum(1 for _ in path.open("rb"))
             records, seconds = timed(count_records(path), args.repeat)
             rows.append((name, f"{lines:,} lines → {records:,} records", lines, seconds))
@@ -259,14 +266,16 @@ def main() -> None:
             ("tensorboard (1 scalar/event)", lightning),
             ("tensorboard (20/event)", monitor),
         ):
+            if only and "tensorboard" not in only:
+                continue
             scalars, seconds = timed(count_values(run), args.repeat)
             rows.append((label, f"{scalars:,} scalars (mapped)", scalars, seconds))
-        if not args.no_accumulator:
+        if not args.no_accumulator and (not only or "tensorboard" in only):
             scalars, seconds = timed(accumulator(lightning))
             rows.append(
                 ("EventAccumulator (1 scalar/event)", f"{scalars:,} scalars", scalars, seconds)
             )
-        if not args.no_engine:
+        if not args.no_engine and (not only or "nanogpt" in only):
             path = paths["nanogpt"]
             lines = sum(1 for _ in path.open("rb"))
             _, seconds = timed(lambda: len(Engine().replay(read_log(path))) + lines)

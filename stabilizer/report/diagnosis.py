@@ -205,14 +205,15 @@ def diagnose(
         path: A log file (plain or gzip), a run directory, or ``-`` for stdin.
         format: A reader name, or ``"auto"`` to detect it.
         sinks: Objects that get every record as it passes (see `RecordSink`).
-        wrap: Wraps the record stream, for example in a progress bar.
+        wrap: Wraps the record stream (a `LogStream`), for example in a progress bar.
         bins: Bins of the downsampled history kept for plots.
 
     Raises:
         LogReadError: The log cannot be read, or holds no step record at all.
     """
     notes: list[Note] = []
-    found, records = open_log(path, format, notes)
+    records = open_log(path, format, notes)
+    found = records.format
     diagnosis = Diagnosis(path, found, notes, history=History(bins))
     run = _Run(diagnosis, sinks)
     try:
