@@ -45,12 +45,11 @@ class LogStream(Iterator[StepRecord]):
         self.path, self.format, self.notes = str(path), format, notes
         self._sources = sources
         self._readers = [cls(notes) for _ in sources]
-        if len(sources) > 1:
-            add_note(notes, Note("source", f"{len(sources)} event files merged by step"))
         if len(sources) == 1:
             close = functools.partial(_close, sources)
             self._records = self._readers[0].read(sources[0].stream, close=close)
         else:
+            add_note(notes, Note("source", f"{len(sources)} event files merged by step"))
             self._records = _merged(self._readers, sources)
         # Tied to the generator, which a ``for`` loop holds once the stream itself is gone.
         self._finalizer = weakref.finalize(self._records, _close, sources)  # even if never run
