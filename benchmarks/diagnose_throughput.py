@@ -4,8 +4,10 @@ Generates, in a temporary directory, a log of `--lines` lines (default 1M) in ev
 and a TensorBoard event file of `--scalars` scalars (default 1M, one scalar per event as
 Lightning writes them, plus a file in the monitor's own layout, all of a step in one event),
 then times reading each with `stabilizer.readers.read_log`, TensorBoard's own
-``EventAccumulator`` (every scalar kept) on the same event file, and one end-to-end diagnosis
-(``Engine().replay(read_log(...))``). Prints a table: format, items, seconds, items per second.
+``EventAccumulator`` (every scalar kept) on the same event file, and the nanoGPT log diagnosed:
+``Engine().replay(read_log(...))``, and `stabilizer.report.diagnose` (what ``stabilizer
+diagnose`` runs: reading, detectors, segments, the plot history; without the interpreter's start
+and the rendering, ~0.4 s). Prints a table: format, items, seconds, items per second.
 
     python benchmarks/diagnose_throughput.py                 # the full run
     python benchmarks/diagnose_throughput.py --lines 200000 --scalars 200000 --no-accumulator
@@ -32,6 +34,7 @@ import numpy as np
 
 from stabilizer.engine import Engine
 from stabilizer.readers import read_log
+from stabilizer.report import diagnose
 
 NOISE = [
     "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py:1511: UserWarning: something",
@@ -280,6 +283,8 @@ def main() -> None:
             lines = sum(1 for _ in path.open("rb"))
             _, seconds = timed(lambda: len(Engine().replay(read_log(path))) + lines)
             rows.append(("diagnose nanogpt (read + Engine)", f"{lines:,} lines", lines, seconds))
+            _, seconds = timed(lambda: diagnose(str(path)).history.records + lines)
+            rows.append(("diagnose nanogpt (report.diagnose)", f"{lines:,} lines", lines, seconds))
     speed = (speed + loop_speed()) / 2
     print(f"python speed: {speed:.0f} ns a loop iteration (quiet core: ~35); best of {args.repeat}")
     width = max(len(r[0]) for r in rows)
