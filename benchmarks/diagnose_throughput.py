@@ -4,11 +4,14 @@ Generates, in a temporary directory, a log of `--lines` lines (default 1M) in ev
 and a TensorBoard event file of `--scalars` scalars (default 1M, one scalar per event as
 Lightning writes them, plus a file in the monitor's own layout, all of a step in one event),
 then times reading each with `stabilizer.readers.read_log`, TensorBoard's own
-``EventAccumulator`` (every scalar kept) on the same event file, and one end-to-end diagnosis
-(``Engine().replay(read_log(...))``). Prints a table: format, items, seconds, items per second.
+``EventAccumulator`` (every scalar kept) on the same event file, and the nanoGPT log diagnosed:
+``Engine().replay(read_log(...))``, and `stabilizer.report.diagnose` (what ``stabilizer
+diagnose`` runs: reading, detectors, segments, the plot history; without the interpreter's start
+and the rendering, ~0.4 s). Prints a table: format, items, seconds, items per second.
 
     python benchmarks/diagnose_throughput.py                 # the full run
     python benchmarks/diagnose_throughput.py --lines 200000 --scalars 200000 --no-accumulator
+    python benchmarks/diagnose_throughput.py --only megatron,fairseq   # some formats only
 
 Targets on 2 CPU cores: ≥ 300k text lines/s, ≥ 300k TB scalars/s, a 1M-line log diagnosed in
 under 5 s.
@@ -31,6 +34,7 @@ import numpy as np
 
 from stabilizer.engine import Engine
 from stabilizer.readers import read_log
+from stabilizer.report import diagnose
 
 NOISE = [
     "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py:1511: UserWarning: something",
@@ -239,7 +243,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per reader; the best counts")
     parser.add_argument("--no-accumulator", action="store_true", help="skip EventAccumulator")
     parser.add_argument("--no-engine", action="store_true", help="skip the end-to-end diagnosis")
+    parser.add_argument(
+        "--only", default="", help="comma-separated formats to time (text formats, tensorboard)"
+    )
     args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
     rows: list[tuple[str, str, int, float]] = []
     speed = loop_speed()
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,6 +260,8 @@ def main() -> None:
         write_events(lightning / "events.out.tfevents.1.bench", args.scalars, 1)
         write_events(monitor / "events.out.tfevents.1.bench", args.scalars, 20)
         for name, path in paths.items():
+            if only and name not in only:
+                continue
             lines = sum(1 for _ in path.open("rb"))
             records, seconds = timed(count_records(path), args.repeat)
             rows.append((name, f"{lines:,} lines → {records:,} records", lines, seconds))
@@ -259,18 +269,22 @@ def main() -> None:
             ("tensorboard (1 scalar/event)", lightning),
             ("tensorboard (20/event)", monitor),
         ):
+            if only and "tensorboard" not in only:
+                continue
             scalars, seconds = timed(count_values(run), args.repeat)
             rows.append((label, f"{scalars:,} scalars (mapped)", scalars, seconds))
-        if not args.no_accumulator:
+        if not args.no_accumulator and (not only or "tensorboard" in only):
             scalars, seconds = timed(accumulator(lightning))
             rows.append(
                 ("EventAccumulator (1 scalar/event)", f"{scalars:,} scalars", scalars, seconds)
             )
-        if not args.no_engine:
+        if not args.no_engine and (not only or "nanogpt" in only):
             path = paths["nanogpt"]
             lines = sum(1 for _ in path.open("rb"))
             _, seconds = timed(lambda: len(Engine().replay(read_log(path))) + lines)
             rows.append(("diagnose nanogpt (read + Engine)", f"{lines:,} lines", lines, seconds))
+            _, seconds = timed(lambda: diagnose(str(path)).history.records + lines)
+            rows.append(("diagnose nanogpt (report.diagnose)", f"{lines:,} lines", lines, seconds))
     speed = (speed + loop_speed()) / 2
     print(f"python speed: {speed:.0f} ns a loop iteration (quiet core: ~35); best of {args.repeat}")
     width = max(len(r[0]) for r in rows)

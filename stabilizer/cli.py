@@ -12,16 +12,23 @@ import logging
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from .readers import READERS
-from .records import Severity, StepRecord
+from .records import Severity
 from .report import Diagnosis, Failure, exit_code, render_markdown, render_text, report_dict
-from .report.session import diagnose_input, needs_progress, prepare_outputs, warnings_as_lines
+from .report.inputs import Wrap
+from .report.session import (
+    diagnose_input,
+    needs_progress,
+    prepare_outputs,
+    progress_bar,
+    warnings_as_lines,
+)
 from .report.text import render_overall
 from .scenarios import PRECISIONS, SCENARIOS, get_scenario
 
@@ -257,17 +264,8 @@ def _stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-def _progress(
-    path: str, stack: contextlib.ExitStack
-) -> Callable[[Iterator[StepRecord]], Iterable[StepRecord]] | None:
-    """A progress bar on stderr, by records (the readers do not tell bytes), on a terminal."""
+def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
+    """A progress bar on stderr, by bytes of the input read, on a terminal."""
     if not _stderr_is_terminal():
         return None
-
-    def wrap(records: Iterator[StepRecord]) -> Iterable[StepRecord]:
-        bar = click.progressbar(
-            records, label=f"reading {path}", file=sys.stderr, show_pos=True, update_min_steps=5000
-        )
-        return stack.enter_context(bar)
-
-    return wrap
+    return progress_bar(f"reading {path}", stack, sys.stderr)

@@ -8,7 +8,7 @@ once and disabled, and a detector whose signals are absent is skipped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from .detectors import Detector, default_detectors
@@ -22,7 +22,12 @@ logger = logging.getLogger(__name__)
 _STATE_VERSION = 1
 
 
-def _has_signals(requires: Sequence[str], values: Mapping[str, float]) -> bool:
+_MAX_ROUTES = 1024  # key sets remembered; past that the memo starts over
+
+_Route = tuple[Detector, ...]
+
+
+def _has_signals(requires: Sequence[str], values: Collection[str]) -> bool:
     """Whether ``values`` holds one of the keys (or, for names ending in ``/``, prefixes)."""
     for key in requires:
         if key.endswith("/"):
@@ -41,9 +46,11 @@ class Engine:
     """Feeds step records to detectors and collects their findings.
 
     A record that holds none of a detector's `requires` keys is not passed to it (detectors treat
-    such records as no-ops anyway). A detector whose signals have not appeared after
-    `signal_grace` records is logged once at INFO; it keeps waiting, so sparse signals (activation
-    statistics sampled every 500 steps) still reach it when they come.
+    such records as no-ops anyway); which detectors a record goes to is worked out once per tuple
+    of keys, as the records of one log mostly share theirs (so `detectors` is not to be changed
+    after construction). A detector whose signals have not appeared after `signal_grace` records
+    is logged once at INFO; it keeps waiting, so sparse signals (activation statistics sampled
+    every 500 steps) still reach it when they come.
 
     Args:
         detectors: The detectors to run, with unique names; None runs `default_detectors()`.
@@ -70,6 +77,8 @@ class Engine:
         self._noted: set[str] = set()  # detectors logged as lacking their signals
         self._disabled: set[str] = set()  # detectors that raised
         self._findings: list[Finding] = []
+        self._routes: dict[tuple[str, ...], _Route] = {}  # record keys -> detectors to run
+        self._waiting = True  # whether an enabled detector is neither seen nor noted
 
     @property
     def findings(self) -> list[Finding]:
@@ -84,14 +93,22 @@ class Engine:
     def observe(self, record: StepRecord) -> list[Finding]:
         """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
         self._records += 1
+        keys = tuple(record.values)
+        route = self._routes.get(keys)
+        if route is None:
+            route = self._route(keys)
+        if self._waiting:
+            return self._emit(self._observe_waiting(record, route))
         found: list[Finding] = []
-        for detector in self._enabled():
-            if _has_signals(detector.requires, record.values):
-                self._seen.add(detector.name)
-                found += self._run(detector, detector.update, record)
-            elif detector.name not in self._seen and detector.name not in self._noted:
-                self._note_missing(detector)
-        return self._emit(found)
+        for detector in route:
+            try:
+                result = detector.update(record)
+            except Exception:
+                self._disable(detector, "raised", exc_info=True)
+                continue
+            if result.__class__ is not list or result:
+                found += self._checked(detector, result)
+        return self._emit(found) if found else found
 
     def finish(self) -> list[Finding]:
         """End of stream: let every detector close its open episodes; return their findings."""
@@ -103,8 +120,11 @@ class Engine:
     def replay(self, records: Iterable[StepRecord]) -> list[Finding]:
         """Observe every record, then `finish`; return all findings of the stream."""
         found: list[Finding] = []
+        observe = self.observe
         for record in records:
-            found += self.observe(record)
+            new = observe(record)
+            if new:
+                found += new
         return found + self.finish()
 
     def state_dict(self) -> dict[str, Any]:
@@ -138,6 +158,7 @@ class Engine:
         self._seen, self._noted = set(state["seen"]), set(state["noted"])
         self._disabled = set(state["disabled"])
         self._findings = [Finding.from_dict(data) for data in state["findings"]]
+        self._forget_routes()
         saved = state["detectors"]
         for detector in self._enabled():
             if detector.name in saved:
@@ -148,6 +169,36 @@ class Engine:
 
     def _enabled(self) -> list[Detector]:
         return [d for d in self.detectors if d.name not in self._disabled]
+
+    def _route(self, keys: tuple[str, ...]) -> _Route:
+        """The enabled detectors whose signals ``keys`` hold, now marked seen; memoised."""
+        if len(self._routes) >= _MAX_ROUTES:
+            self._routes.clear()
+        found = set(keys)
+        route = tuple(d for d in self._enabled() if _has_signals(d.requires, found))
+        self._seen.update(detector.name for detector in route)
+        self._routes[keys] = route
+        return route
+
+    def _forget_routes(self) -> None:
+        """Drop the memo: the enabled or seen detectors changed."""
+        self._routes.clear()
+        self._recount()
+
+    def _recount(self) -> None:
+        done = self._seen | self._noted
+        self._waiting = any(d.name not in done for d in self._enabled())
+
+    def _observe_waiting(self, record: StepRecord, route: _Route) -> list[Finding]:
+        """`observe` while some detector has neither shown its signals nor been noted idle."""
+        found: list[Finding] = []
+        for detector in self._enabled():
+            if detector in route:
+                found += self._run(detector, detector.update, record)
+            elif detector.name not in self._seen and detector.name not in self._noted:
+                self._note_missing(detector)
+        self._recount()
+        return found
 
     def _note_missing(self, detector: Detector) -> None:
         if self._records >= self.signal_grace:
@@ -172,6 +223,10 @@ class Engine:
         result = self._call(detector, method, *args)
         if detector.name in self._disabled:
             return []
+        return self._checked(detector, result)
+
+    def _checked(self, detector: Detector, result: Any) -> list[Finding]:
+        """``result`` when it is a list of `Finding`; else the detector is disabled and []."""
         if not isinstance(result, list) or not all(isinstance(f, Finding) for f in result):
             self._disable(detector, f"returned {type(result).__name__}, not a list of Finding")
             return []
@@ -179,6 +234,7 @@ class Engine:
 
     def _disable(self, detector: Detector, why: str, exc_info: bool = False) -> None:
         self._disabled.add(detector.name)
+        self._forget_routes()
         logger.warning(
             "detector %r %s; it is disabled for the rest of the run",
             detector.name,

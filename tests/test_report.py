@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 from pathlib import Path
@@ -23,13 +25,14 @@ from stabilizer.report import (
     diagnose,
     episodes,
     exit_code,
+    inputs,
     remedy_text,
     render_markdown,
     render_text,
     report_dict,
     verdict,
 )
-from stabilizer.report.inputs import sniff_head
+from stabilizer.report.inputs import open_log, progress_bar
 from stabilizer.report.text import render_overall
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
@@ -301,12 +304,33 @@ def test_diagnose_splits_a_restarted_run_into_segments(tmp_path: Path) -> None:
     assert diagnosis.history.records == 120
 
 
-def test_sniff_head_detects_text_gzip_and_gives_up_on_garbage() -> None:
-    text = (FIXTURES / "nanogpt_healthy.log").read_bytes()[:4000]
-    assert sniff_head(text) == "nanogpt"
-    assert sniff_head(gzip.compress(text)) == "nanogpt"
-    assert sniff_head(b"\x00\x01 not a log \xff" * 10) == "auto"
-    assert sniff_head(b"") == "auto"
+class _Bar:
+    """Stands in for a click progress bar: what `progress_bar` moved it by."""
+
+    def __init__(self) -> None:
+        self.moves: list[int] = []
+
+    def update(self, n: int) -> None:
+        self.moves.append(n)
+
+
+def test_progress_bar_moves_by_bytes_of_the_input(tmp_path: Path) -> None:
+    path = tmp_path / "train.log.gz"
+    path.write_bytes(gzip.compress((FIXTURES / "nanogpt_healthy.log").read_bytes() * 50))
+    stream, bar = open_log(str(path)), _Bar()
+    assert stream.format == "nanogpt" and stream.total_bytes == path.stat().st_size
+    recs = list(inputs._by_bytes(stream, bar))  # type: ignore[arg-type]
+    assert recs == list(open_log(str(path)))
+    assert sum(bar.moves) == path.stat().st_size and len(bar.moves) > 2
+
+
+def test_progress_bar_wraps_a_log_and_an_iterator() -> None:
+    out = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        wrap = progress_bar("reading log", stack, out)
+        assert len(list(wrap(open_log(str(FIXTURES / "nanogpt_healthy.log"))))) == 603
+        assert len(list(wrap(iter([StepRecord(1, {"loss": 1.0})])))) == 1
+    assert out.getvalue().startswith("reading log")
 
 
 def test_diagnose_a_restarted_tensorboard_run(tmp_path: Path) -> None:

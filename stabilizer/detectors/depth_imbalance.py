@@ -9,12 +9,11 @@ from typing import Any, ClassVar
 
 from ..records import Finding, Severity, StepRecord
 from ..signals import GRAD_NORM_PREFIX, UPDATE_RATIO_PREFIX, block_index
+from ._levels import BlockLevels
 from ._robust import exp10, median
 from .base import check_at_least
 
 __all__ = ["DepthImbalance"]
-
-_BLOCK_PREFIX = GRAD_NORM_PREFIX + "block_"
 
 
 class DepthImbalance:
@@ -52,35 +51,37 @@ class DepthImbalance:
         check_at_least("min_blocks", min_blocks, 4)
         self.ratio, self.gap, self.patience = ratio, math.log10(ratio), patience
         self.alpha, self.min_blocks = alpha, min_blocks
-        self._ema: dict[str, float] = {}  # block group -> smoothed log10 norm
-        self._order: list[str] = []  # the groups of _ema in depth order
+        self._blocks = BlockLevels(alpha)
         self._streak: dict[str, list[int]] = {}  # side -> [first step, records] of a band
         self._open: set[str] = set()  # sides whose episode was reported
 
     def update(self, record: StepRecord) -> list[Finding]:
-        updated = False
-        for key, value in record.values.items():
-            if key.startswith(_BLOCK_PREFIX) and math.isfinite(value) and value > 0:
-                group, level = key[len(GRAD_NORM_PREFIX) :], math.log10(value)
-                if group in self._ema:
-                    self._ema[group] += self.alpha * (level - self._ema[group])
-                elif block_index(group) is not None:
-                    self._ema[group] = level
-                    self._order = sorted(self._ema, key=lambda g: block_index(g) or 0)
-                else:
-                    continue
-                updated = True
-        if not updated or len(self._order) < self.min_blocks:
+        if not self._blocks.update(record.values) or len(self._blocks.order) < self.min_blocks:
             return []
-        ordered, findings = self._order, []
-        for side, groups in (("input", ordered), ("output", ordered[::-1])):
-            finding = self._check_side(record, side, groups)
+        return self._check(record)
+
+    def _check(self, record: StepRecord) -> list[Finding]:
+        levels, ordered = self._blocks.levels, self._blocks.order
+        findings: list[Finding] = []
+        ceiling = max(levels) - self.gap if self._blocks.finite else math.nan
+        if levels[0] > ceiling and levels[-1] > ceiling:  # _band stops at block 1 on both sides
+            if self._streak or self._open:
+                self._streak.clear()
+                self._open.clear()
+            return findings
+        for side, groups, side_levels in (
+            ("input", ordered, levels),
+            ("output", ordered[::-1], levels[::-1]),
+        ):
+            finding = self._check_side(record, side, groups, side_levels)
             if finding is not None:
                 findings.append(finding)
         return findings
 
-    def _check_side(self, record: StepRecord, side: str, groups: list[str]) -> Finding | None:
-        size = _band([self._ema[g] for g in groups], self.gap)
+    def _check_side(
+        self, record: StepRecord, side: str, groups: list[str], levels: list[float]
+    ) -> Finding | None:
+        size = _band(levels, self.gap)
         if size == 0:
             self._streak.pop(side, None)
             self._open.discard(side)
@@ -91,8 +92,9 @@ class DepthImbalance:
             return None
         self._open.add(side)
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
-        levels = [self._ema[g] for g in band]
-        rest_level = median([self._ema[g] for g in rest])
+        ema = self._blocks.state()
+        levels = [ema[g] for g in band]
+        rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
         first, last = block_index(band[0]), block_index(band[-1])
         message = (
@@ -113,11 +115,10 @@ class DepthImbalance:
 
     def state_dict(self) -> dict[str, Any]:
         streak = {side: list(value) for side, value in self._streak.items()}
-        return {"ema": dict(self._ema), "streak": streak, "open": sorted(self._open)}
+        return {"ema": self._blocks.state(), "streak": streak, "open": sorted(self._open)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._ema = {str(g): float(v) for g, v in state["ema"].items()}
-        self._order = sorted(self._ema, key=lambda g: block_index(g) or 0)
+        self._blocks.load({str(g): float(v) for g, v in state["ema"].items()})
         self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
         self._open = {str(side) for side in state["open"]}
 

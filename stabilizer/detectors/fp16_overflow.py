@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
+from math import isfinite
 from typing import Any, ClassVar
 
 from ..records import Finding, Severity, StepRecord
 from ..signals import LOSS_SCALE, SKIPPED
-from ._robust import finite
 from .base import check_at_least
 
 __all__ = ["Fp16Overflow"]
@@ -24,7 +24,9 @@ class Fp16Overflow:
     does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
     fits; skips before the first good step are that calibration, only the floor rule applies. The
     finding is emitted when the cascade is recognised (the run may never leave it); later skips
-    extend the episode silently, and `quiet` good records in a row close it.
+    extend the episode silently, and `quiet` good records in a row close it. The finding starts
+    at the cascade's first skip (that of the run of skips, or, for a fall of the scale, the first
+    after its last top), so an earlier isolated skip in the window is not counted.
 
     Args:
         cascade: Consecutive skipped steps that make a cascade.
@@ -52,7 +54,7 @@ class Fp16Overflow:
         check_at_least("floor", floor, 0.0)
         check_at_least("quiet", quiet, 1)
         self.cascade, self.drop, self.floor, self.quiet = cascade, 2.0**drop_pow, floor, quiet
-        self._window: deque[list[Any]] = deque(maxlen=window)  # [step, scale, skipped 0/1]
+        self._window: deque[tuple[int, float, int]] = deque(maxlen=window)  # step, scale, 0/1
         self._prev: float | None = None  # scale of the previous record
         self._calibrated = False  # whether a good step has been seen
         self._run = 0  # consecutive skipped records
@@ -60,10 +62,13 @@ class Fp16Overflow:
         self._good = 0  # good records in a row inside an episode
 
     def update(self, record: StepRecord) -> list[Finding]:
-        scale = finite(record.values, LOSS_SCALE)
-        if scale is None:
+        values = record.values
+        scale = values.get(LOSS_SCALE)
+        if scale is None or not isfinite(scale):
             return []
-        flag = finite(record.values, SKIPPED)
+        flag = values.get(SKIPPED)
+        if flag is not None and not isfinite(flag):
+            flag = None
         prev, self._prev = self._prev, scale
         skipped = flag >= 0.5 if flag is not None else prev is not None and scale < prev
         known = flag is not None or prev is not None  # the first record alone cannot tell
@@ -71,32 +76,39 @@ class Fp16Overflow:
             self._calibrated = True
             self._window.clear()  # the start-up fall is not a cascade
         self._run = self._run + 1 if skipped else 0
-        self._window.append([record.step, scale, int(skipped)])
+        self._window.append((record.step, scale, int(skipped)))
         if self._active:
             self._extend(skipped)
             return []
-        if skipped and self._cascading(scale):
-            return [self._open()]
-        return []
+        begin = self._cascade(scale) if skipped else None
+        return [] if begin is None else [self._open(begin)]
 
-    def _cascading(self, scale: float) -> bool:
-        if scale <= self.floor:
-            return True
+    def _cascade(self, scale: float) -> int | None:
+        """Where in the window the cascade begins (the record before its first skip, or the
+        window's first record), when this skip makes one; else None."""
+        window = self._window
+        if scale <= self.floor or (self._calibrated and self._run >= self.cascade):
+            return max(len(window) - self._run - 1, 0)  # the run of skips ending here
         if not self._calibrated:
-            return False
-        top = max(s for _, s, _ in self._window)
-        return self._run >= self.cascade or top >= self.drop * scale
+            return None
+        scales = [s for _, s, _ in window]
+        top = max(scales)
+        if top < self.drop * scale:
+            return None
+        return len(scales) - 1 - scales[::-1].index(top)  # the fall from the last top
 
-    def _open(self) -> Finding:
-        scales = [s for _, s, _ in self._window]
-        skips = [step for step, _, flag in self._window if flag]
-        start, end = skips[0], skips[-1]
+    def _open(self, begin: int) -> Finding:
+        entries = list(self._window)[begin:]
+        scales = [s for _, s, _ in entries]
+        skips = [step for step, _, flag in entries if flag]
+        start, end, count = skips[0], skips[-1], len(skips)
         self._active, self._good = True, 0
+        since = f"{count} skipped steps since step" if count > 1 else "1 skipped step at step"
         message = (
-            f"fp16 overflow cascade: {len(skips)} skipped steps since step {start}, loss scale "
-            f"{max(scales):g} -> {min(scales):g}: train in bf16 or run LayerNorm/softmax in fp32"
+            f"fp16 overflow cascade: {since} {start}, loss scale {max(scales):g} -> "
+            f"{min(scales):g}: train in bf16 or run LayerNorm/softmax in fp32"
         )
-        evidence = {"skips": len(skips), "scale_start": max(scales), "scale_min": min(scales)}
+        evidence = {"skips": count, "scale_start": max(scales), "scale_min": min(scales)}
         remedies = ("upcast_to_fp32", "skip_step")
         return Finding("fp16_overflow", start, end, Severity.ERROR, message, evidence, (), remedies)
 
@@ -122,7 +134,7 @@ class Fp16Overflow:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._window.clear()
-        self._window.extend([int(s), float(v), int(f)] for s, v, f in state["window"])
+        self._window.extend((int(s), float(v), int(f)) for s, v, f in state["window"])
         self._prev = None if state["prev"] is None else float(state["prev"])
         self._calibrated, self._run = bool(state["calibrated"]), int(state["run"])
         self._active = bool(state["active"])

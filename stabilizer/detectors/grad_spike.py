@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..records import Finding, Severity, StepRecord
 from ..signals import CLIP_VAL, CLIPPED, GRAD_NORM
-from ._robust import SpikeTracker, exp10, finite
+from ._clipping import ClipWindow
+from ._robust import SpikeTracker, exp10
 from .base import check_at_least, check_fraction
 
 __all__ = ["GradSpike"]
@@ -60,7 +59,8 @@ class GradSpike:
         clip_window: int = 100,
         clip_fraction: float = 0.5,
     ) -> None:
-        self._tracker = SpikeTracker(window, min_history, recovery_window)
+        rules = (self._classify, self._may_spike, self._bar)
+        self._tracker = SpikeTracker(window, min_history, recovery_window, rules)
         for arg, value, low in (("k", k, 0.0), ("sigma_floor", sigma_floor, 0.0)):
             check_at_least(arg, value, low)
         check_at_least("min_ratio", min_ratio, 1.0)
@@ -70,25 +70,40 @@ class GradSpike:
         self.k, self.sigma_floor, self.min_jump = k, sigma_floor, math.log10(min_ratio)
         self.recover_k, self.recovery_window = recover_k, recovery_window
         self.clip_window, self.clip_fraction = clip_window, clip_fraction
-        self._clips: deque[list[int]] = deque(maxlen=clip_window)  # [step, 1 if clipped else 0]
-        self._saturated = False
+        self._clips = ClipWindow(clip_window, clip_fraction)
 
     def _classify(self, x: float, med: float, sigma: float) -> float | None:
         band = max(sigma, self.sigma_floor)
         spike = x > med + self.k * band and x >= med + self.min_jump
         return med + self.recover_k * band if spike else None
 
+    def _may_spike(self, x: float, med: float) -> bool:
+        # band >= sigma_floor and rounding is monotonic: under that bar, no sigma can make a spike.
+        return not x <= med + self.k * self.sigma_floor and x >= med + self.min_jump
+
+    def _bar(self, low: float) -> float:
+        # With the median at `low` or more, x under either bar above is no spike.
+        keep = low + self.k * self.sigma_floor
+        jump = math.nextafter(low + self.min_jump, -math.inf)
+        return max(low, jump, keep)  # keep is NaN when k is inf and sigma_floor 0: max skips it
+
     def update(self, record: StepRecord) -> list[Finding]:
-        findings = self._update_clips(record.step, record.values)
-        norm = finite(record.values, GRAD_NORM)
-        if norm is not None and norm > 0:
-            ended = self._tracker.observe(record.step, math.log10(norm), self._classify)
-            if ended is not None:
-                outcome, episode = ended
-                lasting = f"still up after {self.recovery_window} steps"
-                findings.append(
-                    self._spike(episode, "back to normal" if outcome == "recovered" else lasting)
-                )
+        values = record.values
+        clips = CLIPPED in values or CLIP_VAL in values
+        findings = self._clips.update(record.step, values) if clips else []
+        norm = values.get(GRAD_NORM)
+        if norm is None or not 0.0 < norm < math.inf:
+            return findings
+        level, tracker = math.log10(norm), self._tracker
+        if tracker.left and level <= tracker.bar:  # tracker.observe's shortcut, inlined
+            tracker.left -= 1  # (the hot path)
+            tracker.values.append(level)
+            return findings
+        ended = tracker.observe(record.step, level)
+        if ended is not None:
+            lasting = f"still up after {self.recovery_window} steps"
+            recovered = ended[0] == "recovered"
+            findings.append(self._spike(ended[1], "back to normal" if recovered else lasting))
         return findings
 
     def _spike(self, episode: dict[str, Any], outcome: str) -> Finding:
@@ -103,45 +118,13 @@ class GradSpike:
         start, end, remedies = episode["start"], episode["last"], ("clip_gradients", "skip_step")
         return Finding("grad_spike", start, end, Severity.WARNING, message, evidence, (), remedies)
 
-    def _update_clips(self, step: int, values: Mapping[str, float]) -> list[Finding]:
-        clipped = _clipped(values)
-        if clipped is None:
-            return []
-        self._clips.append([step, int(clipped)])
-        fraction = sum(flag for _, flag in self._clips) / len(self._clips)
-        if self._saturated:
-            self._saturated = fraction > self.clip_fraction / 2
-            return []
-        if len(self._clips) < self.clip_window or fraction <= self.clip_fraction:
-            return []
-        self._saturated = True
-        window, start = len(self._clips), self._clips[0][0]
-        message = f"{fraction:.0%} of the last {window} steps were clipped: lower the LR instead"
-        evidence = {"fraction": fraction, "window": window}
-        clip_val = finite(values, CLIP_VAL)
-        if clip_val is not None:
-            evidence["clip_val"] = clip_val
-        kind, severity = "clip_saturation", Severity.WARNING
-        return [Finding(kind, start, step, severity, message, evidence, (), ("scale_lr",))]
-
     def finish(self) -> list[Finding]:
         episode = self._tracker.close()
         return [] if episode is None else [self._spike(episode, "still up at the end")]
 
     def state_dict(self) -> dict[str, Any]:
-        clips = [list(pair) for pair in self._clips]
-        return {**self._tracker.state(), "clips": clips, "saturated": self._saturated}
+        return {**self._tracker.state(), **self._clips.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._tracker.load(state)
-        self._clips = deque(([int(s), int(f)] for s, f in state["clips"]), maxlen=self.clip_window)
-        self._saturated = bool(state["saturated"])
-
-
-def _clipped(values: Mapping[str, float]) -> bool | None:
-    """Whether clipping fired: ``clipped`` if logged, else ``grad_norm > clip_val``, else None."""
-    flag = finite(values, CLIPPED)
-    if flag is not None:
-        return flag >= 0.5
-    norm, clip_val = finite(values, GRAD_NORM), finite(values, CLIP_VAL)
-    return None if norm is None or clip_val is None else norm > clip_val
+        self._clips.load(state)

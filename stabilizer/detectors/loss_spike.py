@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from math import isfinite
 from typing import Any, ClassVar
 
 from ..records import Finding, Severity, StepRecord
 from ..signals import LOSS
-from ._robust import SpikeTracker, finite
+from ._robust import SpikeTracker
 from .base import check_at_least
 
 __all__ = ["LossSpike"]
+
+_LOWEST = -math.inf
 
 
 class LossSpike:
@@ -63,13 +67,10 @@ class LossSpike:
         recover_k: float = 3.0,
         recovery_window: int = 100,
     ) -> None:
-        self._tracker = SpikeTracker(window, min_history, recovery_window)
-        for arg, value, low in (
-            ("k", k, 0.0),
-            ("rel_floor", rel_floor, 0.0),
-            ("min_jump", min_jump, 0.0),
-        ):
-            check_at_least(arg, value, low)
+        rules = (self._classify, self._may_spike, self._bar)
+        self._tracker = SpikeTracker(window, min_history, recovery_window, rules)
+        for arg, value in (("k", k), ("rel_floor", rel_floor), ("min_jump", min_jump)):
+            check_at_least(arg, value, 0.0)
         check_at_least("min_ratio", min_ratio, 1.0)
         check_at_least("recover_k", recover_k, 0.0)
         if recover_k > k:
@@ -82,11 +83,30 @@ class LossSpike:
         jumped = loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
         return med + self.recover_k * band if loss > med + self.k * band and jumped else None
 
+    def _may_spike(self, loss: float, med: float) -> bool:
+        # band >= rel_floor·|med|: under that floor's bar, or without a jump, no sigma spikes.
+        if loss <= med + self.k * (self.rel_floor * abs(med)):
+            return False
+        return loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
+
+    def _bar(self, low: float) -> float:
+        # Both tests of _may_spike rise with a median from 0 up, which is at `low` or more.
+        if not low > 0:
+            return low  # a spike lies above the median
+        keep = low + self.k * (self.rel_floor * low)
+        jump = math.nextafter(min(low + self.min_jump, self.min_ratio * low), -math.inf)
+        return max(low, jump, keep)  # keep is NaN when k is inf and rel_floor 0: max skips it
+
     def update(self, record: StepRecord) -> list[Finding]:
-        loss = finite(record.values, LOSS)
+        loss = record.values.get(LOSS)
         if loss is None:
             return []
-        ended = self._tracker.observe(record.step, loss, self._classify)
+        tracker = self._tracker
+        if tracker.left and _LOWEST < loss <= tracker.bar:  # tracker.observe's shortcut, inlined
+            tracker.left -= 1  # (the hot path; the comparisons keep NaN and Inf out)
+            tracker.values.append(loss)
+            return []
+        ended = tracker.observe(record.step, loss) if isfinite(loss) else None
         if ended is None:
             return []
         outcome, episode = ended
@@ -99,24 +119,16 @@ class LossSpike:
         )
         evidence = {"baseline": base, "peak": episode["peak"], "peak_step": episode["peak_step"]}
         evidence.update(level=loss, ratio=_ratio(loss, base))
-        remedies = ("rollback", "scale_lr", "clip_gradients")
-        return [
-            Finding(
-                "divergence", start, record.step, Severity.ERROR, message, evidence, (), remedies
-            )
-        ]
+        head = ("divergence", start, record.step, Severity.ERROR, message, evidence, ())
+        return [Finding(*head, ("rollback", "scale_lr", "clip_gradients"))]
 
     def _spike(self, episode: dict[str, Any], recovery_steps: int | None) -> Finding:
         base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]
-        ratio = _ratio(peak, base)
-        tail = (
-            f"back after {recovery_steps} steps"
-            if recovery_steps is not None
-            else "still up at the end"
-        )
+        ratio, back = _ratio(peak, base), f"back after {recovery_steps} steps"
         message = (
             f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
-            f"{tail}: clip gradients (norm 1.0)"
+            f"{back if recovery_steps is not None else 'still up at the end'}: "
+            "clip gradients (norm 1.0)"
         )
         evidence = {"baseline": base, "peak": peak, "peak_step": peak_step, "ratio": ratio}
         evidence["recovered"] = float(recovery_steps is not None)

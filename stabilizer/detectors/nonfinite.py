@@ -57,9 +57,14 @@ class NonFinite:
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
-        if not any(key in values for key in (LOSS, GRAD_NORM, NONFINITE_GRADS)) and not any(
+        if not (LOSS in values or GRAD_NORM in values or NONFINITE_GRADS in values) and not any(
             key.startswith(GRAD_NORM_PREFIX) for key in values
         ):
+            return []
+        total = sum(values.values())
+        if total - total == 0.0 and not values.get(NONFINITE_GRADS):
+            # A finite sum means every value is finite: nothing non-finite, no count of them.
+            self._start, self._length, self._loss_seen = None, 0, False
             return []
         loss = values.get(LOSS)
         bad_loss = loss is not None and not math.isfinite(loss)

@@ -3,14 +3,18 @@
     from stabilizer.engine import Engine
     from stabilizer.readers import read_log
 
-    notes = []
-    findings = Engine().replay(read_log("runs/gpt/version_3", notes=notes))
+    stream = read_log("runs/gpt/version_3")
+    findings = Engine().replay(stream)
+    print(stream.format, stream.segment_starts, stream.notes)
 
 `read_log` takes a file, a ``.gz`` file (recognised by its magic bytes), ``-`` for stdin, or a
 run directory, in which it looks (up to four levels down) for ``stability.jsonl``, then TensorBoard
 event files (all files of the newest run directory, merged by step), then ``metrics.csv``, then
 ``trainer_state.json``. The format is detected from the first lines (`detect_format`) unless
 given. Records stream: memory stays bounded whatever the size of the log.
+
+`read_log` returns a `LogStream`: iterate it for the records; it also tells the format it read,
+the bytes read so far, the segments, the monitor's own findings (``stability.jsonl``) and the notes.
 
 What the user should know comes back as `Note`s (in ``notes``, and logged at INFO): format quirks
 (Megatron losses are interval averages; the HF Trainer hides NaN losses), restarts (segments),
@@ -33,19 +37,20 @@ Conventions shared by every reader:
 - Names map to signal keys through shared aliases (see `_keys`); structured formats pass other
   numeric names through unchanged (detectors ignore them), console readers keep what they parse.
 - Lines are read with bounded memory; one over `MAX_LINE` characters is skipped with a note.
+- Notes are bounded too: `MAX_NOTES` of a kind, then one note that counts the rest (restart
+  notes excepted: one per segment).
 """
 
 from __future__ import annotations
 
 import io
-import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-from ..records import StepRecord
 from ._lines import MAX_LINE, text_lines
 from ._source import Source, find_logs, is_binary, open_source
-from .base import NOTE_KINDS, BaseReader, LogReadError, Note, Reader
+from ._stream import LogStream
+from .base import MAX_NOTES, NOTE_KINDS, BaseReader, LogReadError, Note, Reader, add_note
 from .deepspeed import DeepSpeedReader
 from .fairseq import FairseqReader
 from .generic import GenericReader
@@ -56,10 +61,11 @@ from .lightning_csv import LightningCsvReader
 from .megatron import MegatronReader
 from .modded_nanogpt import ModdedNanoGptReader
 from .nanogpt import NanoGptReader
-from .tensorboard import TensorBoardReader, merge_steps
+from .tensorboard import TensorBoardReader
 
 __all__ = [
     "MAX_LINE",
+    "MAX_NOTES",
     "NOTE_KINDS",
     "READERS",
     "BaseReader",
@@ -71,6 +77,7 @@ __all__ = [
     "JsonlReader",
     "LightningCsvReader",
     "LogReadError",
+    "LogStream",
     "MegatronReader",
     "ModdedNanoGptReader",
     "NanoGptReader",
@@ -149,11 +156,14 @@ def _meaningful(line: str) -> bool:
 
 def read_log(
     path: str | Path, format: str = "auto", *, notes: list[Note] | None = None
-) -> Iterator[StepRecord]:
-    """The step records of a log, streamed (see the module docstring).
+) -> LogStream:
+    """The step records of a log, streamed (see the module docstring), as a `LogStream`.
 
     Opening and detection happen at once (errors raise here); reading happens as the records are
-    consumed, and the files are closed when the iterator is exhausted or discarded.
+    consumed, and the files are closed when the stream is exhausted, closed or discarded. The
+    stream tells the format read (``.format``), the bytes read so far (``.bytes_read`` of
+    ``.total_bytes``), the segments so far (``.segment_starts``), the monitor's findings in a
+    ``stability.jsonl`` (``.findings``) and the notes (``.notes``).
 
     Args:
         path: A log file, a ``.gz`` file, ``-`` for stdin, or a run directory.
@@ -180,9 +190,7 @@ def read_log(
     except LogReadError:
         _close(sources)
         raise
-    records = _stream(READERS[format], sources, notes)
-    weakref.finalize(records, _close, sources)  # closed even if never iterated
-    return records
+    return LogStream(path, format, sources, READERS[format], notes)
 
 
 def _open_all(files: list[str | Path], notes: list[Note]) -> list[Source]:
@@ -191,7 +199,7 @@ def _open_all(files: list[str | Path], notes: list[Note]) -> list[Source]:
     try:
         for file in files:
             if len(files) > 1 and Path(file).stat().st_size == 0:
-                notes.append(Note("source", f"{file}: empty event file skipped"))
+                add_note(notes, Note("source", f"{file}: empty event file skipped"))
                 continue
             sources.append(open_source(file))
     except LogReadError:
@@ -205,20 +213,6 @@ def _open_all(files: list[str | Path], notes: list[Note]) -> list[Source]:
     return sources
 
 
-def _stream(
-    cls: type[BaseReader], sources: list[Source], notes: list[Note]
-) -> Iterator[StepRecord]:
-    try:
-        if len(sources) == 1:
-            yield from cls(notes).read(sources[0].stream)
-        else:
-            notes.append(Note("source", f"{len(sources)} event files merged by step"))
-            yield from merge_steps(cls(notes).read(source.stream) for source in sources)
-    finally:
-        _close(sources)
-
-
 def _close(sources: list[Source]) -> None:
     for source in sources:
-        if source.name != "-":
-            source.stream.close()
+        source.close()

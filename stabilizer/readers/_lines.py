@@ -6,6 +6,10 @@ redraws), colour codes wrap words in ANSI escapes, and a stray binary blob may h
 bytes become U+FFFD), split at ``\\n``, ``\\r\\n`` *and* lone ``\\r``, ANSI escapes removed. A line
 longer than `MAX_LINE` characters is skipped with a note and yielded as ``""``, so line numbers
 stay right. Line numbers count ``\\r``-separated progress-bar fragments as lines.
+
+`text_chunks` hands the lines out a list per chunk (the readers' hot loops iterate plain lists);
+`text_lines` one at a time. `resume_banner` tells most lines that are no banner without its
+case-blind regex.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import re
 from collections.abc import Iterator
 from typing import IO
 
-from .base import Note
+from .base import Note, add_note
 
 __all__ = [
     "CHUNK",
@@ -25,6 +29,7 @@ __all__ = [
     "labels",
     "pick",
     "resume_banner",
+    "text_chunks",
     "text_lines",
 ]
 
@@ -71,7 +76,21 @@ def pick(line: str, start: int, wanted: Labels, stop: str) -> dict[str, float]:
 
 
 def resume_banner(line: str) -> str:
-    """The line (cut to 80 characters) if it is a resume banner, else ``""``."""
+    """The line (cut to 80 characters) if it is a resume banner, else ``""``.
+
+    An ASCII line without "resum", "load", "restor" or "continuing" (in any case) is no banner,
+    and is told so without the slow case-blind regex (non-ASCII lines may hold letters that
+    IGNORECASE folds to ASCII ones, such as ``ſ`` for ``s``: the regex decides).
+    """
+    if line.isascii():
+        low = line.lower()
+        if (
+            "resum" not in low
+            and "load" not in low
+            and "restor" not in low
+            and "continuing" not in low
+        ):
+            return ""
     return line.strip()[:80] if RESUME.search(line) else ""
 
 
@@ -89,6 +108,15 @@ def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> I
         stream: A binary stream positioned at the start of the log.
         notes: Over-long lines are reported here.
         limit: Lines longer than this many characters are skipped.
+    """
+    for lines in text_chunks(stream, notes, limit):
+        yield from lines
+
+
+def text_chunks(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> Iterator[list[str]]:
+    """`text_lines` a list at a time (one per chunk read): the hot loops of readers iterate lists.
+
+    Line ``n`` (1-based) of the log is the ``n``-th line over all the lists.
     """
     read = getattr(stream, "read1", stream.read)
     raw = read(CHUNK)
@@ -110,11 +138,12 @@ def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> I
         tail = _unfinished(data, lines) if raw else ""
         if len(tail) > limit:
             message = f"over-long line (> {limit} characters) skipped"
-            notes.append(Note("skipped", message, count + len(lines) + 1))
+            add_note(notes, Note("skipped", message, count + len(lines) + 1))
             lines.append("")
             tail, skipping = "", True
         count += len(lines)
-        yield from lines
+        if lines:
+            yield lines
 
 
 def _unfinished(data: str, lines: list[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import sys
 import zlib
 from dataclasses import dataclass
@@ -31,19 +32,40 @@ KINDS = (  # what a directory may hold, most complete first: (format, file name 
 
 @dataclass
 class Source:
-    """An opened log: a display name, its first bytes, and a binary stream from the start."""
+    """An opened log: a display name, its first bytes, and a binary stream from the start.
+
+    ``counter`` tells how many bytes of the file (compressed ones, for gzip) have been read;
+    ``size`` is the file's size when it is a regular file (else None: a pipe, a terminal).
+    """
 
     name: str
     head: bytes
     stream: IO[bytes]
+    counter: _Replay | None = None
+    size: int | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read off the file so far (the readers read ahead by up to a chunk)."""
+        return 0 if self.counter is None else self.counter.position
+
+    def close(self) -> None:
+        """Close the stream and the file under it (gzip leaves it open); stdin stays open."""
+        self.stream.close()
+        if self.counter is not None:
+            self.counter.close()
 
 
 class _Replay(io.RawIOBase):
-    """``head`` again, then the rest of ``stream``."""
+    """``head`` again, then the rest of ``stream``; closes ``stream`` only if it ``owns`` it.
 
-    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
-        self._head, self._stream = memoryview(head), stream
+    ``position`` counts the bytes taken from ``stream``, ``head`` (read from it before) included.
+    """
+
+    def __init__(self, head: bytes, stream: IO[bytes], owns: bool = True) -> None:
+        self._head, self._stream, self._owns = memoryview(head), stream, owns
         self._read = getattr(stream, "read1", stream.read)  # a pipe: what is there, no waiting
+        self.position = len(head)
 
     def readable(self) -> bool:
         return True
@@ -54,16 +76,19 @@ class _Replay(io.RawIOBase):
             buffer[:size], self._head = self._head[:size], self._head[size:]
             return size
         data = self._read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        size = len(data)
+        buffer[:size] = data
+        self.position += size
+        return size
 
     def close(self) -> None:
-        self._stream.close()
+        if self._owns and not self.closed:
+            self._stream.close()
         super().close()
 
 
 def open_source(path: str | Path) -> Source:
-    """Open a file (gzip is recognised by its magic bytes) or ``-`` (stdin).
+    """Open a file (gzip is recognised by its magic bytes) or ``-`` (stdin, never closed).
 
     Raises:
         LogReadError: The path is missing, unreadable, a corrupt gzip, or empty.
@@ -77,22 +102,43 @@ def open_source(path: str | Path) -> Source:
         raise LogReadError(f"{name}: permission denied") from None
     except OSError as exc:
         raise LogReadError(f"{name}: cannot open ({exc.strerror or exc})") from None
+    owns = name != "-"
     try:
         head = raw.read(HEAD)
+        counter = _Replay(head, raw, owns)
+        stream: IO[bytes] = io.BufferedReader(counter, buffer_size=_BUFFER)
         if head.startswith(b"\x1f\x8b"):
-            raw = gzip.GzipFile(fileobj=_buffered(head, raw), mode="rb")  # type: ignore[assignment]
-            head = raw.read(HEAD)
+            unpacked: IO[bytes] = gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[assignment]
+            head = unpacked.read(HEAD)
+            stream = _buffered(head, unpacked)
     except (OSError, EOFError, zlib.error) as exc:
-        raw.close()
+        _drop(raw, owns)
         raise LogReadError(f"{name}: cannot read ({exc})") from None
     if not head:
-        raw.close()
+        _drop(raw, owns)
         raise LogReadError(f"{name}: empty file")
-    return Source(name, head, _buffered(head, raw))
+    return Source(name, head, stream, counter, _size(raw))
+
+
+_BUFFER = 1 << 16
 
 
 def _buffered(head: bytes, stream: IO[bytes]) -> IO[bytes]:
-    return io.BufferedReader(_Replay(head, stream), buffer_size=1 << 16)
+    return io.BufferedReader(_Replay(head, stream), buffer_size=_BUFFER)
+
+
+def _drop(raw: IO[bytes], owns: bool) -> None:
+    if owns:
+        raw.close()
+
+
+def _size(raw: IO[bytes]) -> int | None:
+    """The size of a regular file (stdin redirected from one included), else None."""
+    try:
+        info = os.fstat(raw.fileno())
+    except (OSError, ValueError, AttributeError):  # io.BytesIO and friends: no descriptor
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def is_binary(head: bytes) -> bool:

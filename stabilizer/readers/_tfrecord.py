@@ -14,7 +14,7 @@ import struct
 from collections.abc import Iterator
 from typing import IO
 
-from .base import Note
+from .base import Note, add_note
 
 __all__ = ["MAX_RECORD", "frames", "header_ok", "masked_crc32c"]
 
@@ -104,4 +104,5 @@ def _split(buf: bytes, checked: set[bytes], verify: bool) -> tuple[list[bytes], 
 
 
 def _stop(notes: list[Note], what: str, offset: int) -> None:
-    notes.append(Note("truncated", f"{what} at byte {offset}: read the event file up to there"))
+    message = f"{what} at byte {offset}: read the event file up to there"
+    add_note(notes, Note("truncated", message))

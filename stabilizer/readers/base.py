@@ -11,14 +11,24 @@ such as ``Resuming from checkpoint`` — starts a new *segment*: records keep th
 from __future__ import annotations
 
 import logging
+import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, ClassVar, Protocol
 
 from ..records import StepRecord
 
-__all__ = ["NOTE_KINDS", "BaseReader", "LogReadError", "Note", "Reader", "record"]
+__all__ = [
+    "MAX_NOTES",
+    "NOTE_KINDS",
+    "BaseReader",
+    "LogReadError",
+    "Note",
+    "Reader",
+    "add_note",
+    "record",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +66,41 @@ class Note:
         return self.message if self.line is None else f"line {self.line}: {self.message}"
 
 
+MAX_NOTES = 20
+"""Notes kept per kind in one list; later ones are counted in a single note (restarts: all)."""
+
+
+def add_note(notes: list[Note], note: Note) -> bool:
+    """Append ``note`` unless `MAX_NOTES` of its kind are there; then count it in one more note.
+
+    The count note (``"N more <kind> notes like the above"``) follows the kind's first
+    `MAX_NOTES` and is replaced in place as the count grows: a log of a million over-long lines
+    leaves 21 notes, not a million.
+    ``restart`` notes are never capped: each one is a segment of the run.
+
+    Returns:
+        Whether ``note`` itself was kept.
+    """
+    if note.kind == "restart":
+        notes.append(note)
+        return True
+    same = [i for i, kept in enumerate(notes) if kept.kind == note.kind]
+    if len(same) < MAX_NOTES:
+        notes.append(note)
+        return True
+    for at in reversed(same):  # the count note of the kind, if there is one yet
+        counted = _COUNT.fullmatch(notes[at].message)
+        if counted is not None:
+            more = int(counted[1]) + 1
+            notes[at] = Note(note.kind, f"{more} more {note.kind} notes like the above")
+            return False
+    notes.append(Note(note.kind, f"1 more {note.kind} note like the above"))
+    return False
+
+
+_COUNT = re.compile(r"(\d+) more \w+ notes? like the above")
+
+
 class Reader(Protocol):
     """What every reader provides (see `BaseReader` for the shared implementation)."""
 
@@ -73,7 +118,6 @@ class Reader(Protocol):
 
 
 _new = object.__new__
-_set = object.__setattr__
 
 
 def record(step: int, values: dict[str, float]) -> StepRecord:
@@ -82,8 +126,9 @@ def record(step: int, values: dict[str, float]) -> StepRecord:
     Readers build a million records a second; `StepRecord.__post_init__` would copy each dict.
     """
     rec: StepRecord = _new(StepRecord)
-    _set(rec, "step", step)
-    _set(rec, "values", values)
+    fields = rec.__dict__  # filled in directly: two stores instead of two __setattr__ calls
+    fields["step"] = step
+    fields["values"] = values
     return rec
 
 
@@ -111,8 +156,15 @@ class BaseReader:
         """Confidence (0..1) that ``head`` is this format; 0 unless a subclass says otherwise."""
         return 0.0
 
-    def read(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+    def read(
+        self, stream: IO[bytes], *, close: Callable[[], None] | None = None
+    ) -> Generator[StepRecord, None, None]:
         """The records of ``stream``; I/O damage ends the stream with a note.
+
+        Args:
+            stream: A binary stream at the start of the log (left open).
+            close: Called when the records end, are closed, or fail (`read_log` closes its
+                files so, without a generator layer of its own around this one).
 
         Raises:
             LogReadError: The data broke the reader (a bug; reported, never a traceback).
@@ -133,6 +185,9 @@ class BaseReader:
             logger.debug("%s reader failed", self.format, exc_info=True)
             what = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
             raise LogReadError(f"{self.format} reader failed: {what}") from exc
+        finally:
+            if close is not None:
+                close()
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         raise NotImplementedError
@@ -140,9 +195,10 @@ class BaseReader:
     def note(
         self, kind: str, message: str, line: int | None = None, step: int | None = None
     ) -> None:
-        """Leave a note for the user (also logged at INFO)."""
-        self.notes.append(Note(kind, message, line, step))
-        logger.info("%s: %s", self.format, self.notes[-1])
+        """Leave a note for the user (also logged at INFO); see `add_note` for the cap."""
+        note = Note(kind, message, line, step)
+        if add_note(self.notes, note):
+            logger.info("%s: %s", self.format, note)
 
     def restart(self, step: int, line: int | None, why: str) -> None:
         """Start a new segment at ``step``: ``why`` says what gave the restart away."""

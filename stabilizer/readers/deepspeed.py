@@ -28,7 +28,7 @@ from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import LOSS, LOSS_SCALE, LR, SKIPPED
-from ._lines import resume_banner, text_lines
+from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
 
 __all__ = ["DeepSpeedReader"]
@@ -40,8 +40,9 @@ _OVERFLOW = re.compile(
     re.IGNORECASE,
 )  # fmt: skip
 _ITERATION = re.compile(r"Grad overflow on iteration:? (\d+)")
-_PROGRESS = re.compile(r"\bstep=(\d+), skipped=(\d+), lr=\[?" + _NUMBER)
-_LOSS = re.compile(r"\bsteps: (\d+) loss: " + _NUMBER)
+# ``\bstep=`` as a lookbehind after the literal: the same matches, found by a fast literal scan.
+_PROGRESS = re.compile(r"step=(?<!\wstep=)(\d+), skipped=(\d+), lr=\[?" + _NUMBER)
+_LOSS = re.compile(r"steps: (?<!\wsteps: )(\d+) loss: " + _NUMBER)
 _WEAK = re.compile(r"deepspeed|DeepSpeedEngine|\[Rank \d+\]", re.IGNORECASE)
 
 
@@ -58,43 +59,69 @@ class DeepSpeedReader(BaseReader):
         return 0.3 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, placed, scale, banner = -1, 0, None, ""  # last reported step; last placed step
-        exact: int | None = None
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            overflow = _OVERFLOW.search(line) if "VERFLOW" in line or "verflow" in line else None
-            if overflow is not None and overflow.group(1) in (None, "0"):
-                placed = exact if exact is not None and exact > placed else placed + 1
-                exact, attempted, reduced = None, overflow.group(2), overflow.group(3)
-                values = {SKIPPED: 1.0}
-                if attempted is not None:
-                    values[LOSS_SCALE] = float(attempted)
-                    scale = float(reduced) if reduced is not None else float(attempted)
-                yield record(placed, values)
-                continue
-            found = _ITERATION.search(line) if "overflow on" in line else None
-            if found is not None:
-                exact = int(found.group(1)) + 1
-                continue
-            progress = (_PROGRESS.search(line) or _LOSS.search(line)) if "step" in line else None
-            if progress is None:
-                if last >= 0 and not banner:
-                    banner = resume_banner(line)
-                continue
-            step = int(progress.group(1))
-            if step < last or banner:
-                self.segment(step, last, banner, lineno)
-                placed, banner = step, ""
-            values = _values(progress, scale)
-            if placed == step:  # an overflow was placed here: the step may have been skipped
-                values.pop(SKIPPED, None)
-            last, placed = step, max(placed, step)
-            yield record(step, values)
+        last, banner, base, skips = -1, "", 1, _Skips()  # last: the last reported step
+        progress_search, loss_search = _PROGRESS.search, _LOSS.search
+        for lines in text_chunks(stream, self.notes):
+            text = "\n".join(lines)  # a chunk without overflows skips their tests line by line
+            flows = "VERFLOW" in text or "verflow" in text or "overflow on" in text
+            for lineno, line in enumerate(lines, base):
+                if flows and (found := skips.read(line)) is not None:
+                    if isinstance(found, StepRecord):
+                        yield found
+                    continue
+                progress = progress_search(line) or loss_search(line)
+                if progress is None:
+                    if last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                step = int(progress[1])
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    skips.placed, banner = step, ""
+                values = _values(progress, skips.scale, skips.placed == step)
+                last = step
+                if skips.placed < step:
+                    skips.placed = step
+                yield record(step, values)
+            base += len(lines)
 
 
-def _values(progress: re.Match[str], scale: float | None) -> dict[str, float]:
+class _Skips:
+    """The overflows: where the last was placed, the next one's exact step, the loss scale."""
+
+    __slots__ = ("exact", "placed", "scale")
+
+    def __init__(self) -> None:
+        self.placed = 0  # the last step placed (an overflow, or a progress line)
+        self.exact: int | None = None  # the step of the next overflow, when a line told it
+        self.scale: float | None = None  # the loss scale in force
+
+    def read(self, line: str) -> StepRecord | bool | None:
+        """A record for an overflow line, True for a line that tells the next one's step."""
+        overflow = _OVERFLOW.search(line) if "VERFLOW" in line or "verflow" in line else None
+        if overflow is not None and overflow.group(1) in (None, "0"):
+            exact, placed = self.exact, self.placed
+            self.placed = exact if exact is not None and exact > placed else placed + 1
+            self.exact, attempted, reduced = None, overflow.group(2), overflow.group(3)
+            values = {SKIPPED: 1.0}
+            if attempted is not None:
+                values[LOSS_SCALE] = float(attempted)
+                self.scale = float(reduced) if reduced is not None else float(attempted)
+            return record(self.placed, values)
+        found = _ITERATION.search(line) if "overflow on" in line else None
+        if found is not None:
+            self.exact = int(found.group(1)) + 1
+            return True
+        return None
+
+
+def _values(progress: re.Match[str], scale: float | None, placed: bool) -> dict[str, float]:
+    """The values of a progress line; ``placed``: an overflow was placed at its step."""
     if progress.re is _LOSS:
-        return {LOSS: float(progress.group(2))}
-    values = {LR: float(progress.group(3)), SKIPPED: 0.0}
+        return {LOSS: float(progress[2])}
+    values = {LR: float(progress[3])}
+    if not placed:  # else the step may have been skipped
+        values[SKIPPED] = 0.0
     if scale is not None:
         values[LOSS_SCALE] = scale
     return values

@@ -28,7 +28,7 @@ from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._lines import labels, pick, resume_banner, text_lines
+from ._lines import labels, pick, resume_banner, text_chunks
 from .base import BaseReader, record
 
 __all__ = ["FairseqReader"]
@@ -67,24 +67,29 @@ class FairseqReader(BaseReader):
         return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, noted = -1, "", False
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            found = _INNER.search(line)
-            step, values = _inner(line, found.end()) if found is not None else _other(line)
-            if step is None:
-                if values:  # an overflow: the update that was tried is the next one
-                    yield self._overflow(max(last, 0) + 1, values, lineno)
-                elif last >= 0 and not banner:
-                    banner = resume_banner(line)
-                continue
-            if step < last or banner:
-                self.segment(step, last, banner, lineno)
-                banner = ""
-            if not noted and LOSS in values:
-                noted = True
-                self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)
-            last = step
-            yield record(step, values)
+        last, banner, noted, base, search = -1, "", False, 1, _INNER.search
+        for lines in text_chunks(stream, self.notes):
+            for lineno, line in enumerate(lines, base):
+                found = search(line)
+                step, values = _inner(line, found.end()) if found is not None else _other(line)
+                if step is None:
+                    if values:  # an overflow: the update that was tried is the next one
+                        yield self._overflow(max(last, 0) + 1, values, lineno)
+                    elif last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    banner = ""
+                if not noted and LOSS in values:
+                    noted = self._note_bits(lineno)
+                last = step
+                yield record(step, values)
+            base += len(lines)
+
+    def _note_bits(self, lineno: int) -> bool:
+        self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)
+        return True
 
     def _overflow(self, step: int, values: dict[str, float], lineno: int) -> StepRecord:
         if values.pop("minimum", 0.0):

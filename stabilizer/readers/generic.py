@@ -19,7 +19,7 @@ from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ._keys import KeyMap
-from ._lines import resume_banner, text_lines
+from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
 
 __all__ = ["GenericReader"]
@@ -27,9 +27,11 @@ __all__ = ["GenericReader"]
 _STEP_KEYS = ("global_step", "step", "iteration", "iter", "num_updates")  # by priority
 _STEPS = frozenset(_STEP_KEYS)
 _STEP = re.compile(r"\b(?:global_step|step|iteration|iter|num_updates) ?[:=]? ?(\d+)\b")
-_PAIR = re.compile(  # the lookbehind keeps it linear on long runs of name characters
-    r"(?<![\w./-])([A-Za-z_][\w./-]*) ?[:=] ?"
-    r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf|NaN|Inf))(?=[\s,;|)\]]|$)"
+_PAIR = re.compile(  # a name that starts no later than a word does (the lookbehind keeps it
+    # linear on long runs of name characters, and after the first letter it lets the regex scan
+    # for letters fast); possessive: giving characters back never finds a match
+    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+) ?[:=] ?"
+    r"((?>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf|NaN|Inf)))(?=[\s,;|)\]]|$)"
 )
 
 
@@ -45,19 +47,21 @@ class GenericReader(BaseReader):
         return 0.25 if hits >= 2 else 0.15 if hits else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        keys, last, banner = KeyMap(), -1, ""
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            found = _step_and_values(line, keys)
-            if found is None:
-                if last >= 0 and not banner:
-                    banner = resume_banner(line)
-                continue
-            step, values = found
-            if step < last or banner:
-                self.segment(step, last, banner, lineno)
-                banner = ""
-            last = step
-            yield record(step, values)
+        keys, last, banner, base = KeyMap(), -1, "", 1
+        for lines in text_chunks(stream, self.notes):
+            for lineno, line in enumerate(lines, base):
+                found = _step_and_values(line, keys)
+                if found is None:
+                    if last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                step, values = found
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    banner = ""
+                last = step
+                yield record(step, values)
+            base += len(lines)
 
 
 def _step_and_values(line: str, keys: KeyMap) -> tuple[int, dict[str, float]] | None:

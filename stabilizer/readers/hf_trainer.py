@@ -26,7 +26,7 @@ from typing import IO, ClassVar
 from ..records import StepRecord
 from ..signals import GRAD_NORM, LOSS
 from ._keys import KeyMap
-from ._lines import resume_banner, text_lines
+from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
@@ -89,26 +89,33 @@ class HfTrainerReader(BaseReader):
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         keys, hidden = KeyMap(), HiddenNan(self)
-        count, last, banner = 0, -1, ""
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            start = line.find("{'")
-            if start < 0 or _DICT.match(line, start) is None:
-                if last >= 0 and not banner:
-                    banner = resume_banner(line)
-                continue
-            pairs = _PAIR.findall(line, start)
-            if "(" in line:
-                pairs += _WRAPPED.findall(line, start)
-            if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
-                continue
-            count += "'eval_" not in line
-            values = keys.rename(pairs)
-            step = int(values.pop("step")) if "'step'" in line and "step" in values else count
-            if step == 1 == count:
-                self.note("format", "HF console dicts carry no step: records count log lines")
-            if step < last or banner:
-                self.segment(step, last, banner, lineno)
-                banner = ""
-            last = step
-            hidden.check(step, values, lineno)
-            yield record(step, values)
+        count, last, banner, base = 0, -1, "", 1
+        for lines in text_chunks(stream, self.notes):
+            for lineno, line in enumerate(lines, base):
+                start = line.find("{'")
+                if start < 0 or _DICT.match(line, start) is None:
+                    if last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                pairs = _PAIR.findall(line, start)
+                if "(" in line:
+                    pairs += _WRAPPED.findall(line, start)
+                if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
+                    continue
+                count += "'eval_" not in line
+                values = keys.rename(pairs)
+                step = int(values.pop("step")) if "'step'" in line and "step" in values else count
+                if step < last or banner or step == 1 == count:
+                    banner = self._mark(step, last, banner, lineno, count)
+                last = step
+                hidden.check(step, values, lineno)
+                yield record(step, values)
+            base += len(lines)
+
+    def _mark(self, step: int, last: int, banner: str, lineno: int, count: int) -> str:
+        """Note the first numbered record and each restart; the banner is used up."""
+        if step == 1 == count:
+            self.note("format", "HF console dicts carry no step: records count log lines")
+        if step < last or banner:
+            self.segment(step, last, banner, lineno)
+        return ""

@@ -16,17 +16,20 @@ them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, ClassVar
 
 from ..records import Finding, StepRecord
 from ._keys import KeyMap
-from ._lines import text_lines
+from ._lines import text_chunks
 from .base import BaseReader, Note, record
 
 __all__ = ["MAX_FINDINGS", "JsonlReader"]
 
 MAX_FINDINGS = 10_000
+_FLOATS = {float}
+_BAD = (StopIteration, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+_Scan = Callable[[str, int], tuple[Any, int]]
 
 
 class JsonlReader(BaseReader):
@@ -54,25 +57,32 @@ class JsonlReader(BaseReader):
         return best
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        keys, decode, last, bad = KeyMap(), json.JSONDecoder().raw_decode, -1, 0
+        keys, last, bad, base = KeyMap(), -1, 0, 1
+        # `JSONDecoder.raw_decode` without its Python frame: the C scanner it calls.
+        scan: _Scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
         step: int | None
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            try:
-                data = decode(line)[0] if line[:1] == "{" else json.loads(line)
-                if line.startswith('{"type":"step"'):  # the monitor's own: the fast path
-                    step = data["step"] if type(data["step"]) is int else _int(data["step"])
-                    values = {k: float(v) for k, v in data["values"].items()}
-                else:
-                    step, values = self._parse(data, keys)
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-                bad += bool(line.strip())
-                continue
-            if step is None:
-                continue
-            if step < last:
-                self.segment(step, last, "", lineno)
-            last = step
-            yield record(step, values)
+        for lines in text_chunks(stream, self.notes):
+            for lineno, line in enumerate(lines, base):
+                try:
+                    data = scan(line, 0)[0] if line[:1] == "{" else json.loads(line)
+                    if line.startswith('{"type":"step"'):  # the monitor's own: the fast path
+                        step, values = data["step"], data["values"]
+                        if type(step) is not int:
+                            step = _int(step)
+                        if set(map(type, values.values())) != _FLOATS:  # else: as they are
+                            values = {k: float(v) for k, v in values.items()}
+                    else:
+                        step, values = self._parse(data, keys)
+                except _BAD:
+                    bad += bool(line.strip())
+                    continue
+                if step is None:
+                    continue
+                if step < last:
+                    self.segment(step, last, "", lineno)
+                last = step
+                yield record(step, values)
+            base += len(lines)
         if bad:
             self.note("skipped", f"{bad} line(s) not JSON records: skipped")
 

@@ -23,22 +23,26 @@ from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._lines import labels, pick, resume_banner, text_lines
+from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
 
 __all__ = ["MegatronReader"]
 
-_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
-_FIELDS = labels(
-    {
-        "| lm loss:": LOSS,
-        "| loss scale:": LOSS_SCALE,
-        "| grad norm:": GRAD_NORM,
-        "| learning rate:": LR,
-        "| number of skipped iterations:": "skipped_iterations",
-        "| number of nan iterations:": "nan_iterations",
-    }
+# ``\biteration`` as a lookbehind after the literal: the same matches, found by a fast scan.
+_ITERATION = re.compile(r"iteration(?<!\witeration)\s+(\d+)\s*/\s*\d+\s*\|")
+_LABELED = re.compile(  # a wanted "| label: value" field; the value runs to the next "|"
+    r"\| (lm loss|loss scale|grad norm|learning rate|number of skipped iterations|"
+    r"number of nan iterations):([^|]*)"
 )
+_KEYS = (  # label → key, in the order of the record's keys
+    ("lm loss", LOSS),
+    ("loss scale", LOSS_SCALE),
+    ("grad norm", GRAD_NORM),
+    ("learning rate", LR),
+    ("number of skipped iterations", "skipped_iterations"),
+    ("number of nan iterations", "nan_iterations"),
+)
+_USUAL = ("learning rate", "lm loss", "loss scale", "grad norm", *(k for k, _ in _KEYS[4:]))
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
 
@@ -54,23 +58,26 @@ class MegatronReader(BaseReader):
         return 0.4 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, interval = -1, "", 0
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            match = _ITERATION.search(line)
-            if match is None:
-                if last >= 0 and not banner:
-                    banner = resume_banner(line)
-                continue
-            step = int(match.group(1))
-            values = _values(line, match.end() - 1)
-            if step < last or banner:
-                self.segment(step, last, banner, lineno)
-                banner = ""
-            elif not interval and 0 <= last < step:
-                interval = step - last
-                self._note_interval(interval, lineno)
-            last = step
-            yield record(step, values)
+        last, banner, interval, base = -1, "", 0, 1
+        search = _ITERATION.search
+        for lines in text_chunks(stream, self.notes):
+            for lineno, line in enumerate(lines, base):
+                match = search(line)
+                if match is None:
+                    if last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                step = int(match[1])
+                values = _values(line, match.end() - 1)
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    banner = ""
+                elif not interval and 0 <= last < step:
+                    interval = step - last
+                    self._note_interval(interval, lineno)
+                last = step
+                yield record(step, values)
+            base += len(lines)
 
     def _note_interval(self, interval: int, lineno: int) -> None:
         self.note(
@@ -82,7 +89,35 @@ class MegatronReader(BaseReader):
 
 
 def _values(line: str, start: int) -> dict[str, float]:
-    values = pick(line, start, _FIELDS, "|")
+    """The values of the fields after ``start``; of a label given twice, the first counts."""
+    pairs = _LABELED.findall(line, start)
+    if len(pairs) == len(_USUAL):  # the usual line, the fast way
+        names, texts = zip(*pairs, strict=True)
+        try:
+            if names == _USUAL:
+                lr, loss, scale, norm, skips, nans = map(float, texts)
+                return {
+                    LOSS: math.nan if nans > 0 else loss,
+                    LOSS_SCALE: scale,
+                    GRAD_NORM: norm,
+                    LR: lr,
+                    "skipped_iterations": skips,
+                    "nan_iterations": nans,
+                    SKIPPED: 1.0 if skips > 0 else 0.0,
+                }
+        except ValueError:
+            pass
+    return _any_values(pairs)
+
+
+def _any_values(pairs: list[tuple[str, str]]) -> dict[str, float]:
+    """`_values` of any line: its wanted ``(label, value text)`` pairs, in line order."""
+    values, found = {}, dict(pairs[::-1])
+    for label, key in _KEYS:
+        try:
+            values[key] = float(found[label])
+        except (KeyError, ValueError):
+            continue
     if values.get("nan_iterations", 0.0) > 0:
         values[LOSS] = math.nan
     skipped = values.get("skipped_iterations")

@@ -18,13 +18,14 @@ from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import LOSS
-from ._lines import resume_banner, text_lines
+from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
 
 __all__ = ["ModdedNanoGptReader"]
 
-_STEP = re.compile(
-    r"\bstep:(\d+)/\d+ (train_loss|val_loss):([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_STEP = re.compile(  # ``\bstep:`` as a lookbehind after the literal: a fast literal scan
+    r"step:(?<!\wstep:)(\d+)/\d+ (train_loss|val_loss):"
+    r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 )
 _TIMER = re.compile(r"\bstep:\d+/\d+ train_time:\d")
 _KEYS = {"train_loss": LOSS, "val_loss": "val_loss"}
@@ -42,17 +43,19 @@ class ModdedNanoGptReader(BaseReader):
         return 0.8 if any(_TIMER.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, search = -1, "", _STEP.search
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
-            match = search(line)
-            if match is None:
-                if last >= 0 and not banner:
-                    banner = resume_banner(line)
-                continue
-            text, name, value = match.groups()
-            step = int(text)
-            if step < last or banner:
-                self.segment(step, last, banner, lineno)
-                banner = ""
-            last = step
-            yield record(step, {_KEYS[name]: float(value)})
+        last, banner, search, base = -1, "", _STEP.search, 1
+        for lines in text_chunks(stream, self.notes):
+            for lineno, line in enumerate(lines, base):
+                match = search(line)
+                if match is None:
+                    if last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                text, name, value = match.groups()
+                step = int(text)
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    banner = ""
+                last = step
+                yield record(step, {_KEYS[name]: float(value)})
+            base += len(lines)

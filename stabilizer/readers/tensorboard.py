@@ -9,10 +9,15 @@ note). Decoding: `_tfevent` (a fast path that skips protobuf objects for known l
 
 Scalars are grouped by step into records, tags mapped as in `_keys`. Events of one step may be
 interleaved with those of nearby steps, so up to `WINDOW` steps are held open and the lowest is
-emitted when a new one arrives (memory: `WINDOW` steps of scalars). An event for a step below
-the last one emitted is a restart: everything open is emitted and a segment starts (a late event
-for the step just emitted becomes a record of its own). `merge_steps` merges the records of
-several event files of one run by step; equal steps become one record, later files winning.
+emitted when a new one arrives (memory: `WINDOW` steps of scalars). A restart (the run resumed
+from a checkpoint and writes its steps again) is told by the event order: an event for a step
+below the last one emitted, or a tag again for an open step below the highest one (writers emit a
+step's scalars together, so a step that has its tag already was complete). Then everything open is
+emitted and a segment starts; both segments keep their records. A late event for the step just
+emitted becomes a record of its own; a step seen first below the highest open one (a sparse log
+resumed between its logged steps) stays in the window until a tag repeats. `merge_steps` merges
+the records of several event files of one run by step; equal steps become one record, later
+files winning.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class TensorBoardReader(BaseReader):
                     raw = open_steps.get(step)
                     if raw is None:
                         raw = self._new_step(step)
+                    elif tag in raw and step < self._top:  # the step again: a restart
+                        raw = self._restart(step)
                     raw[tag] = unpack("<f", data, len(data) - 4)[0]
                 elif (decoded := decoder.decode(data, match)) is not None:
                     self._add(*decoded)
@@ -83,10 +90,20 @@ class TensorBoardReader(BaseReader):
             self.note("skipped", f"{decoder.damaged} damaged event(s) did not parse: skipped")
 
     def _add(self, step: int, pairs: Iterable[tuple[str, float]]) -> None:
-        raw = self._open.get(step)
+        raw, pairs = self._open.get(step), list(pairs)
         if raw is None:
             raw = self._new_step(step)
+        elif step < self._top and any(tag in raw for tag, _ in pairs):
+            raw = self._restart(step)
         raw.update(pairs)
+
+    def _restart(self, step: int) -> dict[str, float]:
+        """A scalar of open ``step`` again after higher steps: everything open is emitted."""
+        top = int(self._top)
+        self._flush()
+        self._done = None
+        self.restart(step, None, f"step went back from {top} to {step}")
+        return self._new_step(step)
 
     def _new_step(self, step: int) -> dict[str, float]:
         """Open ``step``: emit the lowest open step past the window, or all on a restart."""

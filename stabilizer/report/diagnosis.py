@@ -134,20 +134,21 @@ class _Run:
 
     def __init__(self, diagnosis: Diagnosis, sinks: Sequence[RecordSink]) -> None:
         self.diagnosis, self.sinks = diagnosis, sinks
+        self.notes, self.history = diagnosis.notes, diagnosis.history  # hot-path lookups
         self.engine = Engine()
         self.segment: Segment | None = None
         self.noted = 0  # notes already scanned for restarts
         self.restarts: list[Note] = []  # restart notes whose segment has not begun yet
 
     def observe(self, record: StepRecord) -> None:
-        step, segment = record.step, self.segment
+        step, segment, values = record.step, self.segment, record.values
         if segment is None:
             segment = self._begin(step, None)
-        elif self.restarts or step < segment.last_step or len(self.diagnosis.notes) > self.noted:
+        elif self.restarts or step < segment.last_step or len(self.notes) > self.noted:
             segment = self._maybe_restart(step, segment)
         segment.records += 1
         segment.last_step = step
-        loss = record.values.get(LOSS)
+        loss = values.get(LOSS)
         if loss is not None:
             if math.isfinite(loss):
                 segment.nonfinite_since = None
@@ -155,10 +156,13 @@ class _Run:
                 segment.nonfinite += 1
                 if segment.nonfinite_since is None:
                     segment.nonfinite_since = step
-        self._keep(self.engine.observe(record))
-        self.diagnosis.history.add(step, segment.index, record.values)
-        for sink in self.sinks:
-            sink.record(record)
+        found = self.engine.observe(record)
+        if found:
+            self._keep(found)
+        self.history.add(step, segment.index, values)
+        if self.sinks:
+            for sink in self.sinks:
+                sink.record(record)
 
     def _maybe_restart(self, step: int, segment: Segment) -> Segment:
         notes = self.diagnosis.notes
@@ -205,14 +209,15 @@ def diagnose(
         path: A log file (plain or gzip), a run directory, or ``-`` for stdin.
         format: A reader name, or ``"auto"`` to detect it.
         sinks: Objects that get every record as it passes (see `RecordSink`).
-        wrap: Wraps the record stream, for example in a progress bar.
+        wrap: Wraps the record stream (a `LogStream`), for example in a progress bar.
         bins: Bins of the downsampled history kept for plots.
 
     Raises:
         LogReadError: The log cannot be read, or holds no step record at all.
     """
     notes: list[Note] = []
-    found, records = open_log(path, format, notes)
+    records = open_log(path, format, notes)
+    found = records.format
     diagnosis = Diagnosis(path, found, notes, history=History(bins))
     run = _Run(diagnosis, sinks)
     try:

@@ -20,6 +20,8 @@ __all__ = ["TRACKED", "Bin", "History", "Series"]
 TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR})
 """Signal keys kept, besides every per-group gradient norm (``grad_norm/<group>``)."""
 
+_MAX_KEY_TUPLES = 1024  # key tuples remembered by `History.add`; past that the memo starts over
+
 
 @dataclass
 class Bin:
@@ -95,6 +97,7 @@ class History:
         self.width = 1  # records per bin
         self.bins: list[Bin] = []
         self.records = 0
+        self._tracked: dict[tuple[str, ...], tuple[str, ...]] = {}  # record keys -> kept ones
 
     def add(self, step: int, segment: int, values: Mapping[str, float]) -> None:
         """Fold one record into the history (a new segment starts a new bin)."""
@@ -107,9 +110,32 @@ class History:
             self.bins.append(current)
         current.count += 1
         current.last_step = step
-        for key, value in values.items():
-            if key in TRACKED or key.startswith(GRAD_NORM_PREFIX):
-                current.add(key, value)
+        keys = tuple(values)
+        tracked = self._tracked.get(keys)
+        if tracked is None:
+            tracked = self._track(keys)
+        series = current.series
+        for key in tracked:  # `Bin.add`, inlined (the hot path of a diagnosis)
+            value = values[key]
+            entry = series.get(key)
+            if entry is None:
+                entry = series[key] = [math.nan, math.nan, math.nan, 0.0]
+            if value - value == 0.0:  # finite
+                if not value >= entry[0]:  # also when entry[0] is NaN
+                    entry[0] = value
+                if not value <= entry[1]:
+                    entry[1] = value
+                entry[2] = value
+            else:
+                entry[3] += 1
+
+    def _track(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """The keys of a record's key tuple that are kept; memoised (records share them)."""
+        if len(self._tracked) >= _MAX_KEY_TUPLES:
+            self._tracked.clear()
+        tracked = tuple(k for k in keys if k in TRACKED or k.startswith(GRAD_NORM_PREFIX))
+        self._tracked[keys] = tracked
+        return tracked
 
     def _compact(self) -> None:
         merged = []

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
 from ..readers import LogReadError
-from ..records import StepRecord
 from .diagnosis import Diagnosis, Failure, RecordSink, diagnose
+from .inputs import Wrap, progress_bar
 
 __all__ = [
     "PROGRESS_BYTES",
@@ -24,13 +24,12 @@ __all__ = [
     "needs_progress",
     "output_path",
     "prepare_outputs",
+    "progress_bar",
     "warnings_as_lines",
 ]
 
 PROGRESS_BYTES = 50 * 2**20
-"""Files larger than this are worth a progress bar."""
-
-Wrap = Callable[[Iterator[StepRecord]], Iterable[StepRecord]]
+"""Files larger than this are worth a progress bar (`progress_bar`, by bytes read)."""
 
 
 def needs_progress(path: str) -> bool:

@@ -72,6 +72,29 @@ def test_consecutive_skips_are_one_error_at_the_third(with_flag: bool) -> None:
     assert detector.finish() == []
 
 
+def test_message_counts_the_cascade_not_an_earlier_isolated_skip() -> None:
+    # A healthy probe (double at 1000, overflow and halve at 1001) lies in the window when a
+    # cascade starts 59 records later: the finding starts at the cascade, not at the probe.
+    events = [*_healthy(1060), (1024.0, 1), (512.0, 1), (256.0, 1)]
+    assert events[1001] == (2048.0, 1)
+    [finding] = feed(Fp16Overflow(), _run(events))
+    assert (finding.step, finding.end_step) == (1060, 1062)
+    assert finding.message.startswith(
+        "fp16 overflow cascade: 3 skipped steps since step 1060, loss scale 2048 -> 256: "
+    )
+    assert finding.evidence == {"skips": 3.0, "scale_start": 2048.0, "scale_min": 256.0}
+
+
+def test_a_single_skip_at_the_floor_is_one_skipped_step() -> None:
+    [finding] = feed(Fp16Overflow(floor=1024.0), _run([*_healthy(300), (1024.0, 1)]))
+    assert (finding.step, finding.end_step) == (300, 300)
+    assert finding.message == (
+        "fp16 overflow cascade: 1 skipped step at step 300, loss scale 2048 -> 1024: "
+        "train in bf16 or run LayerNorm/softmax in fp32"
+    )
+    assert finding.evidence["skips"] == 1.0
+
+
 def test_scale_falling_32x_within_the_window_is_a_cascade() -> None:
     events = _healthy(300)
     scale = events[-1][0]

@@ -188,3 +188,31 @@ def test_nan_inf_and_step_zero_survive(tmp_path: Path) -> None:
         and first.values["grad_norm"] == math.inf
     )
     assert second == StepRecord(2**40, {"loss": -1.0})
+
+
+def test_short_restart_within_the_window_keeps_both_segments(tmp_path: Path) -> None:
+    """Steps 0-99, then 50-149 (fewer than WINDOW back): a restart, not a merge (regression)."""
+    first = [(s, tag, float(s)) for s in range(100) for tag in ("loss", "lr")]
+    second = [(s, tag, -float(s)) for s in range(50, 150) for tag in ("loss", "lr")]
+    write_events(tmp_path, first + second)
+    notes: list[Note] = []
+    stream = read_log(tmp_path, notes=notes)
+    recs = list(stream)
+    assert [r.step for r in recs] == [*range(100), *range(50, 150)]
+    assert all(r.values["loss"] == r.step for r in recs[:100])
+    assert all(r.values["loss"] == -r.step for r in recs[100:])
+    assert stream.segment_starts == [0, 50]
+    assert [n.message for n in notes if n.kind == "restart"] == [
+        "restart: step went back from 99 to 50 (segment 2)"
+    ]
+
+
+def test_multi_scalar_events_restart_within_the_window(tmp_path: Path) -> None:
+    writer = EventFileWriter(str(tmp_path))
+    for step in [*range(30), *range(20, 40)]:
+        values = [summary_pb2.Summary.Value(tag=t, simple_value=1.0) for t in ("loss", "lr")]
+        writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=values)))
+    writer.close()
+    stream = read_log(tmp_path)
+    assert [r.step for r in stream] == [*range(30), *range(20, 40)]
+    assert stream.segment_starts == [0, 20]
