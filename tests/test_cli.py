@@ -35,7 +35,8 @@ def test_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
         )
     assert result.exit_code == 0, result.output
     assert "healthy: 20 steps in" in result.output
-    assert "findings: none" in result.output  # the monitor ran; a healthy start finds nothing
+    # The monitor ran: a healthy start finds nothing wrong, only the preflight's note on clipping.
+    assert "findings: 1\n  step 0 info config_risk" in result.output
     assert "--- sample ---" in result.output
     events = list((tmp_path / "healthy").rglob("events.out.tfevents.*"))
     assert events, result.output

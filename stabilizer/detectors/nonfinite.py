@@ -62,8 +62,13 @@ class NonFinite:
         ):
             return []
         total = sum(values.values())
-        if total - total == 0.0 and not values.get(NONFINITE_GRADS):
-            # A finite sum means every value is finite: nothing non-finite, no count of them.
+        if (
+            total - total == 0.0
+            and not values.get(NONFINITE_GRADS)
+            and not values.get(NONFINITE_UPDATE)
+        ):
+            # A finite sum means every value is finite: nothing non-finite, no count of them,
+            # and no step the guard had to undo.
             self._start, self._length, self._loss_seen = None, 0, False
             return []
         loss = values.get(LOSS)
