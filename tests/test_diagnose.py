@@ -420,3 +420,20 @@ def test_a_detector_that_raises_is_a_warning_line_not_a_traceback(
         "stabilizer diagnose: warning: detector 'loss_spike' raised; it is disabled for the rest "
         "of the run\n"
     ) in result.stderr
+
+
+def test_live_only_findings_reach_the_report(tmp_path: Path) -> None:
+    # A real protected run with a NaN: its log holds the root cause and the preflight note,
+    # which no replay of the numbers can derive; the post-mortem must show them.
+    from test_protect import Fault, tiny, train
+
+    from stabilizer.callbacks.monitor import StabilityMonitor
+
+    log = tmp_path / "stability.jsonl"
+    train(tiny("32-true"), StabilityMonitor(jsonl=log), Fault("activation"))
+    result = run(log, "--json")
+    kinds = {f["kind"]: f for f in json.loads(result.output)["findings"]}
+    assert {"nonfinite_loss", "root_cause", "config_risk"} <= set(kinds)
+    assert kinds["root_cause"]["location"] == ["blocks.1.mlp"]
+    text = run(log).output
+    assert "blocks.1.mlp" in text and "origin of the NaN/Inf" in text

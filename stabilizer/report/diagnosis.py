@@ -71,6 +71,10 @@ class Segment:
     nonfinite_since: int | None = None
 
 
+LIVE_KINDS = frozenset({"root_cause", "config_risk", "causal_leak", "remedy_applied"})
+"""Finding kinds only the live monitor can make: read from its log, not replayed."""
+
+
 class Located(NamedTuple):
     """A finding and the segment (1-based) it was found in."""
 
@@ -188,6 +192,18 @@ class _Run:
     def finish(self) -> None:
         self._keep(self.engine.finish())
 
+    def keep_live(self, stored: list[Finding]) -> None:
+        """The monitor's own findings of a ``stability.jsonl`` that no replay can derive (the
+        root cause of a NaN, preflight, remedies applied), each in the segment of its step."""
+        for finding in stored:
+            if finding.kind in LIVE_KINDS:
+                segments = self.diagnosis.segments
+                index = next(
+                    (s.index for s in reversed(segments) if s.first_step <= finding.step), 1
+                )
+                self.diagnosis.findings.append(Located(index, finding))
+        self.diagnosis.findings.sort(key=lambda item: (item.segment, item.finding.step))
+
     def _keep(self, findings: list[Finding]) -> None:
         if findings:
             assert self.segment is not None
@@ -231,4 +247,5 @@ def diagnose(
         name = "standard input" if path == "-" else path
         raise LogReadError(f"{name}: no training steps found in this {found} log")
     run.finish()
+    run.keep_live(records.findings)
     return diagnosis
