@@ -111,3 +111,20 @@ def test_loss_spike_turns_clipping_on_once() -> None:
     assert trainer.gradient_clip_val == 1.0
     assert done.kind == "remedy_applied" and done.evidence["after"] == 1.0
     assert auto.after_step(trainer, module, 200, [replace(spike, step=199)]) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "remedy"),
+    [("spike", "clip_gradients"), ("nan", "upcast_to_fp32"), ("post-ln-deep", "swap_to_pre_ln")],
+)
+def test_scenario_with_auto_ends_finite_and_learning(name: str, remedy: str) -> None:
+    from stabilizer.callbacks.run import run_scenario
+
+    monitor = StabilityMonitor(policy="auto", jsonl=False)
+    run = run_scenario(name, accelerator="cpu", callbacks=[monitor])
+    assert_intact(run)
+    assert run.trainer.global_step == run.scenario.steps
+    assert remedy in [f.remedies[0] for f in applied(monitor)]
+    losses = run.trainer.callback_metrics
+    assert float(losses["val/loss"]) < 3.3  # learning: the unigram entropy of the corpus is 3.25
