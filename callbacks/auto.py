@@ -68,8 +68,11 @@ class AutoRemedies:
 
     Args:
         allow: Remedy names that may be applied (default: all of `REMEDY_NAMES`).
-        snapshot_every: Steps between rollback snapshots (taken only while no finding of
-            WARNING or above is open).
+        snapshot_every: Steps between rollback snapshots (taken only after a snapshot interval
+            without any finding of WARNING or above).
+        keep_snapshots: Snapshots held; a rollback goes to the newest one from before the
+            trouble began, which a divergence reports only once the loss has stayed up ~100
+            steps, so they must span more than that.
         max_rollbacks: Rollbacks allowed over the run.
         skip_batches: Optimizer updates skipped after a rollback (past the bad data).
         swap_before: ``depth_imbalance`` at or after this step recommends a restart instead of
@@ -82,6 +85,7 @@ class AutoRemedies:
         self,
         allow: Iterable[str] | None = None,
         snapshot_every: int = 50,
+        keep_snapshots: int = 4,
         max_rollbacks: int = 3,
         skip_batches: int = 20,
         swap_before: int = 2000,
@@ -95,6 +99,7 @@ class AutoRemedies:
             raise ValueError(f"`allow` must name remedies among {names}, got {sorted(unknown)}")
         self.allow = allowed
         self.snapshot_every, self.max_rollbacks = snapshot_every, max_rollbacks
+        self.keep_snapshots = keep_snapshots
         self.skip_batches, self.swap_before = skip_batches, swap_before
         self.warmup_steps, self.snapshot_dir = warmup_steps, snapshot_dir
         self.applied: dict[str, int] = {}  # remedy name -> times applied
@@ -102,6 +107,7 @@ class AutoRemedies:
         self.skip = SkipWindow()
         self._snapshots: Snapshots | None = None
         self._last_trouble = -(10**9)  # step of the last finding at WARNING or above
+        self._exhausted = False
 
     def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         optimizer = trainer.optimizers[0]
@@ -113,6 +119,7 @@ class AutoRemedies:
                 every=self.snapshot_every,
                 max_restores=self.max_rollbacks,
                 directory=self.snapshot_dir,
+                keep=self.keep_snapshots,
             )
 
     def stop(self) -> None:
@@ -128,6 +135,12 @@ class AutoRemedies:
         """Apply what the step's findings call for; returns the ``remedy_applied`` findings."""
         if any(f.severity >= Severity.WARNING for f in found):
             self._last_trouble = step
+        snapshots = self._snapshots
+        self._exhausted = any(
+            self._wants_rollback(f)
+            and not (snapshots is not None and snapshots.can_restore(before=f.step))
+            for f in found
+        )
         out = []
         for finding in found:
             applied = self._apply(trainer, pl_module, step, finding)
@@ -139,11 +152,9 @@ class AutoRemedies:
             self._snapshots.maybe_save(step)
         return out
 
-    def exhausted(self, found: Sequence[Finding]) -> bool:
-        """Whether a finding called for a rollback that can no longer be done."""
-        return any(self._wants_rollback(f) for f in found) and not (
-            self._snapshots is not None and self._snapshots.can_restore
-        )
+    def exhausted(self) -> bool:
+        """Whether the last step's findings called for a rollback that could not be done."""
+        return self._exhausted
 
     def _wants_rollback(self, f: Finding) -> bool:
         critical = f.kind in _ROLLBACK_CRITICAL and f.severity >= Severity.CRITICAL
@@ -153,7 +164,7 @@ class AutoRemedies:
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding
     ) -> _Applied | None:
         if self._wants_rollback(f):
-            return self._rollback(step)
+            return self._rollback(step, f.step)
         name = _TABLE.get(f.kind) or _config_remedy(f)
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
@@ -189,10 +200,10 @@ class AutoRemedies:
         message = f"{len(swap.blocks)} blocks now pre-LN; LR re-warmed over {self.warmup_steps}"
         return _Applied("swap_to_pre_ln", message, evidence)
 
-    def _rollback(self, step: int) -> _Applied | None:
-        if self._snapshots is None or not self._snapshots.can_restore:
+    def _rollback(self, step: int, since: int) -> _Applied | None:
+        if self._snapshots is None or not self._snapshots.can_restore(before=since):
             return None
-        restored = self._snapshots.restore()
+        restored = self._snapshots.restore(before=since)
         until = self.skip.start(step + 1, self.skip_batches)
         message = (
             f"rolled back to step {restored}'s weights and optimizer state; the next "

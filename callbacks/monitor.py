@@ -354,7 +354,7 @@ class StabilityMonitor(pl.Callback):
         self._emit(trainer, record, found)
         if self.auto is not None:
             self._emit(trainer, None, self.auto.after_step(trainer, module, record.step, found))
-            if self.auto.exhausted(found):
+            if self.auto.exhausted():
                 self._stop(trainer, record.step, "no rollback left")
         if self.guard is None:
             return

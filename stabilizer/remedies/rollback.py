@@ -24,8 +24,6 @@ __all__ = ["RollbackError", "Snapshots"]
 
 log = logging.getLogger(__name__)
 
-_FILE = "snapshot.pt"
-
 
 class RollbackError(RuntimeError):
     """`Snapshots.restore` cannot restore: no snapshot yet, or `max_restores` used up."""
@@ -37,13 +35,15 @@ class _Scheduler(Protocol):
 
 
 class Snapshots:
-    """The last good snapshot of a training run, taken every `every` steps, and its restore.
+    """The last good snapshots of a training run, taken every `every` steps, and their restore.
 
-    A snapshot smaller than `max_memory_bytes` is deep-copied in memory, on the tensors' own
-    devices (a CUDA model's copy takes GPU memory, and is fast); a larger one is written with
-    ``torch.save`` to ``directory/snapshot.pt`` (one file, replaced atomically) and read back with
-    ``weights_only=True``. Only a finite state is kept: a step whose parameters hold NaN/Inf is
-    not snapshotted, so the one held is always the last finite one.
+    The newest `keep` snapshots are held, so that a failure detected late (a divergence is known
+    only once the loss has stayed up for a while) can go back to a state from before it began:
+    ``restore(before=step)``. A snapshot smaller than `max_memory_bytes` is deep-copied in memory,
+    on the tensors' own devices (a CUDA model's copy takes GPU memory, and is fast); a larger one
+    is written with ``torch.save`` to ``directory/snapshot-<step>.pt`` (written to a temporary
+    name, then renamed) and read back with ``weights_only=True``. Only a finite state is kept: a
+    step whose parameters hold NaN/Inf is not snapshotted.
 
     Args:
         model: The module whose ``state_dict`` is saved.
@@ -53,6 +53,7 @@ class Snapshots:
         max_restores: Restores allowed over the run; `restore` refuses after that many.
         directory: Where snapshots over `max_memory_bytes` go; None keeps every one in memory.
         max_memory_bytes: Largest snapshot (tensor bytes) kept in memory; default 1 GiB.
+        keep: Snapshots held at once (the oldest is dropped).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class Snapshots:
         max_restores: int = 3,
         directory: str | os.PathLike[str] | None = None,
         max_memory_bytes: int = 1 << 30,
+        keep: int = 1,
     ) -> None:
         if every < 1:
             raise ValueError(f"`every` must be >= 1, got {every}")
@@ -72,19 +74,33 @@ class Snapshots:
             raise ValueError(f"`max_restores` must be >= 0, got {max_restores}")
         if max_memory_bytes < 0:
             raise ValueError(f"`max_memory_bytes` must be >= 0, got {max_memory_bytes}")
+        if keep < 1:
+            raise ValueError(f"`keep` must be >= 1, got {keep}")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.every, self.max_restores = every, max_restores
+        self.every, self.max_restores, self.keep = every, max_restores, keep
         self.directory = None if directory is None else Path(directory)
         self.max_memory_bytes = max_memory_bytes
-        self.step: int | None = None  # step of the snapshot held; None before the first
-        self.on_disk = False  # whether the snapshot held is the file rather than `_memory`
         self.restores = 0
-        self._memory: dict[str, Any] | None = None
+        self._held: list[tuple[int, dict[str, Any] | None]] = []  # (step, state; None: on disk)
 
     @property
-    def can_restore(self) -> bool:
-        """Whether `restore` would succeed."""
-        return self.step is not None and self.restores < self.max_restores
+    def step(self) -> int | None:
+        """Step of the newest snapshot held; None before the first."""
+        return self._held[-1][0] if self._held else None
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the newest snapshot held is a file rather than in memory."""
+        return bool(self._held) and self._held[-1][1] is None
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps of the snapshots held, oldest first."""
+        return [step for step, _ in self._held]
+
+    def can_restore(self, before: int | None = None) -> bool:
+        """Whether `restore` with the same `before` would succeed."""
+        return self._pick(before) is not None and self.restores < self.max_restores
 
     def maybe_save(self, step: int) -> bool:
         """Take a snapshot if `step` is a multiple of `every`; True when one was taken."""
@@ -103,53 +119,82 @@ class Snapshots:
             "rng": get_rng_state(),
         }
         size = _nbytes(state["model"]) + _nbytes(state["optimizer"])
+        held: dict[str, Any] | None
         if size <= self.max_memory_bytes or self.directory is None:
             if size > self.max_memory_bytes:
                 log.warning("snapshot of %d bytes kept in memory: no `directory` given", size)
-            self._memory, self.on_disk = copy.deepcopy(state), False
+            held = copy.deepcopy(state)
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.directory / f"{_FILE}.tmp"
+            tmp = self._path(step).with_suffix(".tmp")
             torch.save(state, tmp)
-            os.replace(tmp, self.directory / _FILE)  # a crash mid-write keeps the old snapshot
-            self._memory, self.on_disk = None, True
-        self.step = step
+            os.replace(tmp, self._path(step))  # a crash mid-write leaves no half snapshot
+            held = None
+        self._drop(lambda s: s == step)
+        self._held.append((step, held))
+        while len(self._held) > self.keep:
+            self._drop(lambda s: s == self._held[0][0])
         return True
 
-    def restore(self) -> int:
-        """Put the snapshot's weights, optimizer and scheduler state and RNG states back.
+    def restore(self, before: int | None = None) -> int:
+        """Put a snapshot's weights, optimizer and scheduler state and RNG states back.
+
+        Args:
+            before: Restore the newest snapshot taken before this step (the first step of the
+                trouble); None: the newest. Newer snapshots are dropped: they hold the trouble.
 
         Returns:
             The step the snapshot was taken at.
 
         Raises:
-            RollbackError: No snapshot was taken yet, or `max_restores` restores were done.
+            RollbackError: No snapshot (before `before`) is held, or `max_restores` restores
+                were done.
         """
-        if self.step is None:
-            raise RollbackError("no snapshot to restore: none was taken yet")
         if self.restores >= self.max_restores:
             raise RollbackError(
                 f"refusing to restore: `max_restores` ({self.max_restores}) restores already done"
             )
-        state = self._load()
+        picked = self._pick(before)
+        if picked is None:
+            when = "" if before is None else f" from before step {before}"
+            raise RollbackError(f"no snapshot{when} to restore")
+        step = self._held[picked][0]
+        state = self._load(picked)
         self.model.load_state_dict(state["model"])  # copies into the existing Parameters
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         self.restores += 1
-        return int(state["step"])
+        self._drop(lambda s: s > step)
+        return step
 
-    def _load(self) -> dict[str, Any]:
-        if self.on_disk:
-            assert self.directory is not None
-            path = self.directory / _FILE
-            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    def _pick(self, before: int | None) -> int | None:
+        for i in range(len(self._held) - 1, -1, -1):
+            if before is None or self._held[i][0] < before:
+                return i
+        return None
+
+    def _path(self, step: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"snapshot-{step}.pt"
+
+    def _drop(self, which: Any) -> None:
+        for step, held in [entry for entry in self._held if which(entry[0])]:
+            if held is None:
+                self._path(step).unlink(missing_ok=True)
+        self._held = [entry for entry in self._held if not which(entry[0])]
+
+    def _load(self, index: int) -> dict[str, Any]:
+        step, held = self._held[index]
+        if held is None:
+            state: dict[str, Any] = torch.load(
+                self._path(step), map_location="cpu", weights_only=True
+            )
             return state
-        assert self._memory is not None
         # The optimizer may keep the loaded tensors as its state and update them in place: hand
         # it copies, so the snapshot survives for the next restore.
-        return {**self._memory, "optimizer": copy.deepcopy(self._memory["optimizer"])}
+        return {**held, "optimizer": copy.deepcopy(held["optimizer"])}
 
 
 def _finite(model: nn.Module) -> bool:

@@ -44,7 +44,7 @@ def test_restore_is_exact_and_training_replays(where: dict[str, int], tmp_path: 
     step(model, optimizer, scheduler, 2)
     assert snapshots.save(2)
     assert snapshots.on_disk == (where is ON_DISK)
-    assert (tmp_path / "snapshot.pt").exists() == (where is ON_DISK)
+    assert (tmp_path / "snapshot-2.pt").exists() == (where is ON_DISK)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     state = {k: v.clone() for k, v in optimizer_tensors(optimizer).items()}
     lr, ids = scheduler.get_last_lr(), parameter_ids(model)
@@ -72,9 +72,9 @@ def test_refuses_after_max_restores() -> None:
     with pytest.raises(RollbackError, match="no snapshot to restore"):
         snapshots.restore()
     snapshots.save(0)
-    assert snapshots.can_restore
+    assert snapshots.can_restore()
     snapshots.restore()
-    assert not snapshots.can_restore
+    assert not snapshots.can_restore()
     with pytest.raises(RollbackError, match=r"`max_restores` \(1\) restores already done"):
         snapshots.restore()
 
@@ -149,3 +149,23 @@ def test_restore_on_cuda(where: dict[str, int], tmp_path: Path) -> None:
     assert all(p.is_cuda for p in model.parameters())
     assert all(v.is_cuda for k, v in optimizer_tensors(optimizer).items() if k[1] != "step")
     assert losses() == first
+
+
+@pytest.mark.parametrize("where", [IN_MEMORY, ON_DISK], ids=["memory", "disk"])
+def test_restore_goes_back_before_the_trouble(where: dict[str, int], tmp_path: Path) -> None:
+    # A divergence is reported long after it began: go back to a snapshot from before its start.
+    model, optimizer, scheduler, _ = run_setup(directory=tmp_path, **where)
+    snapshots = Snapshots(model, optimizer, every=1, keep=3, directory=tmp_path, **where)
+    weights = {}
+    for s in range(5):
+        step(model, optimizer, scheduler, 1)
+        assert snapshots.save(s)
+        weights[s] = {k: v.clone() for k, v in model.state_dict().items()}
+    assert snapshots.steps == [2, 3, 4]  # the oldest dropped
+    assert len(list(tmp_path.glob("snapshot-*.pt"))) == (3 if where is ON_DISK else 0)
+    assert not snapshots.can_restore(before=2)
+    assert snapshots.restore(before=4) == 3
+    assert all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items())
+    assert snapshots.steps == [2, 3]  # the ones after it held the trouble
+    with pytest.raises(RollbackError, match="no snapshot from before step 1"):
+        snapshots.restore(before=1)
