@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,11 +65,15 @@ _CACHE: dict[str, TracedRun] = {}
 
 @pytest.fixture(scope="session")
 def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TracedRun]:
-    """``scenario_run(name)`` trains the preset once per session and returns the traced run."""
+    """``scenario_run(name)`` trains the preset once per session and returns the traced run.
+
+    The monitor observes only: these runs show each failure as it happens without protection
+    (``test_protect.py`` and ``test_auto.py`` train with the other policies).
+    """
 
     def get(name: str) -> TracedRun:
         if name not in _CACHE:
-            trace, monitor = Trace(), StabilityMonitor()
+            trace, monitor = Trace(), StabilityMonitor(policy="observe")
             root = tmp_path_factory.mktemp(name)
             logger = TensorBoardLogger(save_dir=str(root), name=name)
             with warnings.catch_warnings():
@@ -86,3 +90,13 @@ def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Tr
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a module of tiny models: they gain nothing from threads, and on a
+    busy shared CPU the intra-op thread pool slows a training step down by ~50x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,14 +18,7 @@ VARIANTS = list(itertools.product(("sdpa", "manual"), ("pre", "post"), ("learned
 VARIANT_IDS = ["-".join(v) for v in VARIANTS]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls gain nothing from threads; on a busy shared CPU the intra-op thread pool
-    # slows a training step down by ~50x.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_gpt(seed: int = 0, **overrides: Any) -> GPT:
