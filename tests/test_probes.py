@@ -1,0 +1,55 @@
+"""`GradProbe`: per-group gradient norms, and their combination over sharded ranks (FSDP)."""
+
+from __future__ import annotations
+
+import torch
+
+from stabilizer.config import GPTConfig
+from stabilizer.model import GPT
+from stabilizer.probes import GradProbe
+
+
+def model_with_grads() -> GPT:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16))
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss = model(idx, idx)
+    assert loss is not None
+    loss.backward()
+    return model
+
+
+def test_norms_match_torch() -> None:
+    model = model_with_grads()
+    probe = GradProbe(model.named_parameters())
+    values = dict(zip(probe.keys, probe().tolist(), strict=True))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+    assert abs(values["grad_norm"] - float(total)) < 1e-4 * float(total)
+    assert values["nonfinite_grads"] == 0.0
+    block0 = [p.grad for n, p in model.named_parameters() if n.startswith("blocks.0.")]
+    expected = torch.linalg.vector_norm(torch.stack([g.norm() for g in block0 if g is not None]))
+    assert abs(values["grad_norm/block_00"] - float(expected)) < 1e-4 * float(expected)
+
+
+def test_sharded_norms_combine_to_the_full_norms() -> None:
+    # FSDP: each rank holds a shard of every gradient. Emulate two ranks by keeping either half
+    # of each gradient's elements; their squares summed over ranks give the unsharded norms.
+    model = model_with_grads()
+    full_probe = GradProbe(model.named_parameters())
+    full = full_probe()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ranks = []
+    for rank in (0, 1):
+        for n, p in model.named_parameters():
+            flat = grads[n].flatten().clone()
+            half = flat.numel() // 2
+            if rank == 0:
+                flat[half:] = 0
+            else:
+                flat[:half] = 0
+            p.grad = flat.view_as(p)
+        ranks.append(GradProbe.sharded_squares(GradProbe(model.named_parameters())()))
+    combined = GradProbe.from_squares(ranks[0] + ranks[1])
+    assert torch.allclose(combined, full, rtol=1e-5)
+    assert GradProbe.from_squares(GradProbe.sharded_squares(full)).allclose(full, rtol=1e-6)
