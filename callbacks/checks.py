@@ -7,6 +7,7 @@ Both read what they need from the Trainer and hand plain tensors and modules to 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -19,6 +20,8 @@ from stabilizer.records import Finding, Severity
 from stabilizer.rootcause import Localization, RngState, locate_nonfinite
 
 __all__ = ["first_token_batch", "preflight", "root_cause"]
+
+log = logging.getLogger("stabilizer")
 
 _POSITION_ATTRS = ("block_size", "max_position_embeddings", "n_positions", "max_seq_len")
 
@@ -82,8 +85,13 @@ def root_cause(
     batch: Any,
     batch_idx: int,
     rng: RngState | None,
-) -> Finding:
-    """Replay the failing step (same weights, same batch, same RNG) and name the module."""
+    strict: bool = False,
+) -> Finding | None:
+    """Replay the failing step (same weights, same batch, same RNG) and name the module.
+
+    None when the replay itself failed (warned; raised when `strict`). Under DDP every rank
+    still joins the all-gather of the answers, failed or not, so that none waits forever.
+    """
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scale = float(scaler.get_scale()) if scaler is not None else 1.0
 
@@ -98,16 +106,26 @@ def root_cause(
     # Under DDP the replay's backward must not all-reduce: the other ranks are not replaying in
     # step (a rank whose forward is already non-finite skips the backward).
     no_sync = getattr(trainer.strategy.model, "no_sync", contextlib.nullcontext)
-    with no_sync():
-        where = locate_nonfinite(pl_module, run_step, rng_state=rng, loss_scale=scale)
-    rank = 0
+    where: Localization | None = None
+    try:
+        with no_sync():
+            where = locate_nonfinite(pl_module, run_step, rng_state=rng, loss_scale=scale)
+    except Exception as e:
+        if strict:
+            raise
+        log.warning("StabilityMonitor: root-cause replay failed: %r", e)
+    rank = trainer.global_rank
     if trainer.world_size > 1 and torch.distributed.is_initialized():
         # The fault may sit on one rank only: every rank gets every rank's answer (our own
         # processes' objects, pickled by torch.distributed) and reports the first reproduced.
         gathered: list[Localization | None] = [None] * trainer.world_size
         torch.distributed.all_gather_object(gathered, where)
-        found = [(r, w) for r, w in enumerate(gathered) if w is not None and w.reproduced]
-        rank, where = found[0] if found else (trainer.global_rank, where)
+        answers = [(r, w) for r, w in enumerate(gathered) if w is not None]
+        reproduced = [(r, w) for r, w in answers if w.reproduced]
+        if reproduced or answers:
+            rank, where = (reproduced or answers)[0]
+    if where is None:
+        return None
     finding = _finding(trainer.global_step, where)
     if trainer.world_size > 1:
         finding = replace(finding, message=f"rank {rank}: {finding.message}")

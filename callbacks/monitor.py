@@ -271,8 +271,15 @@ class StabilityMonitor(pl.Callback):
             self.auto.start(trainer, pl_module)
 
     def _preflight(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        # Reported with the first step's record, so that the `auto` policy sees them too.
-        self._extra += preflight(trainer, pl_module, batch)
+        # Reported with the first step's record, so that the `auto` policy sees them too. A model
+        # the checks cannot run on (a forward that wants more than token ids) loses the checks,
+        # not the monitor.
+        try:
+            self._extra += preflight(trainer, pl_module, batch)
+        except Exception as e:
+            if self.strict:
+                raise
+            log.warning("StabilityMonitor: preflight checks skipped: %r", e)
 
     def _root_cause(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._batch is None:
@@ -280,7 +287,9 @@ class StabilityMonitor(pl.Callback):
         batch, batch_idx = self._batch
         self._batch = None
         self.root_causes += 1
-        self._extra.append(root_cause(trainer, pl_module, batch, batch_idx, self._rng))
+        found = root_cause(trainer, pl_module, batch, batch_idx, self._rng, self.strict)
+        if found is not None:
+            self._extra.append(found)
 
     def _probe(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
         assert self._grads is not None, "on_fit_start builds the probes"

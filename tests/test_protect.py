@@ -249,3 +249,19 @@ def test_reference_gpt_passes_preflight() -> None:
     kinds = [(f.kind, f.severity.name) for f in monitor.findings]
     assert ("causal_leak", "CRITICAL") not in kinds
     assert kinds == [("config_risk", "INFO")]  # only: no gradient clipping configured
+
+
+class KwargsOnlyLitGPT(LitGPT):
+    """A module whose forward does not take token ids: the causal self-check cannot call it."""
+
+    def forward(self, *, batch: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(batch["ids"])
+
+
+def test_checks_that_cannot_run_leave_the_protection_on(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = StabilityMonitor(jsonl=False)
+    run = run_scenario(tiny("32-true"), accelerator="cpu", callbacks=[Fault("activation"),
+                       monitor], validate=False, module_class=KwargsOnlyLitGPT)  # fmt: skip
+    assert_intact(run)
+    assert "preflight checks skipped" in caplog.text
+    assert monitor.guard is not None and monitor.guard.skipped == len(FAULT_STEPS)
