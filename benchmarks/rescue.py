@@ -113,7 +113,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument(
-        "--scenarios", nargs="+", default=["spike", "nan", "nan-16-true", "post-ln-deep"]
+        "--scenarios",
+        nargs="+",
+        default=["spike", "surge", "nan", "nan-16-true", "post-ln-deep"],
     )
     args = parser.parse_args()
     jobs = [

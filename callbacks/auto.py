@@ -138,7 +138,7 @@ class AutoRemedies:
         snapshots = self._snapshots
         self._exhausted = any(
             self._wants_rollback(f)
-            and not (snapshots is not None and snapshots.can_restore(before=f.step))
+            and not (snapshots is not None and snapshots.can_restore(before=_last_clean(f)))
             for f in found
         )
         out = []
@@ -164,7 +164,7 @@ class AutoRemedies:
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding
     ) -> _Applied | None:
         if self._wants_rollback(f):
-            return self._rollback(step, f.step)
+            return self._rollback(step, _last_clean(f))
         name = _TABLE.get(f.kind) or _config_remedy(f)
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
@@ -221,6 +221,13 @@ class AutoRemedies:
         lr = state.get("lr")
         if isinstance(lr, dict):
             self.lr.load_state_dict(lr)
+
+
+def _last_clean(f: Finding) -> int:
+    """Snapshots taken before this step hold no update of the trouble: the loss of step s is
+    measured before step s's update, so a loss first up at s was caused by an update of step
+    s - 1 or earlier (or by the batch of s itself), and a snapshot from s - 1 already holds it."""
+    return f.step - 1
 
 
 def _config_remedy(f: Finding) -> str | None:

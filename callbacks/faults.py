@@ -22,6 +22,7 @@ class FaultInjector(pl.Callback):
     Args:
         lr_surge: ``(step, factor)``: from ``step`` on, every param group's LR is multiplied by
             ``factor`` (on top of the scheduler, which rewrites the LR each step).
+        lr_surge_until: The surge ends before this step (None: it never ends).
         activation_fault: Multiplies a module's output on a window of training steps.
     """
 
@@ -29,8 +30,9 @@ class FaultInjector(pl.Callback):
         self,
         lr_surge: tuple[int, float] | None = None,
         activation_fault: ActivationFault | None = None,
+        lr_surge_until: int | None = None,
     ) -> None:
-        self.lr_surge = lr_surge
+        self.lr_surge, self.lr_surge_until = lr_surge, lr_surge_until
         self.activation_fault = activation_fault
         self._handle: torch.utils.hooks.RemovableHandle | None = None
 
@@ -51,10 +53,11 @@ class FaultInjector(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         # The scheduler set this step's LR at the end of the previous step; surge on top of it.
-        if self.lr_surge is not None and trainer.global_step >= self.lr_surge[0]:
+        surge, step, until = self.lr_surge, trainer.global_step, self.lr_surge_until
+        if surge is not None and surge[0] <= step and (until is None or step < until):
             for optimizer in trainer.optimizers:
                 for group in optimizer.param_groups:
-                    group["lr"] *= self.lr_surge[1]
+                    group["lr"] *= surge[1]
 
     @staticmethod
     def _amplify(

@@ -112,7 +112,7 @@ def run_scenario(
     )
     if logger is True:
         logger = TensorBoardLogger(save_dir=str(log_dir), name=sc.name)
-    faults = [FaultInjector(sc.lr_surge, sc.activation_fault)]
+    faults = [FaultInjector(sc.lr_surge, sc.activation_fault, sc.lr_surge_until)]
     args: dict[str, Any] = {
         "accelerator": accelerator,
         "devices": 1,

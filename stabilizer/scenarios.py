@@ -9,6 +9,8 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
 ``spike``           a window of corrupted batches (uniform random bytes) mid-run: the loss jumps
                     several-fold and recovers within tens of steps.
 ``diverge``         an LR surge mid-run: the loss jumps and does not come back.
+``surge``           the same LR surge for 20 steps only: the LR returns to normal, the loss
+                    does not (the weights were thrown into a worse region): a rollback's case.
 ``nan``             fp16 with loss scaling; an MLP's output is pushed past fp16's range (65504)
                     for a few steps: NaN loss, the scaler skips those steps, training goes on.
 ``nan-16-true``     the same overflow in pure fp16 without a scaler: the NaN reaches the weights
@@ -58,6 +60,7 @@ class Scenario:
     seed: int = 0
     corrupt: tuple[int, int] | None = None  # training batches [start, stop) are random bytes
     lr_surge: tuple[int, float] | None = None  # from step N on, the LR is multiplied by factor
+    lr_surge_until: int | None = None  # the surge ends before this step (None: never)
     activation_fault: ActivationFault | None = None
 
     def __post_init__(self) -> None:
@@ -95,6 +98,14 @@ SCENARIOS: dict[str, Scenario] = {
             "the LR surges 100x at step 150: the loss jumps and never comes back",
             model=_SMALL,
             lr_surge=(150, 100.0),
+        ),
+        Scenario(
+            "surge",
+            "the LR surges 100x for steps 150-169 only: the loss jumps and stays up after the "
+            "LR is back",
+            model=_SMALL,
+            lr_surge=(150, 100.0),
+            lr_surge_until=170,
         ),
         Scenario(
             "nan",

@@ -29,6 +29,7 @@ class Trace(pl.Callback):
     loss: list[float] = field(default_factory=list)
     block_norms: list[list[float]] = field(default_factory=list)
     loss_scale: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
     _loss: float = math.nan
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: Any, loss: torch.Tensor) -> None:
@@ -45,6 +46,7 @@ class Trace(pl.Callback):
             for b in pl_module.model.blocks
         ]
         self.block_norms.append(norms)
+        self.lr.append(float(optimizer.param_groups[0]["lr"]))
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         self.loss.append(self._loss)
@@ -52,7 +54,7 @@ class Trace(pl.Callback):
 
 @dataclass
 class TracedRun:
-    """A scenario trained with the ``Trace`` and a default ``StabilityMonitor`` attached."""
+    """A scenario trained with the ``Trace`` and an observing ``StabilityMonitor`` attached."""
 
     run: ScenarioRun
     trace: Trace

@@ -56,6 +56,23 @@ def test_diverge_jumps_and_stays_up(scenario_run: Callable[[str], TracedRun]) ->
     assert _median(loss[-50:]) > _median(healthy[-50:]) + 0.3
 
 
+def test_surge_leaves_the_loss_up_after_the_lr_is_back(
+    scenario_run: Callable[[str], TracedRun],
+) -> None:
+    sc = get_scenario("surge")
+    assert sc.lr_surge is not None and sc.lr_surge_until is not None
+    traced = scenario_run("surge")
+    loss, lr = traced.trace.loss, traced.trace.lr
+    start, until = sc.lr_surge[0], sc.lr_surge_until
+    assert lr[until] < lr[until - 1] / 50  # the surge is over
+    healthy = scenario_run("healthy").trace.loss
+    # 100 steps after the LR came back the loss is still well above the healthy run's.
+    assert (
+        _median(loss[until + 100 : until + 130]) > _median(healthy[until + 100 : until + 130]) + 0.2
+    )
+    assert max(loss[start : until + 5]) > 1.3 * _median(loss[start - 50 : start])
+
+
 def _first_nonfinite(xs: list[float]) -> int | None:
     return next((i for i, x in enumerate(xs) if not math.isfinite(x)), None)
 
