@@ -53,6 +53,14 @@ _MINIMUM = re.compile(r"Minimum loss scale reached \(" + _NUMBER)
 _STRONG = re.compile(r"\|\s*train_inner\s*\||\|\s*epoch \d+:\s*\d+\s*/\s*\d+\s+loss=")
 _WEAK = re.compile(r"fairseq|\| INFO \| (?:train|valid) \|")
 _JSON = {label.strip(" ="): key for label, key, _ in _FIELDS}
+# The usual train_inner layout, matched from `pick`'s start. With no "=" inside a value (checked by
+# counting them: sre scans ``[^,]`` far faster than ``[^,=]``), each label's first occurrence is
+# its field, and each value is the text up to the next comma: what `pick` finds.
+_USUAL = re.compile(
+    r"[^=]* loss=([^,]*), nll_loss=([^,]*), ppl=[^,]*, wps=[^,]*, ups=[^,]*, wpb=[^,]*, "
+    r"bsz=[^,]*, num_updates=([^,]*), lr=([^,]*), gnorm=([^,]*), clip=([^,]*), loss_scale=([^,]*)"
+)
+_USUAL_EQUALS = 12
 
 
 class FairseqReader(BaseReader):
@@ -100,13 +108,39 @@ class FairseqReader(BaseReader):
 def _inner(line: str, start: int) -> tuple[int | None, dict[str, float]]:
     """``(num_updates, signal values)`` of a train_inner line."""
     if line.startswith("{", start):
+        return _json(line[start:])
+    usual = _USUAL.match(line, start - 1)
+    if usual is not None and line.count("=", start - 1, usual.end()) == _USUAL_EQUALS:
+        loss, nll, updates, lr, norm, clip, scale = usual.groups()
         try:
-            data = json.loads(line[start:])
-            pairs = {_JSON[k]: float(v) for k, v in data.items() if k in _JSON}
-        except (ValueError, TypeError, AttributeError):
-            return None, {}
-    else:
-        pairs = pick(line, start - 1, _FIELDS, ",")
+            count = float(updates)
+            values = {
+                LOSS: float(loss),
+                "nll_loss": float(nll),
+                LR: float(lr),
+                GRAD_NORM: float(norm),
+                CLIPPED: float(clip) / 100.0,
+                LOSS_SCALE: float(scale),
+            }
+        except ValueError:  # some value is no number: the general way skips just that one
+            pass
+        else:
+            return (int(count), values) if math.isfinite(count) else (None, {})
+    return _counted(pick(line, start - 1, _FIELDS, ","))
+
+
+def _json(text: str) -> tuple[int | None, dict[str, float]]:
+    """`_inner` of a ``--log-format json`` line."""
+    try:
+        data = json.loads(text)
+        pairs = {_JSON[k]: float(v) for k, v in data.items() if k in _JSON}
+    except (ValueError, TypeError, AttributeError):
+        return None, {}
+    return _counted(pairs)
+
+
+def _counted(pairs: dict[str, float]) -> tuple[int | None, dict[str, float]]:
+    """``(num_updates, the other values)`` of the picked fields, clip as a fraction."""
     updates = pairs.pop("num_updates", None)
     if updates is None or not math.isfinite(updates):
         return None, {}
