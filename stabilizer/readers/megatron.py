@@ -43,6 +43,11 @@ _KEYS = (  # label → key, in the order of the record's keys
     ("number of nan iterations", "nan_iterations"),
 )
 _USUAL = ("learning rate", "lm loss", "loss scale", "grad norm", *(k for k, _ in _KEYS[4:]))
+_WANTED = "(?:" + "|".join(label for label, _ in _KEYS) + "):"
+_OTHERS = rf"(?:\|(?! {_WANTED})[^|]*)*"  # fields that are none of the wanted ones
+_USUAL_LINE = re.compile(  # the wanted fields in the usual order, other fields around them
+    "".join(rf"{_OTHERS}\| {label}:([^|]*)" for label in _USUAL)
+)
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
 
@@ -90,24 +95,23 @@ class MegatronReader(BaseReader):
 
 def _values(line: str, start: int) -> dict[str, float]:
     """The values of the fields after ``start``; of a label given twice, the first counts."""
-    pairs = _LABELED.findall(line, start)
-    if len(pairs) == len(_USUAL):  # the usual line, the fast way
-        names, texts = zip(*pairs, strict=True)
+    usual = _USUAL_LINE.match(line, start)
+    if usual is not None:  # each wanted label once, in the usual order: the fast way
         try:
-            if names == _USUAL:
-                lr, loss, scale, norm, skips, nans = map(float, texts)
-                return {
-                    LOSS: math.nan if nans > 0 else loss,
-                    LOSS_SCALE: scale,
-                    GRAD_NORM: norm,
-                    LR: lr,
-                    "skipped_iterations": skips,
-                    "nan_iterations": nans,
-                    SKIPPED: 1.0 if skips > 0 else 0.0,
-                }
+            lr, loss, scale, norm, skips, nans = map(float, usual.groups())
         except ValueError:
             pass
-    return _any_values(pairs)
+        else:
+            return {
+                LOSS: math.nan if nans > 0 else loss,
+                LOSS_SCALE: scale,
+                GRAD_NORM: norm,
+                LR: lr,
+                "skipped_iterations": skips,
+                "nan_iterations": nans,
+                SKIPPED: 1.0 if skips > 0 else 0.0,
+            }
+    return _any_values(_LABELED.findall(line, start))
 
 
 def _any_values(pairs: list[tuple[str, str]]) -> dict[str, float]:
