@@ -90,20 +90,24 @@ class HfTrainerReader(BaseReader):
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         keys, hidden = KeyMap(), HiddenNan(self)
         count, last, banner, base = 0, -1, "", 1
+        names, findall, is_dict = keys.names, _PAIR.findall, _DICT.match
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
                 start = line.find("{'")
-                if start < 0 or _DICT.match(line, start) is None:
+                if start < 0 or is_dict(line, start) is None:
                     if last >= 0 and not banner:
                         banner = resume_banner(line)
                     continue
-                pairs = _PAIR.findall(line, start)
+                pairs = findall(line, start)
                 if "(" in line:
                     pairs += _WRAPPED.findall(line, start)
                 if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
                     continue
                 count += "'eval_" not in line
-                values = keys.rename(pairs)
+                try:  # every name seen before: `KeyMap.rename` without its frame
+                    values = {names[name]: float(text) for name, text in pairs}
+                except (KeyError, ValueError):
+                    values = keys.rename(pairs)
                 step = int(values.pop("step")) if "'step'" in line and "step" in values else count
                 if step < last or banner or step == 1 == count:
                     banner = self._mark(step, last, banner, lineno, count)
