@@ -53,12 +53,14 @@ _MINIMUM = re.compile(r"Minimum loss scale reached \(" + _NUMBER)
 _STRONG = re.compile(r"\|\s*train_inner\s*\||\|\s*epoch \d+:\s*\d+\s*/\s*\d+\s+loss=")
 _WEAK = re.compile(r"fairseq|\| INFO \| (?:train|valid) \|")
 _JSON = {label.strip(" ="): key for label, key, _ in _FIELDS}
-# The usual train_inner layout, matched from `pick`'s start. With no "=" inside a value (checked by
+# The usual train_inner line, matched from its start: no "|" before "| INFO | train_inner |"
+# (where `_INNER` matches first), then the fields. With no "=" inside a value (checked by
 # counting them: sre scans ``[^,]`` far faster than ``[^,=]``), each label's first occurrence is
 # its field, and each value is the text up to the next comma: what `pick` finds.
 _USUAL = re.compile(
-    r"[^=]* loss=([^,]*), nll_loss=([^,]*), ppl=[^,]*, wps=[^,]*, ups=[^,]*, wpb=[^,]*, "
-    r"bsz=[^,]*, num_updates=([^,]*), lr=([^,]*), gnorm=([^,]*), clip=([^,]*), loss_scale=([^,]*)"
+    r"[^|=]*\| INFO \| train_inner \| epoch [^=]* loss=([^,]*), nll_loss=([^,]*), ppl=[^,]*, "
+    r"wps=[^,]*, ups=[^,]*, wpb=[^,]*, bsz=[^,]*, num_updates=([^,]*), lr=([^,]*), "
+    r"gnorm=([^,]*), clip=([^,]*), loss_scale=([^,]*)"
 )
 _USUAL_EQUALS = 12
 
@@ -75,11 +77,10 @@ class FairseqReader(BaseReader):
         return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, noted, base, search = -1, "", False, 1, _INNER.search
+        last, banner, noted, base = -1, "", False, 1
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
-                found = search(line)
-                step, values = _inner(line, found.end()) if found is not None else _other(line)
+                step, values = _usual(line) or _parsed(line)
                 if step is None:
                     if values:  # an overflow: the update that was tried is the next one
                         yield self._overflow(max(last, 0) + 1, values, lineno)
@@ -105,27 +106,37 @@ class FairseqReader(BaseReader):
         return record(step, values)
 
 
+def _usual(line: str) -> tuple[int | None, dict[str, float]] | None:
+    """`_parsed` of the usual train_inner line, the fast way; None for any other line."""
+    usual = _USUAL.match(line)
+    if usual is None or line.count("=", 0, usual.end()) != _USUAL_EQUALS:
+        return None
+    loss, nll, updates, lr, norm, clip, scale = usual.groups()
+    try:
+        count = float(updates)
+        values = {
+            LOSS: float(loss),
+            "nll_loss": float(nll),
+            LR: float(lr),
+            GRAD_NORM: float(norm),
+            CLIPPED: float(clip) / 100.0,
+            LOSS_SCALE: float(scale),
+        }
+    except ValueError:  # some value is no number: the general way skips just that one
+        return None
+    return (int(count), values) if math.isfinite(count) else (None, {})
+
+
+def _parsed(line: str) -> tuple[int | None, dict[str, float]]:
+    """``(num_updates, signal values)`` of a train_inner or valid line; an overflow's fields."""
+    found = _INNER.search(line)
+    return _inner(line, found.end()) if found is not None else _other(line)
+
+
 def _inner(line: str, start: int) -> tuple[int | None, dict[str, float]]:
     """``(num_updates, signal values)`` of a train_inner line."""
     if line.startswith("{", start):
         return _json(line[start:])
-    usual = _USUAL.match(line, start - 1)
-    if usual is not None and line.count("=", start - 1, usual.end()) == _USUAL_EQUALS:
-        loss, nll, updates, lr, norm, clip, scale = usual.groups()
-        try:
-            count = float(updates)
-            values = {
-                LOSS: float(loss),
-                "nll_loss": float(nll),
-                LR: float(lr),
-                GRAD_NORM: float(norm),
-                CLIPPED: float(clip) / 100.0,
-                LOSS_SCALE: float(scale),
-            }
-        except ValueError:  # some value is no number: the general way skips just that one
-            pass
-        else:
-            return (int(count), values) if math.isfinite(count) else (None, {})
     return _counted(pick(line, start - 1, _FIELDS, ","))
 
 
