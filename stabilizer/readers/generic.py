@@ -32,6 +32,12 @@ _PAIR = re.compile(  # a name that starts no later than a word does (the lookbeh
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+) ?[:=] ?"
     r"((?>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf|NaN|Inf)))(?=[\s,;|)\]]|$)"
 )
+# `_PAIR` for ASCII lines (``str.isascii`` costs nothing): there ``\w`` and ``\d`` are these
+# classes, which sre tests by one bitmap lookup instead of a category check.
+_PAIR_ASCII = re.compile(
+    r"([A-Za-z_](?<![-./0-9A-Z_a-z][A-Za-z_])[-./0-9A-Z_a-z]*+) ?[:=] ?"
+    r"((?>[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+|nan|inf|NaN|Inf)))(?=[\s,;|)\]]|$)"
+)
 
 
 class GenericReader(BaseReader):
@@ -47,10 +53,10 @@ class GenericReader(BaseReader):
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         keys, last, banner, base = KeyMap(), -1, "", 1
-        names, findall = keys.names, _PAIR.findall
+        names, findall, findall_ascii = keys.names, _PAIR.findall, _PAIR_ASCII.findall
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
-                pairs = findall(line)
+                pairs = findall_ascii(line) if line.isascii() else findall(line)
                 try:  # every name seen before: `KeyMap.rename` without its frame
                     values = {names[name]: float(text) for name, text in pairs}
                 except (KeyError, ValueError):
