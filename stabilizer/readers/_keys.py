@@ -75,7 +75,8 @@ class KeyMap:
     def __init__(self, passthrough: bool = True) -> None:
         self.passthrough = passthrough
         self._cache: dict[str, tuple[str, int] | None] = {}
-        self.names: dict[str, str] = {}  # names that land as they are (SET) → their key
+        # Names that land as they are (SET) → their key; hot loops rename with it directly.
+        self.names: dict[str, str] = {}
 
     def lookup(self, name: str) -> tuple[str, int] | None:
         """``(key, how)`` for a logged name, or None when it is dropped."""
