@@ -75,7 +75,8 @@ class KeyMap:
     def __init__(self, passthrough: bool = True) -> None:
         self.passthrough = passthrough
         self._cache: dict[str, tuple[str, int] | None] = {}
-        self._names: dict[str, str] = {}  # names that land as they are (SET) → their key
+        # Names that land as they are (SET) → their key; hot loops rename with it directly.
+        self.names: dict[str, str] = {}
 
     def lookup(self, name: str) -> tuple[str, int] | None:
         """``(key, how)`` for a logged name, or None when it is dropped."""
@@ -110,7 +111,7 @@ class KeyMap:
     def rename(self, pairs: Sequence[tuple[str, str]]) -> dict[str, float]:
         """`values` of ``(name, number text)`` pairs, the fast way for console logs."""
         try:
-            names = self._names
+            names = self.names
             return {names[name]: float(text) for name, text in pairs}
         except (KeyError, ValueError):
             raw: dict[str, float] = {}
@@ -120,6 +121,6 @@ class KeyMap:
                 except ValueError:
                     continue
                 found = self.lookup(name)
-                if found is not None and found[1] == SET and len(self._names) < 100_000:
-                    self._names[name] = found[0]
+                if found is not None and found[1] == SET and len(self.names) < 100_000:
+                    self.names[name] = found[0]
             return self.values(raw)

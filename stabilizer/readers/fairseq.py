@@ -53,6 +53,16 @@ _MINIMUM = re.compile(r"Minimum loss scale reached \(" + _NUMBER)
 _STRONG = re.compile(r"\|\s*train_inner\s*\||\|\s*epoch \d+:\s*\d+\s*/\s*\d+\s+loss=")
 _WEAK = re.compile(r"fairseq|\| INFO \| (?:train|valid) \|")
 _JSON = {label.strip(" ="): key for label, key, _ in _FIELDS}
+# The usual train_inner line, matched from its start: no "|" before "| INFO | train_inner |"
+# (where `_INNER` matches first), then the fields. With no "=" inside a value (checked by
+# counting them: sre scans ``[^,]`` far faster than ``[^,=]``), each label's first occurrence is
+# its field, and each value is the text up to the next comma: what `pick` finds.
+_USUAL = re.compile(
+    r"[^|=]*\| INFO \| train_inner \| epoch [^=]* loss=([^,]*), nll_loss=([^,]*), ppl=[^,]*, "
+    r"wps=[^,]*, ups=[^,]*, wpb=[^,]*, bsz=[^,]*, num_updates=([^,]*), lr=([^,]*), "
+    r"gnorm=([^,]*), clip=([^,]*), loss_scale=([^,]*)"
+)
+_USUAL_EQUALS = 12
 
 
 class FairseqReader(BaseReader):
@@ -67,11 +77,10 @@ class FairseqReader(BaseReader):
         return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, noted, base, search = -1, "", False, 1, _INNER.search
+        last, banner, noted, base = -1, "", False, 1
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
-                found = search(line)
-                step, values = _inner(line, found.end()) if found is not None else _other(line)
+                step, values = _usual(line) or _parsed(line)
                 if step is None:
                     if values:  # an overflow: the update that was tried is the next one
                         yield self._overflow(max(last, 0) + 1, values, lineno)
@@ -97,16 +106,52 @@ class FairseqReader(BaseReader):
         return record(step, values)
 
 
+def _usual(line: str) -> tuple[int | None, dict[str, float]] | None:
+    """`_parsed` of the usual train_inner line, the fast way; None for any other line."""
+    usual = _USUAL.match(line)
+    if usual is None or line.count("=", 0, usual.end()) != _USUAL_EQUALS:
+        return None
+    loss, nll, updates, lr, norm, clip, scale = usual.groups()
+    try:
+        count = float(updates)
+        values = {
+            LOSS: float(loss),
+            "nll_loss": float(nll),
+            LR: float(lr),
+            GRAD_NORM: float(norm),
+            CLIPPED: float(clip) / 100.0,
+            LOSS_SCALE: float(scale),
+        }
+    except ValueError:  # some value is no number: the general way skips just that one
+        return None
+    return (int(count), values) if math.isfinite(count) else (None, {})
+
+
+def _parsed(line: str) -> tuple[int | None, dict[str, float]]:
+    """``(num_updates, signal values)`` of a train_inner or valid line; an overflow's fields."""
+    found = _INNER.search(line)
+    return _inner(line, found.end()) if found is not None else _other(line)
+
+
 def _inner(line: str, start: int) -> tuple[int | None, dict[str, float]]:
     """``(num_updates, signal values)`` of a train_inner line."""
     if line.startswith("{", start):
-        try:
-            data = json.loads(line[start:])
-            pairs = {_JSON[k]: float(v) for k, v in data.items() if k in _JSON}
-        except (ValueError, TypeError, AttributeError):
-            return None, {}
-    else:
-        pairs = pick(line, start - 1, _FIELDS, ",")
+        return _json(line[start:])
+    return _counted(pick(line, start - 1, _FIELDS, ","))
+
+
+def _json(text: str) -> tuple[int | None, dict[str, float]]:
+    """`_inner` of a ``--log-format json`` line."""
+    try:
+        data = json.loads(text)
+        pairs = {_JSON[k]: float(v) for k, v in data.items() if k in _JSON}
+    except (ValueError, TypeError, AttributeError):
+        return None, {}
+    return _counted(pairs)
+
+
+def _counted(pairs: dict[str, float]) -> tuple[int | None, dict[str, float]]:
+    """``(num_updates, the other values)`` of the picked fields, clip as a fraction."""
     updates = pairs.pop("num_updates", None)
     if updates is None or not math.isfinite(updates):
         return None, {}

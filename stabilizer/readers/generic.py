@@ -25,13 +25,18 @@ from .base import BaseReader, record
 __all__ = ["GenericReader"]
 
 _STEP_KEYS = ("global_step", "step", "iteration", "iter", "num_updates")  # by priority
-_STEPS = frozenset(_STEP_KEYS)
 _STEP = re.compile(r"\b(?:global_step|step|iteration|iter|num_updates) ?[:=]? ?(\d+)\b")
 _PAIR = re.compile(  # a name that starts no later than a word does (the lookbehind keeps it
     # linear on long runs of name characters, and after the first letter it lets the regex scan
     # for letters fast); possessive: giving characters back never finds a match
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+) ?[:=] ?"
     r"((?>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf|NaN|Inf)))(?=[\s,;|)\]]|$)"
+)
+# `_PAIR` for ASCII lines (``str.isascii`` costs nothing): there ``\w`` and ``\d`` are these
+# classes, which sre tests by one bitmap lookup instead of a category check.
+_PAIR_ASCII = re.compile(
+    r"([A-Za-z_](?<![-./0-9A-Z_a-z][A-Za-z_])[-./0-9A-Z_a-z]*+) ?[:=] ?"
+    r"((?>[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+|nan|inf|NaN|Inf)))(?=[\s,;|)\]]|$)"
 )
 
 
@@ -48,29 +53,39 @@ class GenericReader(BaseReader):
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         keys, last, banner, base = KeyMap(), -1, "", 1
+        names, findall, findall_ascii = keys.names, _PAIR.findall, _PAIR_ASCII.findall
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
-                found = _step_and_values(line, keys)
+                pairs = findall_ascii(line) if line.isascii() else findall(line)
+                try:  # every name seen before: `KeyMap.rename` without its frame
+                    values = {names[name]: float(text) for name, text in pairs}
+                except (KeyError, ValueError):
+                    values = keys.rename(pairs)
+                found = _step(line, values)
                 if found is None:
                     if last >= 0 and not banner:
                         banner = resume_banner(line)
                     continue
-                step, values = found
-                if step < last or banner:
-                    self.segment(step, last, banner, lineno)
+                if found < last or banner:
+                    self.segment(found, last, banner, lineno)
                     banner = ""
-                last = step
-                yield record(step, values)
+                last = found
+                yield record(found, values)
             base += len(lines)
 
 
 def _step_and_values(line: str, keys: KeyMap) -> tuple[int, dict[str, float]] | None:
     """The step and the other values of a line with a step-like key and another number."""
     values = keys.rename(_PAIR.findall(line))
-    steps = _STEPS.intersection(values)
+    step = _step(line, values)
+    return None if step is None else (step, values)
+
+
+def _step(line: str, values: dict[str, float]) -> int | None:
+    """The step of a line whose named numbers are ``values`` (step keys are popped off them)."""
     step: float | None = None
-    for name in _STEP_KEYS if steps else ():
-        if name in steps:
+    for name in _STEP_KEYS:
+        if name in values:
             number = values.pop(name)
             step = number if step is None else step
     if step is None and ("step" in line or "iter" in line):
@@ -78,4 +93,4 @@ def _step_and_values(line: str, keys: KeyMap) -> tuple[int, dict[str, float]] | 
         step = float(match.group(1)) if match else None
     if step is None or not values or step != int(step):
         return None
-    return int(step), values
+    return int(step)

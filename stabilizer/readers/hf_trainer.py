@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import IO, ClassVar
 
 from ..records import StepRecord
-from ..signals import GRAD_NORM, LOSS
+from ..signals import GRAD_NORM, LOSS, LR
 from ._keys import KeyMap
 from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
@@ -34,6 +34,11 @@ __all__ = ["HfTrainerReader", "HiddenNan"]
 _DICT = re.compile(r"\{'\w+': ")
 _PAIR = re.compile(r"'(\w+)': ([^,}]+)")
 _WRAPPED = re.compile(r"'(\w+)': [\w.]+\(([^,)]+)")  # tensor(0.9, device=...), np.float32(0.9)
+# The usual training dict, to its line's end: the pairs `_PAIR` finds, and no wrapped value.
+_USUAL = re.compile(
+    r"\{'loss': ([^,}(]+), 'grad_norm': ([^,}(]+), 'learning_rate': ([^,}(]+), "
+    r"'epoch': ([^,}(]+)\}\Z"
+)
 _STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
 _WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
 
@@ -93,18 +98,20 @@ class HfTrainerReader(BaseReader):
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
                 start = line.find("{'")
-                if start < 0 or _DICT.match(line, start) is None:
+                values = None if start < 0 else _usual(line, start)
+                if values is not None:
+                    count += 1
+                    step = count
+                elif start < 0 or _DICT.match(line, start) is None:
                     if last >= 0 and not banner:
                         banner = resume_banner(line)
                     continue
-                pairs = _PAIR.findall(line, start)
-                if "(" in line:
-                    pairs += _WRAPPED.findall(line, start)
-                if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
+                elif (parsed := _any(line, start, keys)) is None:
                     continue
-                count += "'eval_" not in line
-                values = keys.rename(pairs)
-                step = int(values.pop("step")) if "'step'" in line and "step" in values else count
+                else:
+                    values, counted, logged = parsed
+                    count += counted
+                    step = count if logged is None else logged
                 if step < last or banner or step == 1 == count:
                     banner = self._mark(step, last, banner, lineno, count)
                 last = step
@@ -119,3 +126,28 @@ class HfTrainerReader(BaseReader):
         if step < last or banner:
             self.segment(step, last, banner, lineno)
         return ""
+
+
+def _usual(line: str, start: int) -> dict[str, float] | None:
+    """The values of the usual training dict at ``start``, the fast way; else None."""
+    usual = _USUAL.match(line, start)
+    if usual is None or "'train_runtime'" in line or "'eval_" in line:
+        return None
+    loss, norm, lr, epoch = usual.groups()
+    try:
+        return {LOSS: float(loss), GRAD_NORM: float(norm), LR: float(lr), "epoch": float(epoch)}
+    except ValueError:
+        return None
+
+
+def _any(line: str, start: int, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | None:
+    """The values of any dict at ``start``, whether it is counted (no eval) and its logged step
+    (popped off the values), if any; None for a line to skip."""
+    pairs = _PAIR.findall(line, start)
+    if "(" in line:
+        pairs += _WRAPPED.findall(line, start)
+    if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
+        return None
+    values = keys.rename(pairs)
+    logged = int(values.pop("step")) if "'step'" in line and "step" in values else None
+    return values, "'eval_" not in line, logged

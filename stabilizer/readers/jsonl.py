@@ -28,6 +28,7 @@ __all__ = ["MAX_FINDINGS", "JsonlReader"]
 
 MAX_FINDINGS = 10_000
 _FLOATS = {float}
+_STARTS = frozenset('{["-0123456789tfnNI')  # what a JSON value (or NaN, Infinity) starts with
 _BAD = (StopIteration, ValueError, TypeError, KeyError, AttributeError, RecursionError)
 _Scan = Callable[[str, int], tuple[Any, int]]
 
@@ -63,13 +64,15 @@ class JsonlReader(BaseReader):
         step: int | None
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
+                if line[:1] != "{" and line.lstrip()[:1] not in _STARTS:  # no JSON: no raising
+                    bad += bool(line.strip())
+                    continue
                 try:
                     data = scan(line, 0)[0] if line[:1] == "{" else json.loads(line)
                     if line.startswith('{"type":"step"'):  # the monitor's own: the fast path
                         step, values = data["step"], data["values"]
-                        if type(step) is not int:
-                            step = _int(step)
-                        if set(map(type, values.values())) != _FLOATS:  # else: as they are
+                        step = step if type(step) is int else _int(step)
+                        if not _FLOATS.issuperset(map(type, values.values())):  # else: as they are
                             values = {k: float(v) for k, v in values.items()}
                     else:
                         step, values = self._parse(data, keys)

@@ -43,6 +43,18 @@ _KEYS = (  # label → key, in the order of the record's keys
     ("number of nan iterations", "nan_iterations"),
 )
 _USUAL = ("learning rate", "lm loss", "loss scale", "grad norm", *(k for k, _ in _KEYS[4:]))
+# The labels of `_KEYS`, common prefixes factored out: sre tries alternatives one by one.
+_WANTED = "(?:l(?:m loss|oss scale|earning rate)|grad norm|number of (?:skipped|nan) iterations):"
+# Fields that are none of the wanted ones (possessive: a field given back is no wanted one either).
+_OTHERS = rf"(?:\|(?! {_WANTED})[^|]*+)*+"
+_USUAL_LINE = re.compile(  # the wanted fields in the usual order, other fields around them
+    "".join(rf"{_OTHERS}\| {label}:([^|]*)" for label in _USUAL)
+)
+# The usual line whole from its start: no "i" before its first "iteration" (so `_ITERATION` would
+# find this one), the step, then `_USUAL_LINE`.
+_USUAL_START = re.compile(
+    r"[^|i]*iteration(?<!\witeration)\s+(\d+)\s*/\s*\d+\s*" + _USUAL_LINE.pattern
+)
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
 
@@ -59,16 +71,14 @@ class MegatronReader(BaseReader):
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         last, banner, interval, base = -1, "", 0, 1
-        search = _ITERATION.search
         for lines in text_chunks(stream, self.notes):
             for lineno, line in enumerate(lines, base):
-                match = search(line)
-                if match is None:
+                found = _step_values(line)
+                if found is None:
                     if last >= 0 and not banner:
                         banner = resume_banner(line)
                     continue
-                step = int(match[1])
-                values = _values(line, match.end() - 1)
+                step, values = found
                 if step < last or banner:
                     self.segment(step, last, banner, lineno)
                     banner = ""
@@ -88,26 +98,39 @@ class MegatronReader(BaseReader):
         )
 
 
+def _step_values(line: str) -> tuple[int, dict[str, float]] | None:
+    """The step and values of an iteration line; None for any other line."""
+    usual = _USUAL_START.match(line)
+    if usual is not None:
+        values = _usual_values(usual.groups()[1:])
+        if values is not None:
+            return int(usual[1]), values
+    match = _ITERATION.search(line)
+    return None if match is None else (int(match[1]), _values(line, match.end() - 1))
+
+
 def _values(line: str, start: int) -> dict[str, float]:
     """The values of the fields after ``start``; of a label given twice, the first counts."""
-    pairs = _LABELED.findall(line, start)
-    if len(pairs) == len(_USUAL):  # the usual line, the fast way
-        names, texts = zip(*pairs, strict=True)
-        try:
-            if names == _USUAL:
-                lr, loss, scale, norm, skips, nans = map(float, texts)
-                return {
-                    LOSS: math.nan if nans > 0 else loss,
-                    LOSS_SCALE: scale,
-                    GRAD_NORM: norm,
-                    LR: lr,
-                    "skipped_iterations": skips,
-                    "nan_iterations": nans,
-                    SKIPPED: 1.0 if skips > 0 else 0.0,
-                }
-        except ValueError:
-            pass
-    return _any_values(pairs)
+    usual = _USUAL_LINE.match(line, start)
+    values = None if usual is None else _usual_values(usual.groups())
+    return _any_values(_LABELED.findall(line, start)) if values is None else values
+
+
+def _usual_values(texts: tuple[str, ...]) -> dict[str, float] | None:
+    """The values of the `_USUAL` fields' texts; None unless all are numbers."""
+    try:
+        lr, loss, scale, norm, skips, nans = map(float, texts)
+    except ValueError:
+        return None
+    return {
+        LOSS: math.nan if nans > 0 else loss,
+        LOSS_SCALE: scale,
+        GRAD_NORM: norm,
+        LR: lr,
+        "skipped_iterations": skips,
+        "nan_iterations": nans,
+        SKIPPED: 1.0 if skips > 0 else 0.0,
+    }
 
 
 def _any_values(pairs: list[tuple[str, str]]) -> dict[str, float]:

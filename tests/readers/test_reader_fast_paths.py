@@ -42,6 +42,8 @@ def test_patterns_match_as_their_plain_forms(line: str) -> None:
     for fast, plain in PLAIN.items():
         assert found(fast.search(line)) == found(re.compile(plain).search(line)), fast.pattern
     assert generic._PAIR.findall(line) == re.findall(PLAIN[generic._PAIR], line)
+    if line.isascii():
+        assert generic._PAIR_ASCII.findall(line) == generic._PAIR.findall(line)
 
 
 FIELDS = labels(
