@@ -265,3 +265,13 @@ def test_checks_that_cannot_run_leave_the_protection_on(caplog: pytest.LogCaptur
     assert_intact(run)
     assert "preflight checks skipped" in caplog.text
     assert monitor.guard is not None and monitor.guard.skipped == len(FAULT_STEPS)
+
+
+def test_persistent_optimizer_nan_is_named_and_stops_the_run() -> None:
+    # Pure fp16 with AdamW's eps of 1e-8: every step's update is non-finite from the start.
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(replace(tiny("16-true"), adam_eps=1e-8, steps=30), monitor, None)
+    assert_intact(run)
+    critical = [f for f in monitor.findings if f.severity.name == "CRITICAL"]
+    assert critical and critical[0].kind == "nonfinite_update"
+    assert run.trainer.global_step == 10  # stopped after stop_after bad steps: nothing to gain

@@ -54,6 +54,7 @@ class NonFinite:
         self._start: int | None = None  # first step of the open episode
         self._length = 0  # non-finite records in the open episode
         self._loss_seen = False  # whether the open episode had a non-finite loss
+        self._optimizer_only = False  # whether only the optimizer went non-finite in it
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -82,6 +83,8 @@ class NonFinite:
             return []
         self._length += 1
         self._loss_seen = self._loss_seen or bad_loss
+        only_optimizer = groups == ("optimizer",)
+        self._optimizer_only = only_optimizer and (self._start is None or self._optimizer_only)
         if self._start is None:
             self._start = record.step
             return [self._first(record.step, loss if bad_loss else None, groups)]
@@ -116,12 +119,17 @@ class NonFinite:
         assert self._start is not None
         kind = "nonfinite_loss" if self._loss_seen else "nonfinite_grad"
         what = "loss" if self._loss_seen else "gradients"
+        advice = "roll back and run LayerNorm/softmax in fp32"
+        remedies: tuple[str, ...] = ("rollback", "upcast_to_fp32")
+        if self._optimizer_only:
+            kind, what = "nonfinite_update", "optimizer updates"
+            advice = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
+            remedies = ("mixed_precision",)
         message = (
             f"NaN/Inf {what} persist for {self._length} steps since step {self._start}: "
-            "the run is not recovering; roll back and run LayerNorm/softmax in fp32"
+            f"the run is not recovering; {advice}"
         )
         evidence = {"steps": float(self._length)}
-        remedies = ("rollback", "upcast_to_fp32")
         return Finding(kind, self._start, step, Severity.CRITICAL, message, evidence, (), remedies)
 
     def finish(self) -> list[Finding]:
@@ -129,11 +137,17 @@ class NonFinite:
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"start": self._start, "length": self._length, "loss_seen": self._loss_seen}
+        return {
+            "start": self._start,
+            "length": self._length,
+            "loss_seen": self._loss_seen,
+            "optimizer_only": self._optimizer_only,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start, self._length = state["start"], int(state["length"])
         self._loss_seen = bool(state["loss_seen"])
+        self._optimizer_only = bool(state.get("optimizer_only", False))
 
 
 def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:
