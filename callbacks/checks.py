@@ -49,13 +49,10 @@ def first_token_batch(batch: Any) -> torch.Tensor | None:
     if isinstance(batch, torch.Tensor):
         ok = batch.dim() == 2 and not batch.is_floating_point() and not batch.is_complex()
         return batch if ok else None
+    if not isinstance(batch, dict | list | tuple):
+        return None
     items = batch.values() if isinstance(batch, dict) else batch
-    if isinstance(items, list | tuple) or isinstance(batch, dict):
-        for item in items:
-            found = first_token_batch(item)
-            if found is not None:
-                return found
-    return None
+    return next((ids for ids in map(first_token_batch, items) if ids is not None), None)
 
 
 def _warmup(trainer: pl.Trainer) -> int | None:
