@@ -32,6 +32,7 @@ from stabilizer.report import (
     report_dict,
     verdict,
 )
+from stabilizer.report import diagnosis as diagnosis_module
 from stabilizer.report.inputs import open_log, progress_bar
 from stabilizer.report.text import render_overall
 
@@ -348,3 +349,37 @@ def test_diagnose_a_restarted_tensorboard_run(tmp_path: Path) -> None:
     assert [(segment, f.kind, f.step) for segment, f in diagnosis.findings] == [
         (2, "loss_spike", 220)
     ]
+
+
+EXAMPLES = Path(__file__).parents[1] / "examples" / "logs"
+LOGS = sorted(
+    p for p in [*FIXTURES.iterdir(), *EXAMPLES.iterdir()] if p.suffix not in (".py", ".md")
+)
+
+
+def _picture(diagnosis: Diagnosis) -> object:
+    history = diagnosis.history
+    bins = [
+        (b.first_step, b.last_step, b.segment, b.count, sorted(b.series.items()))
+        for b in history.bins
+    ]
+    findings = [(segment, finding.to_dict()) for segment, finding in diagnosis.findings]
+    return diagnosis.segments, findings, bins, history.width, diagnosis.notes
+
+
+def _one_at_a_time(self: diagnosis_module._Run, records: list[StepRecord], visible: int) -> None:
+    self.visible = visible
+    for record in records:
+        self.observe(record)
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
+def test_diagnose_in_batches_equals_one_record_at_a_time(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batched = [_picture(diagnose(str(path), bins=8))]
+    monkeypatch.setattr(diagnosis_module, "_BATCH", 3)
+    batched.append(_picture(diagnose(str(path), bins=8)))
+    monkeypatch.setattr(diagnosis_module, "_BATCH", 1)
+    monkeypatch.setattr(diagnosis_module._Run, "observe_many", _one_at_a_time)
+    assert batched == [_picture(diagnose(str(path), bins=8))] * 2

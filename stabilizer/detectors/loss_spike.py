@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from math import isfinite
 from typing import Any, ClassVar
 
@@ -121,6 +122,30 @@ class LossSpike:
         evidence.update(level=loss, ratio=_ratio(loss, base))
         head = ("divergence", start, record.step, Severity.ERROR, message, evidence, ())
         return [Finding(*head, ("rollback", "scale_lr", "clip_gradients"))]
+
+    def update_many(self, records: Sequence[StepRecord], out: list[tuple[int, Finding]]) -> None:
+        """`update` each record (the replay's fast path): most losses take the tracker's
+        shortcut (`SpikeTracker`'s ``bar`` and ``left``), here a stretch at a time without a
+        call; the others go through `update`."""
+        tracker = self._tracker
+        losses = [record.values.get(LOSS) for record in records]
+        index, count = 0, len(records)
+        while index < count:
+            left = tracker.left
+            if left:
+                bar, end, stop = tracker.bar, index, min(count, index + left)
+                while end < stop and (loss := losses[end]) is not None and _LOWEST < loss <= bar:
+                    end += 1
+                if end > index:
+                    tracker.values.extend(losses[index:end])  # type: ignore[arg-type]
+                    tracker.left = left - (end - index)
+                    index = end
+                    continue
+            if losses[index] is not None:
+                found = self.update(records[index])
+                if found:
+                    out += [(index, finding) for finding in found]
+            index += 1
 
     def _spike(self, episode: dict[str, Any], recovery_steps: int | None) -> Finding:
         base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple, Protocol
 
 from ..engine import Engine
@@ -142,13 +143,14 @@ class _Run:
         self.engine = Engine()
         self.segment: Segment | None = None
         self.noted = 0  # notes already scanned for restarts
+        self.visible = 0  # notes left before the current batch's first record
         self.restarts: list[Note] = []  # restart notes whose segment has not begun yet
 
     def observe(self, record: StepRecord) -> None:
         step, segment, values = record.step, self.segment, record.values
         if segment is None:
             segment = self._begin(step, None)
-        elif self.restarts or step < segment.last_step or len(self.notes) > self.noted:
+        elif self.restarts or step < segment.last_step or self.visible > self.noted:
             segment = self._maybe_restart(step, segment)
         segment.records += 1
         segment.last_step = step
@@ -168,10 +170,69 @@ class _Run:
             for sink in self.sinks:
                 sink.record(record)
 
+    def observe_many(self, records: list[StepRecord], visible: int) -> None:
+        """`observe` each record in turn; segments, findings and history come out the same.
+
+        ``records`` come from `_batches`: a note that came with a record (a restart) makes it
+        the first of its batch, and ``visible`` is the number of notes left by then. That record,
+        and each record whose step goes back, goes through `observe` (which starts segments);
+        the runs between go to the engine and the history whole.
+        """
+        self.visible = visible
+        start, count = 0, len(records)
+        every = list(map(_STEP, records))
+        ordered = every == sorted(every)  # no step goes back within the batch
+        while start < count:
+            segment = self.segment
+            if (
+                segment is None
+                or self.restarts
+                or self.visible > self.noted
+                or every[start] < segment.last_step  # the step goes back here: a new segment
+            ):
+                self.observe(records[start])
+                start += 1
+                continue
+            end = count
+            if not ordered:  # up to where it goes back next
+                end = next((i for i in range(start + 1, count) if every[i] < every[i - 1]), count)
+            run = records[start:end] if start or end < count else records
+            self._count(segment, run, every[start:end])
+            found = self.engine.observe_many(run)
+            if found:
+                self._keep(found)
+            self.history.add_many(run, segment.index)
+            for sink in self.sinks:
+                for record in run:
+                    sink.record(record)
+            start += len(run)
+
+    @staticmethod
+    def _count(segment: Segment, run: list[StepRecord], steps: list[int]) -> None:
+        """Count a run of records of ``segment``, its steps ``steps`` (not going back)."""
+        segment.records += len(run)
+        segment.last_step = steps[-1]
+        losses = [loss for record in run if (loss := record.values.get(LOSS)) is not None]
+        total = sum(losses)
+        if total - total == 0.0:  # all finite (a finite sum has no NaN or Inf in it)
+            if losses:
+                segment.nonfinite_since = None
+            return
+        for step, record in zip(steps, run, strict=True):
+            loss = record.values.get(LOSS)
+            if loss is None:
+                continue
+            if loss - loss == 0.0:
+                segment.nonfinite_since = None
+            else:
+                segment.nonfinite += 1
+                if segment.nonfinite_since is None:
+                    segment.nonfinite_since = step
+
     def _maybe_restart(self, step: int, segment: Segment) -> Segment:
         notes = self.diagnosis.notes
-        self.restarts += [note for note in notes[self.noted :] if note.kind == "restart"]
-        self.noted = len(notes)
+        self.restarts += [n for n in notes[self.noted : self.visible] if n.kind == "restart"]
+        self.noted = max(self.noted, self.visible)
         pending = self.restarts[0] if self.restarts else None
         if pending is not None and (step == pending.step or step < segment.last_step):
             return self._begin(step, self.restarts.pop(0))
@@ -237,8 +298,8 @@ def diagnose(
     diagnosis = Diagnosis(path, found, notes, history=History(bins))
     run = _Run(diagnosis, sinks)
     try:
-        for record in wrap(records) if wrap is not None else records:
-            run.observe(record)
+        for batch, visible in _batches(wrap(records) if wrap is not None else records, notes):
+            run.observe_many(batch, visible)
     except LogReadError as exc:  # a reader gave up part-way: report what came before
         if run.segment is None:
             raise
@@ -249,3 +310,36 @@ def diagnose(
     run.finish()
     run.keep_live(records.findings)
     return diagnosis
+
+
+_BATCH = 1024  # records handed on at a time
+_STEP = attrgetter("step")
+
+
+def _batches(
+    records: Iterable[StepRecord], notes: list[Note]
+) -> Iterator[tuple[list[StepRecord], int]]:
+    """``records`` in lists of up to `_BATCH`, each with the number of notes left by the time
+    its first record came; a record that came with a new note starts a list.
+
+    A reader leaves a restart note just before the record that starts the new segment, so
+    `_Run.observe_many` meets that note together with its record, first in a batch.
+    """
+    batch: list[StepRecord] = []
+    append, noted, visible = batch.append, len(notes), len(notes)
+    for record in records:
+        if len(notes) != noted:
+            if batch:
+                yield batch, visible
+                batch = []
+                append = batch.append
+            noted = len(notes)
+        if not batch:
+            visible = noted
+        append(record)
+        if len(batch) == _BATCH:
+            yield batch, visible
+            batch = []
+            append = batch.append
+    if batch:
+        yield batch, visible

@@ -10,9 +10,12 @@ depends on the number of bins and series, never on the length of the log.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 
+from ..records import StepRecord
 from ..signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, LR
 
 __all__ = ["TRACKED", "Bin", "History", "Series"]
@@ -20,7 +23,7 @@ __all__ = ["TRACKED", "Bin", "History", "Series"]
 TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR})
 """Signal keys kept, besides every per-group gradient norm (``grad_norm/<group>``)."""
 
-_MAX_KEY_TUPLES = 1024  # key tuples remembered by `History.add`; past that the memo starts over
+_VALUES = attrgetter("values")
 
 
 @dataclass
@@ -97,45 +100,51 @@ class History:
         self.width = 1  # records per bin
         self.bins: list[Bin] = []
         self.records = 0
-        self._tracked: dict[tuple[str, ...], tuple[str, ...]] = {}  # record keys -> kept ones
 
     def add(self, step: int, segment: int, values: Mapping[str, float]) -> None:
         """Fold one record into the history (a new segment starts a new bin)."""
-        self.records += 1
-        current = self.bins[-1] if self.bins else None
-        if current is None or current.count >= self.width or current.segment != segment:
-            if len(self.bins) == self.capacity:
-                self._compact()
-            current = Bin(step, step, segment)
-            self.bins.append(current)
-        current.count += 1
-        current.last_step = step
-        keys = tuple(values)
-        tracked = self._tracked.get(keys)
-        if tracked is None:
-            tracked = self._track(keys)
-        series = current.series
-        for key in tracked:  # `Bin.add`, inlined (the hot path of a diagnosis)
-            value = values[key]
-            entry = series.get(key)
-            if entry is None:
-                entry = series[key] = [math.nan, math.nan, math.nan, 0.0]
-            if value - value == 0.0:  # finite
-                if not value >= entry[0]:  # also when entry[0] is NaN
-                    entry[0] = value
-                if not value <= entry[1]:
-                    entry[1] = value
-                entry[2] = value
-            else:
-                entry[3] += 1
+        self.add_many([StepRecord(step, values)], segment)
 
-    def _track(self, keys: tuple[str, ...]) -> tuple[str, ...]:
-        """The keys of a record's key tuple that are kept; memoised (records share them)."""
-        if len(self._tracked) >= _MAX_KEY_TUPLES:
-            self._tracked.clear()
-        tracked = tuple(k for k in keys if k in TRACKED or k.startswith(GRAD_NORM_PREFIX))
-        self._tracked[keys] = tracked
-        return tracked
+    def add_many(self, records: Sequence[StepRecord], segment: int) -> None:
+        """`add` each record of one segment in turn (the hot path of a diagnosis).
+
+        Records go into the bins a bin's worth at a time, each kept series folded with list
+        comprehensions and `min`/`max` instead of a loop of comparisons.
+        """
+        self.records += len(records)
+        names = set(chain.from_iterable(map(_VALUES, records)))
+        tracked = sorted(k for k in names if k in TRACKED or k.startswith(GRAD_NORM_PREFIX))
+        index, count = 0, len(records)
+        while index < count:
+            current = self.bins[-1] if self.bins else None
+            if current is None or current.count >= self.width or current.segment != segment:
+                if len(self.bins) == self.capacity:
+                    self._compact()
+                step = records[index].step
+                current = Bin(step, step, segment)
+                self.bins.append(current)
+            end = min(count, index + self.width - current.count)
+            stretch = records[index:end] if index or end < count else records
+            current.count += end - index
+            current.last_step = records[end - 1].step
+            series = current.series
+            for key in tracked:
+                got = [value for record in stretch if (value := record.values.get(key)) is not None]
+                if not got:
+                    continue
+                finite = [value for value in got if value - value == 0.0]
+                entry = series.get(key)
+                if entry is None:
+                    entry = series[key] = [math.nan, math.nan, math.nan, 0.0]
+                if finite:
+                    low, high = min(finite), max(finite)
+                    if not low >= entry[0]:  # also when entry[0] is NaN
+                        entry[0] = low
+                    if not high <= entry[1]:
+                        entry[1] = high
+                    entry[2] = finite[-1]
+                entry[3] += len(got) - len(finite)
+            index = end
 
     def _compact(self) -> None:
         merged = []
