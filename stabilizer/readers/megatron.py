@@ -12,18 +12,25 @@ iteration's. An average that is NaN (or not positive) is left off the line; the 
 ``number of nan iterations`` still counts it, so nan iterations > 0 make the loss NaN.
 Skipped iterations > 0 make ``skipped`` 1 (the fp16 scaler, or the NaN skip, fired in the
 interval); the counts themselves pass through as ``skipped_iterations`` and ``nan_iterations``.
+
+The fast path: a log repeats one layout, the same labels in the same order. The reader learns it
+from an iteration line read the general way and compiles a bytes pattern of the literal labels
+(`_Layout`); `Scan` matches it over whole chunks, and lines that do not match (noise, a restarted
+run's other layout) come back as text for the general way, which learns the new layout.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._lines import resume_banner, text_chunks
+from ._fields import Floats, Scan
+from ._lines import resume_banner
 from .base import BaseReader, record
 
 __all__ = ["MegatronReader"]
@@ -55,6 +62,9 @@ _USUAL_LINE = re.compile(  # the wanted fields in the usual order, other fields 
 _USUAL_START = re.compile(
     r"[^|i]*iteration(?<!\witeration)\s+(\d+)\s*/\s*\d+\s*" + _USUAL_LINE.pattern
 )
+_HEAD = re.compile(r"[^|i]*iteration(?<!\witeration)\s+\d+\s*/\s*\d+\s*(?=\|)")
+_LABELS = {f" {label}:": label for label, _ in _KEYS}  # a wanted field's label → its label
+_PLAIN_LINE = re.compile(r"[\t -~]*")
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
 
@@ -70,24 +80,59 @@ class MegatronReader(BaseReader):
         return 0.4 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, interval, base = -1, "", 0, 1
-        for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                found = _step_values(line)
-                if found is None:
-                    if last >= 0 and not banner:
-                        banner = resume_banner(line)
-                    continue
-                step, values = found
-                if step < last or banner:
-                    self.segment(step, last, banner, lineno)
-                    banner = ""
-                elif not interval and 0 <= last < step:
-                    interval = step - last
-                    self._note_interval(interval, lineno)
-                last = step
-                yield record(step, values)
-            base += len(lines)
+        last, banner, interval, lineno = -1, "", 0, 0
+        scan, get = Scan(stream, self.notes), Floats().__getitem__
+        self._layout = _Layout((), usual=False)  # none learned yet
+        for item in scan:
+            values = None
+            if not isinstance(item, list) and item[1] is not None:  # a line of the learned layout
+                texts = item.groups()
+                values = self._layout.values(texts, get)
+            if values is None:  # lines the layout's pattern did not match, or some value no number
+                lines = item if isinstance(item, list) else [item[0].decode().rstrip("\r\n")]
+                last, banner, interval, lineno = yield from self._general(
+                    lines, scan, (last, banner, interval, lineno)
+                )
+                continue
+            lineno += 1
+            step = int(texts[0])
+            if step < last or banner or not interval:
+                interval = self._placed(step, last, banner, interval, lineno)
+                banner = ""
+            last = step
+            yield record(step, values)
+
+    def _general(
+        self, lines: list[str], scan: Scan, state: tuple[int, str, int, int]
+    ) -> Generator[StepRecord, None, tuple[int, str, int, int]]:
+        """`_records` of lines read the general way; learns their layout. Returns the state."""
+        last, banner, interval, lineno = state
+        for line in lines:
+            lineno += 1
+            found = _step_values(line)
+            if found is None:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            learned = _Layout.of(line)
+            if learned is not None and learned is not self._layout:
+                self._layout, scan.pattern = learned, learned.pattern
+            step, values = found
+            if step < last or banner or not interval:
+                interval = self._placed(step, last, banner, interval, lineno)
+                banner = ""
+            last = step
+            yield record(step, values)
+        return last, banner, interval, lineno
+
+    def _placed(self, step: int, last: int, banner: str, interval: int, lineno: int) -> int:
+        """Note a restart before ``step``, or the log interval; the interval (0: not yet known)."""
+        if step < last or banner:
+            self.segment(step, last, banner, lineno)
+        elif not interval and 0 <= last < step:
+            interval = step - last
+            self._note_interval(interval, lineno)
+        return interval
 
     def _note_interval(self, interval: int, lineno: int) -> None:
         self.note(
@@ -133,7 +178,7 @@ def _usual_values(texts: tuple[str, ...]) -> dict[str, float] | None:
     }
 
 
-def _any_values(pairs: list[tuple[str, str]]) -> dict[str, float]:
+def _any_values(pairs: Sequence[tuple[str, str | bytes]]) -> dict[str, float]:
     """`_values` of any line: its wanted ``(label, value text)`` pairs, in line order."""
     values, found = {}, dict(pairs[::-1])
     for label, key in _KEYS:
@@ -147,3 +192,73 @@ def _any_values(pairs: list[tuple[str, str]]) -> dict[str, float]:
     if skipped is not None:
         values[SKIPPED] = 1.0 if skipped > 0 else 0.0
     return values
+
+
+class _Layout:
+    """The labels of an iteration line, in order, as a pattern `Scan` matches over bytes.
+
+    The pattern is `_USUAL_START`'s beginning (on a plain line), then each field of the line:
+    ``|``, its label (its text up to its first colon; a field without one, whole) and, after a
+    colon, any value (no ``|``). The first value of each wanted label is captured. Whether the
+    general way reads a line through `_USUAL_START` depends on its labels alone (the first six
+    wanted ones in `_USUAL` order: ``usual``); if not, `_any_values` takes each wanted label's
+    first value too (of the captured ``labels``). So a match gives what `_step_values` gives.
+    The pattern also matches any other plain line with "iteration" (without groups), which the
+    reader reads the general way: a layout that changes is learned at its first line.
+    """
+
+    __slots__ = ("labels", "pattern", "usual")
+
+    def __init__(self, labels: tuple[str, ...], usual: bool | None = None) -> None:
+        value = rb"[\t -{}~]*"  # a plain byte but "|"
+        parts = [rb"^[\t -hj-{}~]*iteration(?<![0-9A-Za-z_]iteration)[\t ]+([0-9]+)[\t ]*/"]
+        parts.append(rb"[\t ]*[0-9]+[\t ]*")
+        wanted = [key for key in map(_LABELS.get, labels) if key is not None]
+        captured: list[str] = []
+        for label in labels:
+            parts.append(rb"\|" + re.escape(label.encode()))
+            key = _LABELS.get(label)
+            if key is not None and key not in captured:
+                captured.append(key)
+                parts.append(b"(" + value + b")")
+            elif label.endswith(":"):
+                parts.append(value)
+        parts.append(rb"\r?\n|^[\t -~]*iteration[\t -~]*\r?\n")  # or another iteration line
+        self.pattern = re.compile(b"".join(parts), re.MULTILINE)
+        self.usual = tuple(wanted[:6]) == _USUAL if usual is None else usual
+        self.labels = tuple(captured)
+
+    def values(
+        self, texts: tuple[bytes, ...], floats: Callable[[bytes], float]
+    ) -> dict[str, float] | None:
+        """The values of a match's groups (``texts``); None where the general way must read it."""
+        if not self.usual:
+            return _any_values(list(zip(self.labels, texts[1:], strict=True)))
+        try:
+            lr, loss, scale, norm, skips, nans = map(floats, texts[1:])
+        except ValueError:  # some value is no number: `_values` skips just that one
+            return None
+        return {
+            LOSS: math.nan if nans > 0 else loss,
+            LOSS_SCALE: scale,
+            GRAD_NORM: norm,
+            LR: lr,
+            "skipped_iterations": skips,
+            "nan_iterations": nans,
+            SKIPPED: 1.0 if skips > 0 else 0.0,
+        }
+
+    @staticmethod
+    def of(line: str) -> _Layout | None:
+        """The layout of an iteration line; None for a line that is not plain."""
+        head = _HEAD.match(line)
+        if head is None or not _PLAIN_LINE.fullmatch(line):
+            return None
+        fields = line[head.end() + 1 :].split("|")
+        return _layout(tuple(field[: field.find(":") + 1] or field for field in fields))
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(labels: tuple[str, ...]) -> _Layout:
+    """The `_Layout` of ``labels``, kept for the next lines (and a layout changing back)."""
+    return _Layout(labels)

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reader_cases import parse
 
-from stabilizer.readers import deepspeed, generic, megatron, modded_nanogpt, nanogpt
-from stabilizer.readers._lines import RESUME, labels, pick, resume_banner
+from stabilizer.readers import (
+    Note,
+    _fields,
+    _lines,
+    deepspeed,
+    generic,
+    megatron,
+    modded_nanogpt,
+    nanogpt,
+)
+from stabilizer.readers._fields import Floats, Scan
+from stabilizer.readers._lines import MAX_LINE, RESUME, labels, pick, resume_banner, text_chunks
 from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
 NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
@@ -119,3 +131,65 @@ def test_csv_header_changing_within_a_step_merges_by_name() -> None:
         (2, {"loss": 4.0}),
         (3, {"loss": 5.0}),
     ]
+
+
+# --- `Scan`: text_chunks' lines, plain lines matched as bytes -------------------------------------
+
+BYTES = [
+    b"a", b"7", b" 12 ", b"\n", b"\n", b"7\n", b"\r", b"\r\n", b"\t", b"x" * 30, b"\x1b[31m",
+    b"\x1b", b"]", b"\x1b]0;t\x07", b"\x07", b"\xe2\x96\x88", b"\xc2\x85", b"\xe2\x80\xa8", b"\xff",
+    b"\xe2", b"\x0b", b"\x1c", b"\x1f", b"\xef\xbb\xbf",
+]  # fmt: skip
+DIGITS = re.compile(rb"^[\t -~]*[0-9][\t -~]*\r?\n", re.MULTILINE)  # plain lines with a digit
+SEVENS = re.compile(rb"^[\t -~]*7[\t -~]*\r?\n", re.MULTILINE)
+
+
+def scanned(data: bytes, notes: list[Note], limit: int, switch: bool) -> list[str]:
+    """The lines of a `Scan`, matches decoded; ``switch``: a new pattern after every list."""
+    scan, lines = Scan(io.BytesIO(data), notes, DIGITS, limit), []
+    for item in scan:
+        if isinstance(item, list):
+            lines += item
+            if switch:
+                scan.pattern = {DIGITS: SEVENS, SEVENS: None, None: DIGITS}[scan.pattern]
+        else:
+            assert item.end() == len(item.string) or item.string[item.end() - 1] == 10
+            lines.append(item[0].decode().rstrip("\r\n"))
+    return lines
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from(BYTES), max_size=60),
+    start=st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe"]),
+    chunk=st.sampled_from([1, 2, 5, 16, 64, 4096]),
+    limit=st.sampled_from([1, 4, 10, 100, MAX_LINE]),
+    switch=st.booleans(),
+)
+def test_scan_gives_the_lines_of_text_chunks(
+    pieces: list[bytes], start: bytes, chunk: int, limit: int, switch: bool
+) -> None:
+    data = start + b"".join(pieces)
+    with pytest.MonkeyPatch.context() as patch:  # small chunks: many chunk boundaries
+        patch.setattr(_lines, "CHUNK", chunk)
+        plain: list[Note] = []
+        expected = [line for lines in text_chunks(io.BytesIO(data), plain, limit) for line in lines]
+        notes: list[Note] = []
+        assert scanned(data, notes, limit, switch) == expected
+        assert notes == plain
+
+
+def test_scan_matches_plain_lines_only() -> None:
+    data = b"1\n2\n\x1b[0m3\n4\r\n\xe2\x96\x88 5\n6\r7\n8"
+    items = list(Scan(io.BytesIO(data * 3), [], DIGITS))
+    matched = [item[0] for item in items if not isinstance(item, list)]
+    assert matched == [b"2\n", b"4\r\n", b"81\n", b"2\n", b"4\r\n", b"81\n", b"2\n", b"4\r\n"]
+
+
+def test_floats_memo_is_bounded() -> None:
+    floats = Floats()
+    for i in range(3 * _fields._MEMO):
+        assert floats[f" {i}.5 ".encode()] == i + 0.5
+    assert len(floats) <= _fields._MEMO
+    with pytest.raises(ValueError):
+        floats[b"x"]

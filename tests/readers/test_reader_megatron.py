@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import Note
+from stabilizer.readers import Note, megatron
+from stabilizer.records import StepRecord
 
 OLD = (
     " iteration      100/   50000 | consumed samples:        51200 | elapsed time per iteration "
@@ -54,3 +58,93 @@ def test_resume_banner_starts_a_segment() -> None:
     assert len(parse("megatron", text, notes)) == 2
     assert [n.kind for n in notes] == ["restart"]
     assert "loading checkpoint" in notes[0].message and notes[0].line == 3
+
+
+# --- the fast path (a learned layout matched over bytes) reads what the general way reads ---------
+
+FIELDS = [
+    "learning rate", "lm loss", "loss scale", "grad norm", "number of skipped iterations",
+    "number of nan iterations", "consumed samples", "global batch size",
+    "elapsed time per iteration (ms)", "lm loss scale",
+]  # fmt: skip
+VALUES = [" 3.000E-04 ", " 2.5 ", "   0 ", "   2 ", " nan ", " inf ", " -inf ", " x ", "", " 1_0 "]
+NOISE = [
+    "time (ms) | forward-compute: 400.1", " loading checkpoint from /ckpt at iteration 100",
+    "\x1b[32mINFO\x1b[0m saving", " 45%|████▌     | 4500/10000", "a\rb", "", "iteration",
+    "[2024-05-01 12:00:00] iteration 7/ 9 |", " iteration 3/ 9 | lm loss: 1.5 | lm loss: 2 |",
+]  # fmt: skip
+
+
+def general(text: str, notes: list[Note]) -> list[StepRecord]:
+    """What the reader reads without its fast path (no layout is ever learned)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(megatron._Layout, "of", staticmethod(lambda line: None))
+        return parse("megatron", text, notes)
+
+
+def same(a: list[StepRecord], b: list[StepRecord]) -> bool:
+    return [(r.step, list(r.values), [repr(v) for v in r.values.values()]) for r in a] == [
+        (r.step, list(r.values), [repr(v) for v in r.values.values()]) for r in b
+    ]
+
+
+layouts = st.lists(st.sampled_from(FIELDS), min_size=1, max_size=9)
+lines = st.one_of(
+    st.tuples(
+        st.integers(0, 1), st.integers(0, 300), st.lists(st.sampled_from(VALUES), max_size=9)
+    ),
+    st.sampled_from(NOISE),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    two=st.tuples(layouts, layouts),
+    prefix=st.sampled_from([" ", "[2024-05-01 12:00:00] ", "", "Xi "]),
+    items=st.lists(lines, max_size=40),
+    end=st.sampled_from(["\n", "\r\n", " |\n"]),
+)
+def test_fast_path_reads_as_the_general_way(
+    two: tuple[list[str], list[str]], prefix: str, items: list[object], end: str
+) -> None:
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        which, step, values = item  # type: ignore[misc]
+        fields = "".join(
+            f"| {label}:{value}" for label, value in zip(two[which], values * 9, strict=False)
+        )
+        out.append(f"{prefix}iteration {step:8d}/   50000 {fields}")
+    text = end.join(out) + end
+    fast_notes: list[Note] = []
+    slow_notes: list[Note] = []
+    assert same(parse("megatron", text, fast_notes), general(text, slow_notes))
+    assert fast_notes == slow_notes
+
+
+def test_fast_path_layout_change_restarts_and_nan() -> None:
+    usual = OLD.replace("      100/", "{step:8d}/")
+    nan_line = NEW_NAN.replace("      200/", "{step:8d}/")
+    lines = [usual.format(step=s) for s in (10, 20, 30)]
+    lines += [nan_line.format(step=s) for s in (40, 50)]  # another layout: no loss, no grad norm
+    lines += [" loading checkpoint from /ckpt", usual.format(step=30), usual.format(step=40)]
+    lines += [usual.format(step=20).replace("3.141593E+00", "nan")]  # the step goes back
+    lines += [usual.format(step=30).replace("0.500", "inf")]
+    text = "\n".join(lines * 300) + "\n"  # several chunks of the fast path
+    notes: list[Note] = []
+    slow_notes: list[Note] = []
+    calls = []
+    with pytest.MonkeyPatch.context() as patch:  # count the lines read the general way
+        general_way = megatron._step_values
+        patch.setattr(
+            megatron, "_step_values", lambda line: calls.append(line) or general_way(line)
+        )
+        fast = parse("megatron", text, notes)
+    assert len(calls) == 1 + 3 * 300  # the first line; per round: two layout changes, a banner
+    assert same(fast, general(text, slow_notes)) and notes == slow_notes
+    assert [n.line for n in notes[:4]] == [2, 7, 9, 11]
+    assert notes[1].message.startswith("restart: resume banner") and notes[1].step == 30
+    assert "went back from 40 to 20" in notes[2].message
+    assert math.isnan(fast[7].values["loss"]) and fast[8].values["grad_norm"] == math.inf
