@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reader_cases import parse
 
-from stabilizer.readers import deepspeed, generic, megatron, modded_nanogpt, nanogpt
+from stabilizer.readers import deepspeed, generic, hf_trainer, megatron, modded_nanogpt, nanogpt
 from stabilizer.readers._keys import KeyMap
 from stabilizer.readers._lines import RESUME, labels, pick, resume_banner, text_lines
 from stabilizer.readers.base import BaseReader, LogReadError, record
 from stabilizer.readers.generic import GenericReader
+from stabilizer.readers.hf_trainer import HfTrainerReader
 from stabilizer.records import StepRecord
 from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
@@ -258,3 +259,67 @@ def test_generic_layouts_over_chunks_and_changes() -> None:
     fast, plain = GenericReader(), PlainGeneric()
     same_reading(fast, plain, "\n".join(lines).encode())
     assert len([n for n in fast.notes if n.kind == "restart"]) > 2
+
+
+# --- hf_trainer: whole-chunk matching of the usual dict reads what the per-line path reads -------
+
+
+class PlainHf(HfTrainerReader):
+    """`HfTrainerReader` as it was before whole-chunk matching: `_usual` and `_any` per line."""
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        keys, hidden = KeyMap(), hf_trainer.HiddenNan(self)
+        count, last, banner = 0, -1, ""
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            start = line.find("{'")
+            values = None if start < 0 else hf_trainer._usual(line, start)
+            if values is not None:
+                count += 1
+                step = count
+            elif start < 0 or hf_trainer._DICT.match(line, start) is None:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            elif (parsed := hf_trainer._any(line, start, keys)) is None:
+                continue
+            else:
+                values, counted, logged = parsed
+                count += counted
+                step = count if logged is None else logged
+            if step < last or banner or step == 1 == count:
+                banner = self._mark(step, last, banner, lineno, count)
+            last = step
+            hidden.check(step, values, lineno)
+            yield record(step, values)
+
+
+HF_VALUES = ["2.5", "0", "nan", "inf", "-1e-05", "x", "'eval_", "tensor(0.9)", "1_0", " 3", "é"]
+HF_LINES = [
+    "{{'loss': {}, 'grad_norm': {}, 'learning_rate': {}, 'epoch': {}}}",
+    " 10%|█ | 5/50 [00:01<00:09]{{'loss': {}, 'grad_norm': {}, 'learning_rate': {}, 'epoch': {}}}",
+    "{{'loss': {}, 'grad_norm': {}, 'learning_rate': {}, 'epoch': {}}} ",
+    "{{'eval_loss': {}, 'eval_runtime': {}, 'epoch': {}, 'step': {}}}",
+    "{{'loss': {}, 'learning_rate': {}, 'epoch': {}, 'step': {}}}",
+    "{{'train_runtime': {}, 'train_loss': {}, 'epoch': {}{}}}",
+    "Resuming training from checkpoint {}{}{}{}",
+    "noise {}{}{}{}",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(
+        st.tuples(
+            st.sampled_from(HF_LINES),
+            st.lists(
+                st.sampled_from(HF_VALUES) | st.floats().map(str) | st.integers(0, 9).map(str),
+                min_size=4,
+                max_size=4,
+            ),
+        ),
+        max_size=40,
+    )
+)
+def test_hf_usual_lines_read_as_per_line(lines: list[tuple[str, list[str]]]) -> None:
+    text = "\n".join(line.format(*values) for line, values in lines)
+    same_reading(HfTrainerReader(), PlainHf(), text.encode())
