@@ -9,16 +9,23 @@ A line is a record when it holds a step-like key (``step``, ``iter``, ``iteratio
 Names map through the shared aliases (``train/loss`` → ``loss``, ``gnorm`` → ``grad_norm``, ...);
 other numeric names pass through unchanged. A line may also read ``step 120/5000``. The reader
 cannot know a format's quirks: prefer a specific reader when one fits.
+
+Speed: most logs print every step the same way. `Layout` learns a record line's layout (its
+names, separators and the text between them, digits generalised) and matches whole chunks of
+lines with one regex specialised to it; lines it does not match take the general path. The
+module doc of `Layout` says why both paths find the same.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from itertools import repeat
+from operator import itemgetter
 from typing import IO, ClassVar
 
 from ..records import StepRecord
-from ._keys import KeyMap
+from ._keys import SET, KeyMap
 from ._lines import resume_banner, text_chunks
 from .base import BaseReader, record
 
@@ -34,10 +41,85 @@ _PAIR = re.compile(  # a name that starts no later than a word does (the lookbeh
 )
 # `_PAIR` for ASCII lines (``str.isascii`` costs nothing): there ``\w`` and ``\d`` are these
 # classes, which sre tests by one bitmap lookup instead of a category check.
+_VALUE = r"(?>[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+|nan|inf|NaN|Inf))"
+_AFTER = r"(?=[\s,;|)\]]|$)"  # what may follow a value
 _PAIR_ASCII = re.compile(
-    r"([A-Za-z_](?<![-./0-9A-Z_a-z][A-Za-z_])[-./0-9A-Z_a-z]*+) ?[:=] ?"
-    r"((?>[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+|nan|inf|NaN|Inf)))(?=[\s,;|)\]]|$)"
+    r"([A-Za-z_](?<![-./0-9A-Z_a-z][A-Za-z_])[-./0-9A-Z_a-z]*+) ?[:=] ?(" + _VALUE + ")" + _AFTER
 )
+_Values = Callable[[tuple[str, ...]], dict[str, float]]
+_DIGITS = re.compile(r"[0-9]+")
+# What a layout captures of a value: looser than `_VALUE`, and faster; float() refuses the rest
+# (the `Layout` doc).
+_LOOSE = r"[-+]?(?:[0-9][-+.0-9eE]*|\.[0-9]+|nan|inf|NaN|Inf)"
+_STEP_TEXT = r"[0-9]{1,15}"  # a step the layout takes: exact as float and int alike
+
+PATIENCE = 8  # record lines off the layout, in a row, before a new layout is learnt
+MAX_PATIENCE = 4096  # ... after lines that had none
+MAX_LAYOUT = 2000  # characters of a line a layout is learnt from, at most
+MAX_LAYOUTS = 64  # compiled layouts kept
+
+
+class Layout:
+    """A regex for whole chunks that finds, on each line of one layout, what `_PAIR` finds.
+
+    The layout of a line is the sequence of its pairs (name, separator) and of the text between
+    them (the *fillers*), learnt from one line where `_PAIR_ASCII` finds the pairs. The regex
+    spells the names, separators and fillers literally, but for digit runs of the fillers
+    (timestamps, epochs: ``[0-9]+``), and matches values with `_PAIR`'s value pattern. Why a line
+    it matches has just these pairs: `_PAIR` treats digit runs alike whatever their length
+    (``\\d+``, ``\\d*``, name characters), so on the fillers it finds nothing, as on the line the
+    layout was learnt from; a filler before a name ends with no name character, so a search that
+    starts in a filler cannot reach past the name's separator; a value is matched by the same
+    atomic pattern and lookahead `_PAIR` uses, so its span is `_PAIR`'s. Everything the regex
+    matches is ASCII, where `_PAIR` and `_PAIR_ASCII` agree.
+
+    The general path's arithmetic is settled per layout: every name must land on its key as is
+    (`KeyMap`'s ``SET``), later pairs of a key win, a step key must be there (the one
+    `_STEP_KEYS` prefers; its digits are the step: ``[0-9]{1,15}``, so float and int agree; other
+    steps fall back), and another key. ``findall`` over a chunk joined by ``\\n`` gives one tuple
+    a line: the layout's captures, or the line itself (last item) when it is off the layout.
+    """
+
+    __slots__ = ("findall", "pattern", "step", "values")
+
+    def __init__(self, pattern: str, step: int, keys: tuple[str, ...], groups: list[int]) -> None:
+        self.pattern = pattern
+        self.findall = re.compile(pattern, re.MULTILINE).findall
+        self.step = step  # index of the step's digits in a tuple
+        # a tuple → the record's values (float() raises ValueError for a value `_PAIR` refuses)
+        self.values = _values(keys, groups)
+
+    @classmethod
+    def learn(cls, line: str, keys: KeyMap) -> Layout | None:
+        """The layout of a record line, or None when it cannot have one (see the class doc)."""
+        if not line.isascii() or len(line) > MAX_LAYOUT:
+            return None
+        matches = list(_PAIR_ASCII.finditer(line))
+        mapped: list[str] = []
+        for match in matches:
+            found = keys.lookup(match[1])
+            if found is None or found[1] != SET:
+                return None
+            mapped.append(found[0])
+        last = {key: i for i, key in enumerate(mapped)}  # later pairs win
+        step_key = next((key for key in _STEP_KEYS if key in last), None)
+        order = [key for key in dict.fromkeys(mapped) if key not in _STEP_KEYS]
+        if step_key is None or not order:
+            return None
+        captured = sorted([last[key] for key in order] + [last[step_key]])
+        parts, pos = ["^(?:"], 0
+        for i, match in enumerate(matches):
+            named = line[match.start() : match.start(2)]  # the name and separator
+            parts += _filler(line[pos : match.start()]), re.escape(named)
+            if i == last[step_key]:
+                parts.append(f"({_STEP_TEXT})")
+            else:
+                parts.append(f"({_LOOSE})" if i in captured else _VALUE)
+            pos = match.end()
+        parts += _filler(line[pos:]), "$|(.*))$"
+        group = {pair: at for at, pair in enumerate(captured)}  # pair → index in a tuple
+        groups = [group[last[key]] for key in order]
+        return cls("".join(parts), group[last[step_key]], tuple(order), groups)
 
 
 class GenericReader(BaseReader):
@@ -52,26 +134,143 @@ class GenericReader(BaseReader):
         return 0.25 if hits >= 2 else 0.15 if hits else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        keys, last, banner, base = KeyMap(), -1, "", 1
-        names, findall, findall_ascii = keys.names, _PAIR.findall, _PAIR_ASCII.findall
-        for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                pairs = findall_ascii(line) if line.isascii() else findall(line)
-                try:  # every name seen before: `KeyMap.rename` without its frame
-                    values = {names[name]: float(text) for name, text in pairs}
-                except (KeyError, ValueError):
-                    values = keys.rename(pairs)
-                found = _step(line, values)
-                if found is None:
-                    if last >= 0 and not banner:
-                        banner = resume_banner(line)
+        layouts, last, banner, base = _Layouts(KeyMap()), -1, "", 1
+        for chunk in text_chunks(stream, self.notes):
+            lines, first = chunk, base  # lines left to read, the number of the first
+            layouts.tries = 2
+            while lines:
+                lines, first, last, banner = yield from self._read(
+                    lines, first, last, banner, layouts
+                )
+            base += len(chunk)
+
+    def _read(
+        self, lines: list[str], first: int, last: int, banner: str, layouts: _Layouts
+    ) -> Generator[StepRecord, None, tuple[list[str], int, int, str]]:
+        """The records of ``lines`` (the first is line ``first``), up to a new layout learnt;
+        returns the lines left then, the first one's number, the last step and a banner."""
+        at, values_of, rows = layouts.rows(lines)
+        keys = layouts.keys
+        for lineno, row in enumerate(rows, first):
+            step = row[at]
+            if step:
+                try:
+                    values = values_of(row)
+                except ValueError:  # a value `_PAIR` may refuse: the general path decides
+                    step = ""
+                else:
+                    found, layouts.misses = int(step), 0
+            if not step:
+                line = lines[lineno - first]
+                parsed, values = _parse(line, keys)
+                if parsed is None:
+                    banner = banner or _banner(line, last)
                     continue
-                if found < last or banner:
-                    self.segment(found, last, banner, lineno)
-                    banner = ""
-                last = found
-                yield record(found, values)
-            base += len(lines)
+                found = parsed
+                if layouts.missed(line):  # read the rest with the new layout
+                    yield from self._record(found, last, banner, lineno, values)
+                    return lines[lineno - first + 1 :], lineno + 1, found, ""
+            if found < last or banner:
+                self.segment(found, last, banner, lineno)
+                banner = ""
+            last = found
+            yield record(found, values)
+        return [], 0, last, banner
+
+    def _record(
+        self, step: int, last: int, banner: str, lineno: int, values: dict[str, float]
+    ) -> Iterator[StepRecord]:
+        if step < last or banner:
+            self.segment(step, last, banner, lineno)
+        yield record(step, values)
+
+
+class _Layouts:
+    """Which `Layout` a reader matches chunks with, learnt from the record lines it misses.
+
+    A new layout is learnt after `PATIENCE` record lines in a row missed the current one (the
+    first from the first record line); a line that gives none (or the same) doubles the patience,
+    up to `MAX_PATIENCE`, so logs without one pay little for trying. At most `tries` layouts are
+    learnt per chunk, each then matched with the rest of the chunk: linear time whatever the log.
+    """
+
+    def __init__(self, keys: KeyMap) -> None:
+        self.keys = keys
+        self.layout: Layout | None = None
+        self.misses, self.patience, self.tries = 0, 1, 2
+
+    def rows(self, lines: list[str]) -> tuple[int, _Values, Iterable[tuple[str, ...]]]:
+        """One tuple a line: the layout's captures, the step's digits at the index returned
+        (``""``: off the layout), and how the record's values come out of a tuple."""
+        if self.layout is None:
+            return 0, _no_values, zip(repeat(""), lines)
+        return self.layout.step, self.layout.values, self.layout.findall("\n".join(lines))
+
+    def missed(self, line: str) -> bool:
+        """Count a record line off the layout; whether a new layout was learnt from it."""
+        self.misses += 1
+        if self.misses < self.patience or not self.tries:
+            return False
+        self.tries, self.misses = self.tries - 1, 0
+        new = Layout.learn(line, self.keys)
+        if new is None or (self.layout is not None and new.pattern == self.layout.pattern):
+            self.patience = min(2 * self.patience, MAX_PATIENCE)
+            return False
+        self.layout, self.patience = new, PATIENCE
+        return True
+
+
+def _banner(line: str, last: int) -> str:
+    """A resume banner, looked for once a record was read."""
+    return resume_banner(line) if last >= 0 else ""
+
+
+def _no_values(row: tuple[str, ...]) -> dict[str, float]:
+    return {}
+
+
+def _filler(text: str) -> str:
+    """A regex for text between pairs: literal, but for ``[0-9]+`` for each digit run."""
+    return "[0-9]+".join(map(re.escape, _DIGITS.split(text)))
+
+
+def _values(keys: tuple[str, ...], at: list[int]) -> _Values:
+    """A tuple → ``{keys[i]: float(tuple[at[i]])}``: for up to five keys a dict display, twice as
+    fast as ``dict(zip(keys, map(float, ...)))`` is for so few."""
+    if len(keys) == 1:
+        (k,), (a,) = keys, at
+        return lambda r: {k: float(r[a])}
+    if len(keys) == 2:
+        (k, j), (a, b) = keys, at
+        return lambda r: {k: float(r[a]), j: float(r[b])}
+    if len(keys) == 3:
+        (k, j, m), (a, b, c) = keys, at
+        return lambda r: {k: float(r[a]), j: float(r[b]), m: float(r[c])}
+    if len(keys) == 4:
+        (k, j, m, n), (a, b, c, d) = keys, at
+        return lambda r: {k: float(r[a]), j: float(r[b]), m: float(r[c]), n: float(r[d])}
+    if len(keys) == 5:
+        (k, j, m, n, o), (a, b, c, d, e) = keys, at
+        return lambda r: {
+            k: float(r[a]),
+            j: float(r[b]),
+            m: float(r[c]),
+            n: float(r[d]),
+            o: float(r[e]),
+        }
+    texts = itemgetter(*at)
+    return lambda r: dict(zip(keys, map(float, texts(r)), strict=True))
+
+
+def _parse(line: str, keys: KeyMap) -> tuple[int | None, dict[str, float]]:
+    """The general path: the step of a line (None: no record) and its other values."""
+    pairs = _PAIR_ASCII.findall(line) if line.isascii() else _PAIR.findall(line)
+    try:  # every name seen before: `KeyMap.rename` without its frame
+        names = keys.names
+        values = {names[name]: float(text) for name, text in pairs}
+    except (KeyError, ValueError):
+        values = keys.rename(pairs)
+    return _step(line, values), values
 
 
 def _step_and_values(line: str, keys: KeyMap) -> tuple[int, dict[str, float]] | None:

@@ -39,6 +39,14 @@ _USUAL = re.compile(
     r"\{'loss': ([^,}(]+), 'grad_norm': ([^,}(]+), 'learning_rate': ([^,}(]+), "
     r"'epoch': ([^,}(]+)\}\Z"
 )
+# `_USUAL` for a whole chunk: a line that is just the usual dict (``'`` in no value, so no
+# ``'eval_`` or ``'train_runtime'`` either: `_usual` would take it) gives its four values, another
+# line four ``""``. float() refuses what `_usual` refuses.
+_USUAL_LINE = re.compile(
+    r"^(?:\{'loss': ([^,}('\n]+), 'grad_norm': ([^,}('\n]+), 'learning_rate': ([^,}('\n]+), "
+    r"'epoch': ([^,}('\n]+)\}$|.*)$",
+    re.MULTILINE,
+)
 _STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
 _WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
 
@@ -96,22 +104,31 @@ class HfTrainerReader(BaseReader):
         keys, hidden = KeyMap(), HiddenNan(self)
         count, last, banner, base = 0, -1, "", 1
         for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                start = line.find("{'")
-                values = None if start < 0 else _usual(line, start)
-                if values is not None:
-                    count += 1
-                    step = count
-                elif start < 0 or _DICT.match(line, start) is None:
-                    if last >= 0 and not banner:
-                        banner = resume_banner(line)
-                    continue
-                elif (parsed := _any(line, start, keys)) is None:
-                    continue
-                else:
+            # One regex call a chunk: a line that is the usual dict gives its four values.
+            for lineno, (loss, norm, lr, epoch) in enumerate(
+                _USUAL_LINE.findall("\n".join(lines)), base
+            ):
+                try:
+                    values = {
+                        LOSS: float(loss),
+                        GRAD_NORM: float(norm),
+                        LR: float(lr),
+                        "epoch": float(epoch),
+                    }
+                except ValueError:  # not the usual dict ("" for another line): the general path
+                    parsed = _dict(lines[lineno - base], keys)
+                    if parsed is None:
+                        if last >= 0 and not banner:
+                            banner = resume_banner(lines[lineno - base])
+                        continue
+                    if not parsed:
+                        continue
                     values, counted, logged = parsed
                     count += counted
                     step = count if logged is None else logged
+                else:
+                    count += 1
+                    step = count
                 if step < last or banner or step == 1 == count:
                     banner = self._mark(step, last, banner, lineno, count)
                 last = step
@@ -126,6 +143,18 @@ class HfTrainerReader(BaseReader):
         if step < last or banner:
             self.segment(step, last, banner, lineno)
         return ""
+
+
+def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | tuple[()] | None:
+    """The values of a line's dict, whether it is counted and its logged step; None for a line
+    with no dict (maybe a resume banner), ``()`` for a dict to skip."""
+    start = line.find("{'")
+    values = None if start < 0 else _usual(line, start)
+    if values is not None:
+        return values, True, None
+    if start < 0 or _DICT.match(line, start) is None:
+        return None
+    return _any(line, start, keys) or ()
 
 
 def _usual(line: str, start: int) -> dict[str, float] | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import math
 import re
+from collections.abc import Iterator
+from typing import IO
 
 import pytest
 from hypothesis import given, settings
@@ -17,12 +19,26 @@ from stabilizer.readers import (
     _lines,
     deepspeed,
     generic,
+    hf_trainer,
     megatron,
     modded_nanogpt,
     nanogpt,
 )
 from stabilizer.readers._fields import Floats, Scan
-from stabilizer.readers._lines import MAX_LINE, RESUME, labels, pick, resume_banner, text_chunks
+from stabilizer.readers._keys import KeyMap
+from stabilizer.readers._lines import (
+    MAX_LINE,
+    RESUME,
+    labels,
+    pick,
+    resume_banner,
+    text_chunks,
+    text_lines,
+)
+from stabilizer.readers.base import BaseReader, LogReadError, record
+from stabilizer.readers.generic import GenericReader
+from stabilizer.readers.hf_trainer import HfTrainerReader
+from stabilizer.records import StepRecord
 from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
 NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
@@ -193,3 +209,199 @@ def test_floats_memo_is_bounded() -> None:
     assert len(floats) <= _fields._MEMO
     with pytest.raises(ValueError):
         floats[b"x"]
+
+
+# --- generic: the layout fast path reads what the general path reads ----------------------------
+
+
+class PlainGeneric(BaseReader):
+    """`GenericReader` as it was before layouts: every line through `_PAIR` and `KeyMap.rename`."""
+
+    format = "generic"
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        keys, last, banner = KeyMap(), -1, ""
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            values = keys.rename(generic._PAIR.findall(line))
+            found = generic._step(line, values)
+            if found is None:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            if found < last or banner:
+                self.segment(found, last, banner, lineno)
+                banner = ""
+            last = found
+            yield record(found, values)
+
+
+def read_until_error(reader: BaseReader, data: bytes) -> tuple[list[StepRecord], str]:
+    """The records of ``data``, and the error that ended them (``""``: none)."""
+    out: list[StepRecord] = []
+    try:
+        out.extend(reader.read(io.BytesIO(data)))
+    except LogReadError as exc:
+        return out, str(exc)
+    return out, ""
+
+
+def same_reading(fast: BaseReader, plain: BaseReader, data: bytes) -> None:
+    """Both readers give equal records (NaN equal to NaN, keys in the same order), notes and
+    errors."""
+    (got, error), (want, expected) = read_until_error(fast, data), read_until_error(plain, data)
+    assert error == expected
+    assert [r.step for r in got] == [r.step for r in want]
+    for a, b in zip(got, want, strict=True):
+        assert list(a.values) == list(b.values)
+        assert all(
+            x == y or (math.isnan(x) and math.isnan(y))
+            for x, y in zip(a.values.values(), b.values.values(), strict=True)
+        )
+    assert fast.notes == plain.notes
+    assert fast.segment_starts == plain.segment_starts
+
+
+NAMES = [
+    "step", "iter", "global_step", "num_updates", "loss", "train/loss", "lr", "gnorm",
+    "grad_2.0_norm/h.0.w", "clip", "finding/x", "tokens/s", "nan", "inf", "é", "loss_step", "a.b-c",
+]  # fmt: skip
+VALUES = [
+    "1", "12", "0", "2.5", "-3", "+4", "1.", ".5", "1e5", "1.5E-3", ".5e3", "1.2.3", "1_0", "nan",
+    "NaN", "inf", "-inf", "+Inf", "INF", "Infinity", "1e", "0x1", "12345678901234567", "3.0e-04",
+    "٣", "1-2", "7",
+]  # fmt: skip
+FILLERS = [
+    " ", " | ", ", ", "; ", " (", ") ", "] ", "\t", " INFO [train] ", " 12:00:01,5 ", " 45% ",
+    " x", "=", ":", "", " é ", " Epoch 3 ", " step ", " iter 5/9 ",
+]  # fmt: skip
+SEPARATORS = ["=", ": ", ":", " = ", " ="]
+NOISE = [
+    "Resuming training from checkpoint", "loading checkpoint out/ckpt", " 45%|████▌ | 45/100",
+    "", "\x1b[32mINFO\x1b[0m saving", "step 120/5000 loss=2.5", "iter: 7 loss: 2", "UserWarning",
+]  # fmt: skip
+
+
+@st.composite
+def templates(draw: st.DrawFn) -> list[tuple[str, str, str]]:
+    """A line layout: (filler, name, separator) per pair; values are drawn per line."""
+    size = draw(st.integers(1, 5))
+    # mostly names and fillers a layout takes
+    names = st.sampled_from(NAMES[:8] if draw(st.integers(0, 3)) else NAMES)
+    fillers = st.sampled_from(FILLERS[:11] if draw(st.integers(0, 3)) else FILLERS)
+    pairs = [(draw(fillers), draw(names), draw(st.sampled_from(SEPARATORS))) for _ in range(size)]
+    if draw(st.integers(0, 3)):
+        pairs[0] = (pairs[0][0], draw(st.sampled_from(["step", "iter", "global_step"])), "=")
+    return pairs
+
+
+@st.composite
+def generic_logs(draw: st.DrawFn) -> str:
+    out: list[str] = []
+    step = 0
+    for _ in range(draw(st.integers(1, 4))):  # blocks, each of one layout
+        layout = draw(templates())
+        tail = draw(st.sampled_from(["", " ", " done", ",", " é"] if draw(st.booleans()) else [""]))
+        for _ in range(draw(st.integers(1, 20))):
+            if draw(st.integers(0, 5)) == 0:
+                out.append(draw(st.sampled_from(NOISE)))
+                continue
+            step += 1
+            parts = []
+            for filler, name, sep in layout:
+                value = str(step) if name in ("step", "iter", "global_step") else None
+                if value is None or draw(st.integers(0, 9)) == 0:
+                    value = draw(st.sampled_from(VALUES) | st.floats().map(str))
+                digits = str(draw(st.integers(0, 99999)))
+                parts.append(filler.replace("3", digits).replace("5", digits) + name + sep + value)
+            if draw(st.integers(0, 9)) == 0:
+                step -= draw(st.integers(1, 5))  # a restart
+            out.append("".join(parts) + tail)
+    return "\n".join(out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=generic_logs())
+def test_generic_layouts_read_as_the_general_path(text: str) -> None:
+    same_reading(GenericReader(), PlainGeneric(), text.encode())
+
+
+def test_generic_layouts_over_chunks_and_changes() -> None:
+    """Layouts changing every few lines, over several chunks; restarts noted on the right lines."""
+    lines = []
+    for i in range(60_000):
+        step = i % 25_000  # two restarts
+        if i % 23 < 9:
+            lines.append(f"2024-05-01 12:00:{i % 60:02d} INFO step={step} loss={i / 7} lr=3e-4")
+        elif i % 23 < 19:
+            lines.append(f"Epoch {i // 1000} | iter: {step} | train/loss: {i % 5}.5 | lr: nan")
+        elif i % 23 == 19:
+            lines.append(f"step={step} loss=1.5.5 x=.5e3 y=1")  # off any layout: 1.5.5, .5e3
+        else:
+            lines.append("Resuming training from checkpoint" if i % 1000 == 20 else "é noise")
+    fast, plain = GenericReader(), PlainGeneric()
+    same_reading(fast, plain, "\n".join(lines).encode())
+    assert len([n for n in fast.notes if n.kind == "restart"]) > 2
+
+
+# --- hf_trainer: whole-chunk matching of the usual dict reads what the per-line path reads -------
+
+
+class PlainHf(HfTrainerReader):
+    """`HfTrainerReader` as it was before whole-chunk matching: `_usual` and `_any` per line."""
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        keys, hidden = KeyMap(), hf_trainer.HiddenNan(self)
+        count, last, banner = 0, -1, ""
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            start = line.find("{'")
+            values = None if start < 0 else hf_trainer._usual(line, start)
+            if values is not None:
+                count += 1
+                step = count
+            elif start < 0 or hf_trainer._DICT.match(line, start) is None:
+                if last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            elif (parsed := hf_trainer._any(line, start, keys)) is None:
+                continue
+            else:
+                values, counted, logged = parsed
+                count += counted
+                step = count if logged is None else logged
+            if step < last or banner or step == 1 == count:
+                banner = self._mark(step, last, banner, lineno, count)
+            last = step
+            hidden.check(step, values, lineno)
+            yield record(step, values)
+
+
+HF_VALUES = ["2.5", "0", "nan", "inf", "-1e-05", "x", "'eval_", "tensor(0.9)", "1_0", " 3", "é"]
+HF_LINES = [
+    "{{'loss': {}, 'grad_norm': {}, 'learning_rate': {}, 'epoch': {}}}",
+    " 10%|█ | 5/50 [00:01<00:09]{{'loss': {}, 'grad_norm': {}, 'learning_rate': {}, 'epoch': {}}}",
+    "{{'loss': {}, 'grad_norm': {}, 'learning_rate': {}, 'epoch': {}}} ",
+    "{{'eval_loss': {}, 'eval_runtime': {}, 'epoch': {}, 'step': {}}}",
+    "{{'loss': {}, 'learning_rate': {}, 'epoch': {}, 'step': {}}}",
+    "{{'train_runtime': {}, 'train_loss': {}, 'epoch': {}{}}}",
+    "Resuming training from checkpoint {}{}{}{}",
+    "noise {}{}{}{}",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(
+        st.tuples(
+            st.sampled_from(HF_LINES),
+            st.lists(
+                st.sampled_from(HF_VALUES) | st.floats().map(str) | st.integers(0, 9).map(str),
+                min_size=4,
+                max_size=4,
+            ),
+        ),
+        max_size=40,
+    )
+)
+def test_hf_usual_lines_read_as_per_line(lines: list[tuple[str, list[str]]]) -> None:
+    text = "\n".join(line.format(*values) for line, values in lines)
+    same_reading(HfTrainerReader(), PlainHf(), text.encode())
