@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._lines import labels, pick, resume_banner, text_chunks
+from ._fields import Scan
+from ._lines import labels, pick, resume_banner
 from .base import BaseReader, record
 
 __all__ = ["FairseqReader"]
@@ -63,6 +64,23 @@ _USUAL = re.compile(
     r"gnorm=([^,]*), clip=([^,]*), loss_scale=([^,]*)"
 )
 _USUAL_EQUALS = 12
+Parsed = tuple[int | None, dict[str, float]]  # (num_updates or None, values)
+# `_USUAL` for `Scan`: a whole plain line as bytes (tab and printable ASCII, "\r" before its end),
+# with the "=" count checked by the classes: no "=" but the labels' before the loss scale's value.
+_PLAIN_NOT = {  # plain bytes but these, as a class
+    b"|=": rb"[\t -<>-{}~]",
+    b"=": rb"[\t -<>-~]",
+    b",=": rb"[\t -+\--<>-~]",
+}
+_USUAL_BYTES = re.compile(
+    rb"^"
+    + _PLAIN_NOT[b"|="]
+    + rb"*\| INFO \| train_inner \| epoch "
+    + _PLAIN_NOT[b"="]
+    + rb"* loss=(V), nll_loss=(V), ppl=V, wps=V, ups=V, wpb=V, bsz=V, num_updates=(V), lr=(V), "
+    rb"gnorm=(V), clip=(V), loss_scale=(V)[\t -~]*\r?\n".replace(rb"V", _PLAIN_NOT[b",="] + b"*"),
+    re.MULTILINE,
+)
 
 
 class FairseqReader(BaseReader):
@@ -77,10 +95,10 @@ class FairseqReader(BaseReader):
         return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, noted, base = -1, "", False, 1
-        for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                step, values = _usual(line) or _parsed(line)
+        last, banner, noted, lineno = -1, "", False, 0
+        for item in Scan(stream, self.notes, _USUAL_BYTES):
+            for line, (step, values) in _read(item):
+                lineno += 1
                 if step is None:
                     if values:  # an overflow: the update that was tried is the next one
                         yield self._overflow(max(last, 0) + 1, values, lineno)
@@ -94,7 +112,6 @@ class FairseqReader(BaseReader):
                     noted = self._note_bits(lineno)
                 last = step
                 yield record(step, values)
-            base += len(lines)
 
     def _note_bits(self, lineno: int) -> bool:
         self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)
@@ -106,24 +123,39 @@ class FairseqReader(BaseReader):
         return record(step, values)
 
 
+def _read(item: list[str] | re.Match[bytes]) -> Iterable[tuple[str, Parsed]]:
+    """Each line of a `Scan` item with what `_usual` or `_parsed` reads in it."""
+    if isinstance(item, list):
+        return [(line, _usual(line) or _parsed(line)) for line in item]
+    found = _usual_values(item.groups())  # a plain usual line, matched as bytes
+    if found is None:  # some value is no number: the general way
+        line = item[0].decode().rstrip("\r\n")
+        return [(line, _parsed(line))]
+    return [("", found)]
+
+
 def _usual(line: str) -> tuple[int | None, dict[str, float]] | None:
     """`_parsed` of the usual train_inner line, the fast way; None for any other line."""
     usual = _USUAL.match(line)
     if usual is None or line.count("=", 0, usual.end()) != _USUAL_EQUALS:
         return None
-    loss, nll, updates, lr, norm, clip, scale = usual.groups()
+    return _usual_values(usual.groups())
+
+
+def _usual_values(texts: Sequence[str | bytes]) -> tuple[int | None, dict[str, float]] | None:
+    """`_usual` of the texts of the fields of the usual line; None if one is no number."""
     try:
-        count = float(updates)
-        values = {
-            LOSS: float(loss),
-            "nll_loss": float(nll),
-            LR: float(lr),
-            GRAD_NORM: float(norm),
-            CLIPPED: float(clip) / 100.0,
-            LOSS_SCALE: float(scale),
-        }
+        loss, nll, count, lr, norm, clip, scale = map(float, texts)
     except ValueError:  # some value is no number: the general way skips just that one
         return None
+    values = {
+        LOSS: loss,
+        "nll_loss": nll,
+        LR: lr,
+        GRAD_NORM: norm,
+        CLIPPED: clip / 100.0,
+        LOSS_SCALE: scale,
+    }
     return (int(count), values) if math.isfinite(count) else (None, {})
 
 

@@ -18,6 +18,7 @@ from stabilizer.readers import (
     _fields,
     _lines,
     deepspeed,
+    fairseq,
     generic,
     hf_trainer,
     megatron,
@@ -36,6 +37,7 @@ from stabilizer.readers._lines import (
     text_lines,
 )
 from stabilizer.readers.base import BaseReader, LogReadError, record
+from stabilizer.readers.fairseq import FairseqReader
 from stabilizer.readers.generic import GenericReader
 from stabilizer.readers.hf_trainer import HfTrainerReader
 from stabilizer.records import StepRecord
@@ -405,3 +407,79 @@ HF_LINES = [
 def test_hf_usual_lines_read_as_per_line(lines: list[tuple[str, list[str]]]) -> None:
     text = "\n".join(line.format(*values) for line, values in lines)
     same_reading(HfTrainerReader(), PlainHf(), text.encode())
+
+
+# --- fairseq: usual lines matched as bytes read as the per-line path ------------------------------
+
+
+class PlainFairseq(FairseqReader):
+    """`FairseqReader` as it was before `Scan`: every line through `_usual` or `_parsed`."""
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        last, banner, noted = -1, "", False
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            step, values = fairseq._usual(line) or fairseq._parsed(line)
+            if step is None:
+                if values:
+                    yield self._overflow(max(last, 0) + 1, values, lineno)
+                elif last >= 0 and not banner:
+                    banner = resume_banner(line)
+                continue
+            if step < last or banner:
+                self.segment(step, last, banner, lineno)
+                banner = ""
+            if not noted and LOSS in values:
+                noted = self._note_bits(lineno)
+            last = step
+            yield record(step, values)
+
+
+FAIRSEQ_LINE = (
+    "{}2024-01-01 12:00:00 | INFO | train_inner | epoch 001:  {} / 2000 loss={}, nll_loss={}, "
+    "ppl={}, wps=31234.5, ups=3.12, wpb=10012.3, bsz=128, num_updates={}, lr={}, gnorm={}, "
+    "clip={}, loss_scale={}{}"
+)
+FAIRSEQ_VALUES = [
+    "2.5", "0", "12", "nan", "inf", "-1e-05", "x", "1=2", "1,2", "é", " 3", "1_0", "7", "0005",
+    "5 num_updates=99", "5 lr=1",
+]  # fmt: skip
+FAIRSEQ_EDGES = ["", "Resuming from checkpoint ", "é", "| ", "\x1b[32m", "a=b ", ", train_wall=3"]
+FAIRSEQ_OTHER = [
+    "2024-01-01 12:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring "
+    "gradient, setting loss scale to: 32.0",
+    "2024-01-01 12:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.5 | "
+    "num_updates 12",
+    "Resuming training from checkpoint checkpoints/checkpoint_last.pt",
+    " 45%|████▌ | 45/100",
+    "",
+]
+
+
+@st.composite
+def fairseq_logs(draw: st.DrawFn) -> str:
+    lines = []
+    for _ in range(draw(st.integers(0, 30))):
+        if draw(st.integers(0, 3)):
+            texts = draw(st.lists(st.sampled_from(FAIRSEQ_VALUES), min_size=9, max_size=9))
+            edges = draw(st.lists(st.sampled_from(FAIRSEQ_EDGES), min_size=2, max_size=2))
+            lines.append(FAIRSEQ_LINE.format(edges[0], *texts, edges[1]))
+        else:
+            lines.append(draw(st.sampled_from(FAIRSEQ_OTHER)))
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    return ending.join(lines) + draw(st.sampled_from(["", ending]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=fairseq_logs())
+def test_fairseq_usual_lines_read_as_per_line(text: str) -> None:
+    same_reading(FairseqReader(), PlainFairseq(), text.encode())
+
+
+def test_fairseq_usual_lines_take_the_fast_path() -> None:
+    usual = FAIRSEQ_LINE.format("", "1", "9.1", "9.0", "512", "7", "5e-4", "1.2", "0", "128", "")
+    data = (usual + "\n" + usual.replace("num_updates=7", "num_updates=8") + "\n") * 2
+    items = list(fairseq.Scan(io.BytesIO(data.encode()), [], fairseq._USUAL_BYTES))
+    assert sum(not isinstance(item, list) for item in items) >= 2  # the body's lines, as matches
+    same_reading(FairseqReader(), PlainFairseq(), data.encode())
+    fake = usual.replace("ppl=512", "ppl=5 num_updates=99")  # the general way reads 99
+    same_reading(FairseqReader(), PlainFairseq(), f"{fake}\n{fake}\n{fake}\n".encode())
