@@ -483,3 +483,10 @@ def test_fairseq_usual_lines_take_the_fast_path() -> None:
     same_reading(FairseqReader(), PlainFairseq(), data.encode())
     fake = usual.replace("ppl=512", "ppl=5 num_updates=99")  # the general way reads 99
     same_reading(FairseqReader(), PlainFairseq(), f"{fake}\n{fake}\n{fake}\n".encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from([b"\x1b", b"]", b"[", b"a", b"\x1b]", b"\n"]), max_size=200))
+def test_osc_test_is_the_two_byte_search(pieces: list[bytes]) -> None:
+    data = b"".join(pieces)
+    assert _fields._osc(data) == (b"\x1b]" in data)
