@@ -144,8 +144,13 @@ class Engine:
         if route is None:
             route = self._route(keys)
         found: list[tuple[int, Finding]] = []
+        shapes: list[tuple[str, ...]] | None = None  # each record's keys, if they differ
+        looked = False
         for detector in route:
-            self._update_run(detector, run, found)
+            if not looked and not hasattr(detector, "update_many"):  # it needs to know
+                looked, every = True, list(map(tuple, map(_VALUES, run)))
+                shapes = None if every.count(every[0]) == len(every) else every
+            self._update_run(detector, run, found, shapes)
         if not found:
             return early
         found.sort(key=_indexed_order)
@@ -154,29 +159,24 @@ class Engine:
         return early + findings
 
     def _update_run(
-        self, detector: Detector, run: Sequence[StepRecord], found: list[tuple[int, Finding]]
+        self,
+        detector: Detector,
+        run: Sequence[StepRecord],
+        found: list[tuple[int, Finding]],
+        shapes: list[tuple[str, ...]] | None,
     ) -> None:
-        """Feed ``run`` to ``detector``; append its ``(index, finding)`` pairs to ``found``."""
+        """Feed ``run`` to ``detector``; append its ``(index, finding)`` pairs to ``found``.
+
+        ``shapes``: each record's keys when they differ within the run (None: they do not, and
+        the route says they hold the detector's signals).
+        """
         out: list[tuple[int, Finding]] = []
         many = getattr(detector, "update_many", None)
         try:
             if many is not None:
                 many(run, out)
             else:
-                update = detector.update
-                holds: dict[tuple[str, ...], bool] = {}  # record keys -> whether signals
-                for index, record in enumerate(run):
-                    keys = tuple(record.values)
-                    signals = holds.get(keys)
-                    if signals is None:
-                        signals = holds[keys] = _has_signals(detector.requires, keys)
-                    if not signals:  # as with `observe`: not passed
-                        continue
-                    result = update(record)
-                    if result.__class__ is not list or result:
-                        out += [(index, finding) for finding in self._checked(detector, result)]
-                        if detector.name in self._disabled:
-                            break
+                self._update_each(detector, run, shapes, out)
         except Exception:
             self._disable(detector, "raised", exc_info=True)
         if out:
@@ -184,6 +184,31 @@ class Engine:
             if many is not None and self._checked(detector, results) is not results:
                 return
             found += out
+
+    def _update_each(
+        self,
+        detector: Detector,
+        run: Sequence[StepRecord],
+        shapes: list[tuple[str, ...]] | None,
+        out: list[tuple[int, Finding]],
+    ) -> None:
+        """`update` with each record of ``run`` that holds the detector's signals, as `observe`
+        calls it; its findings go to ``out``."""
+        update = detector.update
+        holds: dict[tuple[str, ...], bool] = {}  # record keys -> whether signals
+        for index, record in enumerate(run):
+            if shapes is not None:
+                keys = shapes[index]
+                signals = holds.get(keys)
+                if signals is None:
+                    signals = holds[keys] = _has_signals(detector.requires, keys)
+                if not signals:  # as with `observe`: not passed
+                    continue
+            result = update(record)
+            if result.__class__ is not list or result:
+                out += [(index, finding) for finding in self._checked(detector, result)]
+                if detector.name in self._disabled:
+                    return
 
     def finish(self) -> list[Finding]:
         """End of stream: let every detector close its open episodes; return their findings."""
