@@ -11,7 +11,12 @@ import sys
 from typing import Any, ClassVar
 
 import pytest
-from detectors.streams import eventful  # pytest puts tests/ on sys.path (no tests/__init__.py)
+from detectors.streams import (
+    eventful,
+    falling_loss,
+    noisy,
+    records,
+)  # pytest puts tests/ on sys.path (no tests/__init__.py)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -319,3 +324,15 @@ def test_a_clean_batch_ends_a_nan_episode_as_observe_does() -> None:
     expected = _one_by_one(Engine(signal_grace=1), stream)
     assert [f.step for f in expected] == [9, 20, 40]
     assert _in_batches(Engine(signal_grace=1), stream, [10, 20, 30]) == expected
+
+
+def test_batches_find_the_spikes_of_a_loss_only_stream() -> None:
+    # Every record has a loss (the tracker's shortcut takes whole stretches), spikes here and there.
+    losses = noisy(falling_loss(3000), 0.03)
+    for step in (400, 1210, 2222, 2223):
+        losses[step] *= 4.0
+    stream = records("loss", losses)
+    expected = _one_by_one(Engine(signal_grace=1), stream)
+    assert [f.step for f in expected if f.kind == "loss_spike"] == [400, 1210, 2222]
+    assert Engine(signal_grace=1).replay(stream) == expected
+    assert _in_batches(Engine(signal_grace=1), stream, [7, 401, 1000, 1209, 2223]) == expected

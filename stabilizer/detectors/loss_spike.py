@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from math import isfinite
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ..records import Finding, Severity, StepRecord
 from ..signals import LOSS
@@ -15,6 +15,16 @@ from .base import check_at_least
 __all__ = ["LossSpike"]
 
 _LOWEST = -math.inf
+
+
+def _under(values: list[float | None], bar: float) -> bool:
+    """Whether every value is a finite number at most ``bar``, in C loops: their sum is finite
+    (a NaN or an Inf would make it NaN or Inf; a huge sum is only a false no)."""
+    if None in values:
+        return False
+    numbers = cast("list[float]", values)
+    total = sum(numbers)
+    return total - total == 0.0 and max(numbers) <= bar
 
 
 class LossSpike:
@@ -134,6 +144,8 @@ class LossSpike:
             left = tracker.left
             if left:
                 bar, end, stop = tracker.bar, index, min(count, index + left)
+                if _under(losses[index:stop], bar):
+                    end = stop  # all of it, tested in C
                 while end < stop and (loss := losses[end]) is not None and _LOWEST < loss <= bar:
                     end += 1
                 if end > index:
