@@ -112,7 +112,8 @@ class History:
         comprehensions and `min`/`max` instead of a loop of comparisons.
         """
         self.records += len(records)
-        names = set(chain.from_iterable(map(_VALUES, records)))
+        every = list(map(_VALUES, records))
+        names = set(chain.from_iterable(every))
         tracked = sorted(k for k in names if k in TRACKED or k.startswith(GRAD_NORM_PREFIX))
         index, count = 0, len(records)
         while index < count:
@@ -124,12 +125,12 @@ class History:
                 current = Bin(step, step, segment)
                 self.bins.append(current)
             end = min(count, index + self.width - current.count)
-            stretch = records[index:end] if index or end < count else records
+            stretch = every[index:end] if index or end < count else every
             current.count += end - index
             current.last_step = records[end - 1].step
             series = current.series
             for key in tracked:
-                got = [value for record in stretch if (value := record.values.get(key)) is not None]
+                got = [value for values in stretch if (value := values.get(key)) is not None]
                 if not got:
                     continue
                 finite = [value for value in got if value - value == 0.0]
