@@ -7,11 +7,12 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stabilizer.readers import Note
+from stabilizer.readers import LogReadError, Note
 from stabilizer.records import KINDS, REMEDIES, Finding, Severity, StepRecord
 from stabilizer.report import (
     ADVICE,
@@ -383,3 +384,16 @@ def test_diagnose_in_batches_equals_one_record_at_a_time(
     monkeypatch.setattr(diagnosis_module, "_BATCH", 1)
     monkeypatch.setattr(diagnosis_module._Run, "observe_many", _one_at_a_time)
     assert batched == [_picture(diagnose(str(path), bins=8))] * 2
+
+
+def test_records_read_before_a_reader_gives_up_are_diagnosed() -> None:
+    def failing(records: Iterator[StepRecord]) -> Iterator[StepRecord]:
+        for count, record in enumerate(records):
+            if count == 30:
+                raise LogReadError("nanogpt reader failed: boom")
+            yield record
+
+    diagnosis = diagnose(str(FIXTURES / "nanogpt_healthy.log"), wrap=failing)
+    assert diagnosis.records == 30
+    assert diagnosis.history.records == 30
+    assert diagnosis.notes[-1] == Note("truncated", "stopped reading: nanogpt reader failed: boom")

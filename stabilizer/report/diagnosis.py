@@ -327,19 +327,24 @@ def _batches(
     """
     batch: list[StepRecord] = []
     append, noted, visible = batch.append, len(notes), len(notes)
-    for record in records:
-        if len(notes) != noted:
-            if batch:
+    try:
+        for record in records:
+            if len(notes) != noted:
+                if batch:
+                    yield batch, visible
+                    batch = []
+                    append = batch.append
+                noted = len(notes)
+            if not batch:
+                visible = noted
+            append(record)
+            if len(batch) == _BATCH:
                 yield batch, visible
                 batch = []
                 append = batch.append
-            noted = len(notes)
-        if not batch:
-            visible = noted
-        append(record)
-        if len(batch) == _BATCH:
+    except LogReadError:  # the reader gave up: what it read before still counts
+        if batch:
             yield batch, visible
-            batch = []
-            append = batch.append
+        raise
     if batch:
         yield batch, visible
