@@ -139,17 +139,14 @@ class Engine:
             return early
         run = records[start:] if start else records
         self._records += len(run)
-        keys = tuple(sorted(set(chain.from_iterable(map(_VALUES, run)))))
+        every = list(map(tuple, map(_VALUES, run)))  # each record's keys
+        shapes = None if every.count(every[0]) == len(every) else every  # None: all the same
+        keys = every[0] if shapes is None else tuple(set(chain.from_iterable(set(shapes))))
         route = self._routes.get(keys)
         if route is None:
             route = self._route(keys)
         found: list[tuple[int, Finding]] = []
-        shapes: list[tuple[str, ...]] | None = None  # each record's keys, if they differ
-        looked = False
         for detector in route:
-            if not looked and not hasattr(detector, "update_many"):  # it needs to know
-                looked, every = True, list(map(tuple, map(_VALUES, run)))
-                shapes = None if every.count(every[0]) == len(every) else every
             self._update_run(detector, run, found, shapes)
         if not found:
             return early

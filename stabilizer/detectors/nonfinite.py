@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
-from operator import attrgetter
+from collections.abc import Mapping, Sequence
+from operator import attrgetter, methodcaller
 from typing import Any, ClassVar
 
 from ..records import Finding, Severity, StepRecord
@@ -23,10 +22,8 @@ from .base import check_at_least
 __all__ = ["NonFinite"]
 
 _VALUES = attrgetter("values")
-
-
-def _has_prefix(keys: Iterable[str]) -> bool:
-    return any(key.startswith(GRAD_NORM_PREFIX) for key in keys)
+_GRADS = methodcaller("get", NONFINITE_GRADS)
+_UPDATE = methodcaller("get", NONFINITE_UPDATE)
 
 
 class NonFinite:
@@ -104,21 +101,23 @@ class NonFinite:
         """`update` each record (the replay's fast path): all-finite records, nearly all of a
         log, only end the open episode here; the others go through `update`.
 
-        Without the counts of non-finite gradients and undone updates among the records, a
-        finite sum of every value proves them all finite, in one pass of C loops.
+        When no record counts non-finite gradients or an undone update, a finite sum of every
+        value proves them all finite: C loops over the batch instead of a call per record.
         """
         every = list(map(_VALUES, records))
-        keys = set(chain.from_iterable(every))
-        if NONFINITE_GRADS not in keys and NONFINITE_UPDATE not in keys:
-            total: float
-            try:
-                total = sum(map(sum, map(dict.values, every)))
-            except TypeError:  # values that are not a dict
-                total = math.nan
-            if total - total == 0.0:
-                if LOSS in keys or GRAD_NORM in keys or _has_prefix(keys):
-                    self._start, self._length, self._loss_seen = None, 0, False
-                return
+        total: float
+        try:
+            total = sum(map(sum, map(dict.values, every)))
+        except TypeError:  # values that are not a dict
+            total = math.nan
+        if (
+            total - total == 0.0
+            and not any(map(_GRADS, every))
+            and not any(map(_UPDATE, every))
+            and any(LOSS in values or GRAD_NORM in values for values in every)
+        ):
+            self._start, self._length, self._loss_seen = None, 0, False
+            return
         clean = False  # whether the records since the last `update` were all finite
         for index, record in enumerate(records):
             values = record.values
