@@ -201,6 +201,7 @@ def _other(line: str) -> tuple[int | None, dict[str, float]]:
     if not _VALID.search(line):
         return None, {}
     pairs = dict(_VALID_PAIR.findall(line))
-    if "num_updates" not in pairs or "loss" not in pairs:
+    try:
+        return int(pairs["num_updates"]), {"val_loss": float(pairs["loss"])}
+    except (KeyError, ValueError):  # not both, or not numbers
         return None, {}
-    return int(pairs["num_updates"]), {"val_loss": float(pairs["loss"])}

@@ -18,6 +18,7 @@ module doc of `Layout` says why both paths find the same.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import repeat
@@ -290,6 +291,6 @@ def _step(line: str, values: dict[str, float]) -> int | None:
     if step is None and ("step" in line or "iter" in line):
         match = _STEP.search(line)
         step = float(match.group(1)) if match else None
-    if step is None or not values or step != int(step):
+    if step is None or not values or not math.isfinite(step) or step != int(step):
         return None
     return int(step)

@@ -178,5 +178,7 @@ def _any(line: str, start: int, keys: KeyMap) -> tuple[dict[str, float], bool, i
     if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
         return None
     values = keys.rename(pairs)
-    logged = int(values.pop("step")) if "'step'" in line and "step" in values else None
-    return values, "'eval_" not in line, logged
+    logged = values.pop("step") if "'step'" in line and "step" in values else None
+    if logged is not None and not (math.isfinite(logged) and logged == int(logged)):
+        return None  # a step that is no integer: no record to place
+    return values, "'eval_" not in line, None if logged is None else int(logged)

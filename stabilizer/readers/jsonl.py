@@ -29,7 +29,9 @@ __all__ = ["MAX_FINDINGS", "JsonlReader"]
 MAX_FINDINGS = 10_000
 _FLOATS = {float}
 _STARTS = frozenset('{["-0123456789tfnNI')  # what a JSON value (or NaN, Infinity) starts with
-_BAD = (StopIteration, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+_BAD = (
+    StopIteration, ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError
+)  # fmt: skip
 _Scan = Callable[[str, int], tuple[Any, int]]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reader_cases import fixture
+from reader_cases import fixture, parse
 
 from stabilizer.readers import READERS, LogReadError, detect_format, read_log
 from stabilizer.records import StepRecord
@@ -110,3 +110,30 @@ def test_long_pathological_lines_stay_linear(format: str) -> None:
         with contextlib.suppress(LogReadError):
             detect_format([line])
     assert time.perf_counter() - start < 10.0
+
+
+VALID = "2024-01-01 12:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss {} | "
+INNER = (
+    "2024-01-01 12:00:00 | INFO | train_inner | epoch 001:  {0} / 9 loss=2.5, num_updates={0}, "
+    "lr=0.1"
+)
+# format → (a good line with a step "{}", lines whose numbers cannot be a step or a value)
+ODD_NUMBERS = {
+    "generic": ("step={} loss=2.5", ["step=nan loss=1", "step=inf loss=1", "step=1e400 loss=3"]),
+    "jsonl": (
+        '{{"type":"step","step":{},"values":{{"loss":2.5}}}}',
+        ['{"type":"step","step":7,"values":{"loss":1' + "0" * 400 + "}}", '{"step":1e400,"a":1}'],
+    ),
+    "fairseq": (INNER, [VALID.format("x") + "num_updates 5", VALID.format(8) + "num_updates nan"]),
+    "hf_trainer": (
+        "{{'loss': 2.5, 'learning_rate': 1e-05, 'epoch': 0.1, 'step': {}}}",
+        ["{'loss': 2.4, 'epoch': 0.2, 'step': nan}", "{'loss': 2.4, 'epoch': 0.2, 'step': inf}"],
+    ),
+}
+
+
+@pytest.mark.parametrize("format", sorted(ODD_NUMBERS))
+def test_a_line_of_odd_numbers_is_skipped_and_reading_goes_on(format: str) -> None:
+    good, odd = ODD_NUMBERS[format]
+    text = "\n".join([good.format(1), *odd, good.format(2)]) + "\n"
+    assert [record.step for record in parse(format, text)] == [1, 2]
