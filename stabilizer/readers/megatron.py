@@ -25,7 +25,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import IO, ClassVar
+from typing import IO, Any, ClassVar
 
 from ..records import StepRecord
 from ..signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
@@ -161,10 +161,13 @@ def _values(line: str, start: int) -> dict[str, float]:
     return _any_values(_LABELED.findall(line, start)) if values is None else values
 
 
-def _usual_values(texts: tuple[str, ...]) -> dict[str, float] | None:
-    """The values of the `_USUAL` fields' texts; None unless all are numbers."""
+def _usual_values(
+    texts: Sequence[str] | Sequence[bytes], floats: Callable[[Any], float] = float
+) -> dict[str, float] | None:
+    """The values of the `_USUAL` fields' texts (converted by ``floats``); None unless all are
+    numbers."""
     try:
-        lr, loss, scale, norm, skips, nans = map(float, texts)
+        lr, loss, scale, norm, skips, nans = map(floats, texts)
     except ValueError:
         return None
     return {
@@ -234,19 +237,7 @@ class _Layout:
         """The values of a match's groups (``texts``); None where the general way must read it."""
         if not self.usual:
             return _any_values(list(zip(self.labels, texts[1:], strict=True)))
-        try:
-            lr, loss, scale, norm, skips, nans = map(floats, texts[1:])
-        except ValueError:  # some value is no number: `_values` skips just that one
-            return None
-        return {
-            LOSS: math.nan if nans > 0 else loss,
-            LOSS_SCALE: scale,
-            GRAD_NORM: norm,
-            LR: lr,
-            "skipped_iterations": skips,
-            "nan_iterations": nans,
-            SKIPPED: 1.0 if skips > 0 else 0.0,
-        }
+        return _usual_values(texts[1:], floats)  # None for a value that is no number
 
     @staticmethod
     def of(line: str) -> _Layout | None:
