@@ -66,19 +66,22 @@ _USUAL = re.compile(
 _USUAL_EQUALS = 12
 Parsed = tuple[int | None, dict[str, float]]  # (num_updates or None, values)
 # `_USUAL` for `Scan`: a whole plain line as bytes (tab and printable ASCII, "\r" before its end),
-# with the "=" count checked by the classes: no "=" but the labels' before the loss scale's value.
+# with the "=" count checked by the classes: no "=" but the labels' up to the loss scale's value,
+# which runs to a comma or the line's end (as `[^,]*` takes it).
 _PLAIN_NOT = {  # plain bytes but these, as a class
     b"|=": rb"[\t -<>-{}~]",
     b"=": rb"[\t -<>-~]",
     b",=": rb"[\t -+\--<>-~]",
 }
+_V = _PLAIN_NOT[b",="] + b"*"  # a value
 _USUAL_BYTES = re.compile(
     rb"^"
     + _PLAIN_NOT[b"|="]
     + rb"*\| INFO \| train_inner \| epoch "
     + _PLAIN_NOT[b"="]
-    + rb"* loss=(V), nll_loss=(V), ppl=V, wps=V, ups=V, wpb=V, bsz=V, num_updates=(V), lr=(V), "
-    rb"gnorm=(V), clip=(V), loss_scale=(V)[\t -~]*\r?\n".replace(rb"V", _PLAIN_NOT[b",="] + b"*"),
+    + b"*"
+    rb" loss=(V), nll_loss=(V), ppl=V, wps=V, ups=V, wpb=V, bsz=V, num_updates=(V), lr=(V), "
+    rb"gnorm=(V), clip=(V), loss_scale=(V)(?:,[\t -~]*)?\r?\n".replace(b"V", _V),
     re.MULTILINE,
 )
 

@@ -483,6 +483,8 @@ def test_fairseq_usual_lines_take_the_fast_path() -> None:
     same_reading(FairseqReader(), PlainFairseq(), data.encode())
     fake = usual.replace("ppl=512", "ppl=5 num_updates=99")  # the general way reads 99
     same_reading(FairseqReader(), PlainFairseq(), f"{fake}\n{fake}\n{fake}\n".encode())
+    odd = usual.replace("loss_scale=128", "loss_scale=1=2")  # no number: no loss scale
+    same_reading(FairseqReader(), PlainFairseq(), f"{odd}\n{odd}\n{odd}\n".encode())
 
 
 @settings(max_examples=300, deadline=None)
