@@ -131,9 +131,9 @@ def _read(item: list[str] | re.Match[bytes]) -> Iterable[tuple[str, Parsed]]:
     if isinstance(item, list):
         return [(line, _usual(line) or _parsed(line)) for line in item]
     found = _usual_values(item.groups())  # a plain usual line, matched as bytes
-    if found is None:  # some value is no number: the general way
+    if found is None or found[0] is None:  # a value is no number, or no record: as any line
         line = item[0].decode().rstrip("\r\n")
-        return [(line, _parsed(line))]
+        return [(line, _usual(line) or _parsed(line))]
     return [("", found)]
 
 

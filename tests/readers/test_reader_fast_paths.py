@@ -485,6 +485,9 @@ def test_fairseq_usual_lines_take_the_fast_path() -> None:
     same_reading(FairseqReader(), PlainFairseq(), f"{fake}\n{fake}\n{fake}\n".encode())
     odd = usual.replace("loss_scale=128", "loss_scale=1=2")  # no number: no loss scale
     same_reading(FairseqReader(), PlainFairseq(), f"{odd}\n{odd}\n{odd}\n".encode())
+    banner = "Resuming from checkpoint " + usual.replace("num_updates=7", "num_updates=nan")
+    lines = f"{usual}\n{usual}\n{banner}\n{usual}\n{usual}\n"  # no record, but a banner
+    same_reading(FairseqReader(), PlainFairseq(), lines.encode())
 
 
 @settings(max_examples=300, deadline=None)
