@@ -98,8 +98,8 @@ class NonFinite:
         return []
 
     def update_many(self, records: Sequence[StepRecord], out: list[tuple[int, Finding]]) -> None:
-        """`update` each record (the replay's fast path): all-finite records, nearly all of a
-        log, only end the open episode here; the others go through `update`.
+        """`update` each record (the replay's fast path): a batch of all-finite records, nearly
+        every batch of a log, only ends the open episode; any other batch goes through `update`.
 
         When no record counts non-finite gradients or an undone update, a finite sum of every
         value proves them all finite: C loops over the batch instead of a call per record.
@@ -118,25 +118,10 @@ class NonFinite:
         ):
             self._start, self._length, self._loss_seen = None, 0, False
             return
-        clean = False  # whether the records since the last `update` were all finite
-        for index, record in enumerate(records):
-            values = record.values
-            each = sum(values.values())
-            if (
-                each - each == 0.0
-                and (LOSS in values or GRAD_NORM in values)
-                and not values.get(NONFINITE_GRADS)
-                and not values.get(NONFINITE_UPDATE)
-            ):
-                clean = True
-                continue
-            if clean:
-                self._start, self._length, self._loss_seen, clean = None, 0, False, False
+        for index, record in enumerate(records):  # a batch with a NaN, rare: one at a time
             found = self.update(record)
             if found:
                 out += [(index, finding) for finding in found]
-        if clean:
-            self._start, self._length, self._loss_seen = None, 0, False
 
     def _first(self, step: int, loss: float | None, groups: tuple[str, ...]) -> Finding:
         location = tuple(g for g in groups if g != GRAD_NORM)

@@ -14,7 +14,6 @@ detectors' warm-up (20 records for the spike detectors). Findings keep the segme
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -147,28 +146,12 @@ class _Run:
         self.restarts: list[Note] = []  # restart notes whose segment has not begun yet
 
     def observe(self, record: StepRecord) -> None:
-        step, segment, values = record.step, self.segment, record.values
+        step, segment = record.step, self.segment
         if segment is None:
             segment = self._begin(step, None)
         elif self.restarts or step < segment.last_step or self.visible > self.noted:
             segment = self._maybe_restart(step, segment)
-        segment.records += 1
-        segment.last_step = step
-        loss = values.get(LOSS)
-        if loss is not None:
-            if math.isfinite(loss):
-                segment.nonfinite_since = None
-            else:
-                segment.nonfinite += 1
-                if segment.nonfinite_since is None:
-                    segment.nonfinite_since = step
-        found = self.engine.observe(record)
-        if found:
-            self._keep(found)
-        self.history.add(step, segment.index, values)
-        if self.sinks:
-            for sink in self.sinks:
-                sink.record(record)
+        self._feed(segment, [record], [step])
 
     def observe_many(self, records: list[StepRecord], visible: int) -> None:
         """`observe` each record in turn; segments, findings and history come out the same.
@@ -197,19 +180,24 @@ class _Run:
             if not ordered:  # up to where it goes back next
                 end = next((i for i in range(start + 1, count) if every[i] < every[i - 1]), count)
             run = records[start:end] if start or end < count else records
-            self._count(segment, run, every[start:end])
-            found = self.engine.observe_many(run)
-            if found:
-                self._keep(found)
-            self.history.add_many(run, segment.index)
-            for sink in self.sinks:
-                for record in run:
-                    sink.record(record)
+            self._feed(segment, run, every[start:end])
             start += len(run)
+
+    def _feed(self, segment: Segment, run: list[StepRecord], steps: list[int]) -> None:
+        """Count a run of records of ``segment`` (its steps ``steps``, not going back), and hand
+        it to the engine, the history and the sinks."""
+        self._count(segment, run, steps)
+        found = self.engine.observe_many(run)
+        if found:
+            self._keep(found)
+        self.history.add_many(run, segment.index)
+        for sink in self.sinks:
+            for record in run:
+                sink.record(record)
 
     @staticmethod
     def _count(segment: Segment, run: list[StepRecord], steps: list[int]) -> None:
-        """Count a run of records of ``segment``, its steps ``steps`` (not going back)."""
+        """`_feed`'s counts: records, last step, non-finite losses."""
         segment.records += len(run)
         segment.last_step = steps[-1]
         losses = [loss for record in run if (loss := record.values.get(LOSS)) is not None]
