@@ -2,7 +2,9 @@
 
 Each step record is a line ``{"type": "step", ...}`` and each finding a line
 ``{"type": "finding", ...}`` (see :mod:`stabilizer.records`). Every line is flushed as it is
-written, so a crash loses at most the step being written.
+written, so a crash loses at most the step being written. A line a crash cut short is ended
+when the file is opened again, so the resumed run's first line does not run on from it (the
+reader skips the broken line, with a note, and reads the next).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class JsonlWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        if not _ends_a_line(self.path):
+            self._file.write("\n")  # a crash cut the last line short: keep ours apart from it
+            self._file.flush()
 
     def write(self, item: StepRecord | Finding) -> None:
         """Write one line and flush it."""
@@ -51,3 +56,12 @@ class JsonlWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether ``path`` is empty or its last byte ends a line."""
+    with path.open("rb") as file:
+        if file.seek(0, 2) == 0:
+            return True
+        file.seek(-1, 2)
+        return file.read(1) == b"\n"
