@@ -25,14 +25,13 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Callable, Generator, Iterator, Sequence
-from itertools import compress
-from operator import itemgetter, le
+from itertools import compress, count, pairwise
+from operator import itemgetter, lt
 from typing import IO, Any, Protocol
 
-from ..records import StepRecord
 from . import _lines
 from ._lines import _ANSI, MAX_LINE, _after_break, _unfinished, encoding_of
-from .base import Note, add_note, record
+from .base import Note, add_note
 
 __all__ = [
     "PLAIN",
@@ -42,8 +41,8 @@ __all__ = [
     "Scan",
     "column",
     "decoded",
-    "in_order",
     "line_pattern",
+    "stretches",
 ]
 
 PLAIN = rb"\t -~"
@@ -76,14 +75,11 @@ def column(texts: Sequence[bytes], floats: Callable[[bytes], float]) -> list[flo
     return list(map(floats, texts))
 
 
-def in_order(
-    steps: list[int], values: list[dict[str, float]], last: int
-) -> list[StepRecord] | None:
-    """The records of a run of lines, if its steps go on from ``last`` without going back (so a
-    reader has nothing to note for them); None if not."""
-    if last <= steps[0] and all(map(le, steps, steps[1:])):
-        return list(map(record, steps, values))
-    return None
+def stretches(steps: list[int]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each stretch of ``steps`` that does not go back, in order: found in C,
+    so a reader can make a stretch's records at once (nothing to note within one)."""
+    edges = [0, *compress(count(1), map(lt, steps[1:], steps)), len(steps)]
+    return pairwise(edges)
 
 
 def _osc(raw: bytes) -> bool:

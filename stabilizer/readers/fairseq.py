@@ -28,7 +28,7 @@ from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._fields import Floats, Rows, Scan, column, in_order, line_pattern
+from ._fields import Floats, Rows, Scan, column, line_pattern, stretches
 from ._lines import labels, pick, resume_banner
 from .base import BaseReader, record
 
@@ -99,13 +99,12 @@ class FairseqReader(BaseReader):
         last, banner, noted, lineno = -1, "", False, 0
         floats = Floats().__getitem__
         for item in Scan(stream, self.notes, _USUAL_BYTES):
-            if noted and not banner and isinstance(item, Rows):  # nothing to note but restarts
-                batch = _batch(item.rows, floats)
-                records = None if batch is None else in_order(*batch, last)
-                if records is not None:  # (what the loop below would give, at once)
-                    yield from records
-                    last, lineno = records[-1].step, lineno + len(records)
-                    continue
+            batch = _batch(item.rows, floats) if isinstance(item, Rows) else None
+            if batch is not None:  # (what the loop below would give, stretches at once)
+                records, state = self._batch(*batch, (last, banner, noted, lineno))
+                yield from records
+                last, banner, noted, lineno = state
+                continue
             for line, (step, values) in _read(item):
                 lineno += 1
                 if step is None:
@@ -121,6 +120,30 @@ class FairseqReader(BaseReader):
                     noted = self._note_bits(lineno)
                 last = step
                 yield record(step, values)
+
+    def _batch(
+        self, steps: list[int], values: list[dict[str, float]], state: tuple[int, str, bool, int]
+    ) -> tuple[list[StepRecord], tuple[int, str, bool, int]]:
+        """`_records` of a run's steps and values (`_batch`): records one by one while there is
+        something to note (a restart, the bits), then the rest of a stretch at once."""
+        last, banner, noted, lineno = state
+        records: list[StepRecord] = []  # (a list: no generator to resume a record)
+        for start, end in stretches(steps):
+            at = start
+            while at < end and (steps[at] < last or banner or not noted):
+                step, lineno = steps[at], lineno + 1
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    banner = ""
+                if not noted:  # (the usual line has a loss)
+                    noted = self._note_bits(lineno)
+                last = step
+                records.append(record(step, values[at]))
+                at += 1
+            if at < end:
+                records += map(record, steps[at:end], values[at:end])
+                lineno, last = lineno + end - at, steps[end - 1]
+        return records, (last, banner, noted, lineno)
 
     def _note_bits(self, lineno: int) -> bool:
         self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)

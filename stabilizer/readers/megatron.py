@@ -29,7 +29,7 @@ from typing import IO, Any, ClassVar
 
 from ..records import StepRecord
 from ..signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._fields import Floats, Rows, Scan, column, in_order, line_pattern
+from ._fields import Floats, Rows, Scan, column, line_pattern, stretches
 from ._lines import resume_banner
 from .base import BaseReader, record
 
@@ -88,15 +88,33 @@ class MegatronReader(BaseReader):
             if isinstance(item, list):
                 state = yield from self._general(item, scan, state)
                 continue
-            last, banner, interval, lineno = state
             layout: _Layout = item.pattern  # type: ignore[assignment]  # (a line of a learned layout)
-            batch = layout.batch(item.rows, self._get) if interval and not banner else None
-            records = None if batch is None else in_order(*batch, last)
-            if records is None:  # something to note, or some line to read on its own
+            batch = layout.batch(item.rows, self._get)
+            if batch is None:  # some line to read on its own
                 state = yield from self._rows(item, layout, scan, state)
-                continue
-            yield from records  # (as `_rows` would: the same records, and nothing to note)
-            state = records[-1].step, banner, interval, lineno + len(records)
+            else:
+                records, state = self._batch(*batch, state)
+                yield from records
+
+    def _batch(
+        self, steps: list[int], values: list[dict[str, float]], state: tuple[int, str, int, int]
+    ) -> tuple[list[StepRecord], tuple[int, str, int, int]]:
+        """`_rows` of a run's steps and values (`_Layout.batch`): records one by one while there
+        is something to note (a restart, the interval), then the rest of a stretch at once."""
+        last, banner, interval, lineno = state
+        records: list[StepRecord] = []  # (a list: no generator to resume a record)
+        for start, end in stretches(steps):
+            at = start
+            while at < end and (steps[at] < last or banner or not interval):
+                step, lineno = steps[at], lineno + 1
+                interval = self._placed(step, last, banner, interval, lineno)
+                banner, last = "", step
+                records.append(record(step, values[at]))
+                at += 1
+            if at < end:
+                records += map(record, steps[at:end], values[at:end])
+                lineno, last = lineno + end - at, steps[end - 1]
+        return records, (last, banner, interval, lineno)
 
     def _rows(
         self, rows: Rows, layout: _Layout, scan: Scan, state: tuple[int, str, int, int]

@@ -499,3 +499,42 @@ def test_fairseq_usual_lines_take_the_fast_path() -> None:
 def test_osc_test_is_the_two_byte_search(pieces: list[bytes]) -> None:
     data = b"".join(pieces)
     assert _fields._osc(data) == (b"\x1b]" in data)
+
+
+@st.composite
+def fairseq_runs(draw: st.DrawFn) -> str:
+    """Mostly usual lines with numbers and updates going on (runs read at once), some odd."""
+    lines, update = [], 0
+    for _ in range(draw(st.integers(0, 60))):
+        if draw(st.integers(0, 7)) == 0:
+            lines.append(draw(st.sampled_from(FAIRSEQ_OTHER)))
+            continue
+        update += draw(st.sampled_from([1, 1, 1, 0, -3]))
+        texts = ["1", "9.1", "9.0", "512", str(update), "5e-4", "1.2", "0", "128"]
+        if draw(st.integers(0, 4)) == 0:  # an odd value
+            texts[draw(st.integers(0, 8))] = draw(st.sampled_from([*FAIRSEQ_VALUES, "1e400"]))
+        edges = draw(st.sampled_from([["", ""], ["", ", train_wall=3"], ["é", ""]]))
+        lines.append(FAIRSEQ_LINE.format(edges[0], *texts, edges[1]))
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    return ending.join(lines) + draw(st.sampled_from(["", ending]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=fairseq_runs(), chunk=st.sampled_from([64, 700, 4096, 1 << 20]))
+def test_fairseq_runs_read_as_per_line(text: str, chunk: int) -> None:
+    with pytest.MonkeyPatch.context() as patch:  # small chunks: runs cut at chunk boundaries
+        patch.setattr(_lines, "CHUNK", chunk)
+        same_reading(FairseqReader(), PlainFairseq(), text.encode())
+
+
+def test_fairseq_usual_runs_go_at_once() -> None:
+    """Runs of usual lines become records at once, not line by line (the fast path is taken)."""
+    usual = FAIRSEQ_LINE.format("", "1", "9.1", "9.0", "512", "{}", "5e-4", "1.2", "0", "128", "")
+    data = "\n".join(usual.format(update) for update in range(1, 3001)).encode() + b"\n"
+    at_once, one_by_one = [], []
+    with pytest.MonkeyPatch.context() as patch:
+        batch, read = fairseq._batch, fairseq._read
+        patch.setattr(fairseq, "_batch", lambda *a: at_once.append(1) or batch(*a))
+        patch.setattr(fairseq, "_read", lambda item: one_by_one.append(item) or read(item))
+        same_reading(FairseqReader(), PlainFairseq(), data)
+    assert at_once and len(one_by_one) <= 2  # the first chunk's first line and last lines
