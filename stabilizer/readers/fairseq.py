@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, ClassVar
 
 from ..records import StepRecord
 from ..signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._fields import Scan
+from ._fields import Floats, Rows, Scan, column, line_pattern, stretches
 from ._lines import labels, pick, resume_banner
 from .base import BaseReader, record
 
@@ -74,15 +74,13 @@ _PLAIN_NOT = {  # plain bytes but these, as a class
     b",=": rb"[\t -+\--<>-~]",
 }
 _V = _PLAIN_NOT[b",="] + b"*"  # a value
-_USUAL_BYTES = re.compile(
-    rb"^"
-    + _PLAIN_NOT[b"|="]
+_USUAL_BYTES = line_pattern(
+    _PLAIN_NOT[b"|="]
     + rb"*\| INFO \| train_inner \| epoch "
     + _PLAIN_NOT[b"="]
     + b"*"
     rb" loss=(V), nll_loss=(V), ppl=V, wps=V, ups=V, wpb=V, bsz=V, num_updates=(V), lr=(V), "
-    rb"gnorm=(V), clip=(V), loss_scale=(V)(?:,[\t -~]*)?\r?\n".replace(b"V", _V),
-    re.MULTILINE,
+    rb"gnorm=(V), clip=(V), loss_scale=(V)(?:,[\t -~]*)?\r?\n".replace(b"V", _V)
 )
 
 
@@ -99,7 +97,14 @@ class FairseqReader(BaseReader):
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
         last, banner, noted, lineno = -1, "", False, 0
+        floats = Floats().__getitem__
         for item in Scan(stream, self.notes, _USUAL_BYTES):
+            batch = _batch(item.rows, floats) if isinstance(item, Rows) else None
+            if batch is not None:  # (what the loop below would give, stretches at once)
+                records, state = self._batch(*batch, (last, banner, noted, lineno))
+                yield from records
+                last, banner, noted, lineno = state
+                continue
             for line, (step, values) in _read(item):
                 lineno += 1
                 if step is None:
@@ -116,6 +121,30 @@ class FairseqReader(BaseReader):
                 last = step
                 yield record(step, values)
 
+    def _batch(
+        self, steps: list[int], values: list[dict[str, float]], state: tuple[int, str, bool, int]
+    ) -> tuple[list[StepRecord], tuple[int, str, bool, int]]:
+        """`_records` of a run's steps and values (`_batch`): records one by one while there is
+        something to note (a restart, the bits), then the rest of a stretch at once."""
+        last, banner, noted, lineno = state
+        records: list[StepRecord] = []  # (a list: no generator to resume a record)
+        for start, end in stretches(steps):
+            at = start
+            while at < end and (steps[at] < last or banner or not noted):
+                step, lineno = steps[at], lineno + 1
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    banner = ""
+                if not noted:  # (the usual line has a loss)
+                    noted = self._note_bits(lineno)
+                last = step
+                records.append(record(step, values[at]))
+                at += 1
+            if at < end:
+                records += map(record, steps[at:end], values[at:end])
+                lineno, last = lineno + end - at, steps[end - 1]
+        return records, (last, banner, noted, lineno)
+
     def _note_bits(self, lineno: int) -> bool:
         self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)
         return True
@@ -126,15 +155,42 @@ class FairseqReader(BaseReader):
         return record(step, values)
 
 
-def _read(item: list[str] | re.Match[bytes]) -> Iterable[tuple[str, Parsed]]:
+def _read(item: list[str] | Rows) -> Iterable[tuple[str, Parsed]]:
     """Each line of a `Scan` item with what `_usual` or `_parsed` reads in it."""
     if isinstance(item, list):
         return [(line, _usual(line) or _parsed(line)) for line in item]
-    found = _usual_values(item.groups())  # a plain usual line, matched as bytes
-    if found is None or found[0] is None:  # a value is no number, or no record: as any line
-        line = item[0].decode().rstrip("\r\n")
-        return [(line, _usual(line) or _parsed(line))]
-    return [("", found)]
+    out: list[tuple[str, Parsed]] = []
+    for index, texts in enumerate(item.rows):  # plain usual lines, matched as bytes
+        found = _usual_values(texts[:-1])
+        if found is None or found[0] is None:  # a value is no number, or no record: as any line
+            line = item.line(index)
+            out.append((line, _usual(line) or _parsed(line)))
+        else:
+            out.append(("", found))
+    return out
+
+
+def _batch(
+    rows: list[tuple[bytes, ...]], floats: Callable[[bytes], float]
+) -> tuple[list[int], list[dict[str, float]]] | None:
+    """The steps and values of usual lines' groups (``rows``), as `_usual_values` reads each,
+    converted column by column: C loops, no call per line. None where a line must be read on its
+    own (a value no number, no record). The clip and loss scale repeat (see `column`)."""
+    loss, nll, count, lr, norm, clip, scale, _ = zip(*rows, strict=True)
+    try:
+        losses, nlls, counts, lrs, norms = (
+            list(map(float, texts)) for texts in (loss, nll, count, lr, norm)
+        )
+        clips, scales = column(clip, floats), column(scale, floats)
+    except ValueError:
+        return None
+    if not all(map(math.isfinite, counts)):
+        return None
+    values = [
+        {LOSS: a, "nll_loss": b, LR: c, GRAD_NORM: d, CLIPPED: e / 100.0, LOSS_SCALE: f}
+        for a, b, c, d, e, f in zip(losses, nlls, lrs, norms, clips, scales, strict=True)
+    ]
+    return list(map(int, counts)), values
 
 
 def _usual(line: str) -> tuple[int | None, dict[str, float]] | None:

@@ -29,7 +29,7 @@ from typing import IO, Any, ClassVar
 
 from ..records import StepRecord
 from ..signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
-from ._fields import Floats, Scan
+from ._fields import Floats, Rows, Scan, column, line_pattern, stretches
 from ._lines import resume_banner
 from .base import BaseReader, record
 
@@ -80,19 +80,53 @@ class MegatronReader(BaseReader):
         return 0.4 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, interval, lineno = -1, "", 0, 0
-        scan, get = Scan(stream, self.notes), Floats().__getitem__
+        state = -1, "", 0, 0  # last step, pending banner, log interval, line number
+        scan = Scan(stream, self.notes)
         self._layout = _Layout((), usual=False)  # none learned yet
+        self._get = Floats().__getitem__
         for item in scan:
-            values = None
-            if not isinstance(item, list) and item[1] is not None:  # a line of the learned layout
-                texts = item.groups()
-                values = self._layout.values(texts, get)
-            if values is None:  # lines the layout's pattern did not match, or some value no number
-                lines = item if isinstance(item, list) else [item[0].decode().rstrip("\r\n")]
-                last, banner, interval, lineno = yield from self._general(
-                    lines, scan, (last, banner, interval, lineno)
-                )
+            if isinstance(item, list):
+                state = yield from self._general(item, scan, state)
+                continue
+            layout: _Layout = item.pattern  # type: ignore[assignment]  # (a line of a learned layout)
+            batch = layout.batch(item.rows, self._get)
+            if batch is None:  # some line to read on its own
+                state = yield from self._rows(item, layout, scan, state)
+            else:
+                records, state = self._batch(*batch, state)
+                yield from records
+
+    def _batch(
+        self, steps: list[int], values: list[dict[str, float]], state: tuple[int, str, int, int]
+    ) -> tuple[list[StepRecord], tuple[int, str, int, int]]:
+        """`_rows` of a run's steps and values (`_Layout.batch`): records one by one while there
+        is something to note (a restart, the interval), then the rest of a stretch at once."""
+        last, banner, interval, lineno = state
+        records: list[StepRecord] = []  # (a list: no generator to resume a record)
+        for start, end in stretches(steps):
+            at = start
+            while at < end and (steps[at] < last or banner or not interval):
+                step, lineno = steps[at], lineno + 1
+                interval = self._placed(step, last, banner, interval, lineno)
+                banner, last = "", step
+                records.append(record(step, values[at]))
+                at += 1
+            if at < end:
+                records += map(record, steps[at:end], values[at:end])
+                lineno, last = lineno + end - at, steps[end - 1]
+        return records, (last, banner, interval, lineno)
+
+    def _rows(
+        self, rows: Rows, layout: _Layout, scan: Scan, state: tuple[int, str, int, int]
+    ) -> Generator[StepRecord, None, tuple[int, str, int, int]]:
+        """`_records` of lines of ``layout``, one by one; returns the state."""
+        last, banner, interval, lineno = state
+        for index, texts in enumerate(rows.rows):
+            values = layout.values(texts, self._get)
+            if values is None:  # some value no number: the general way
+                line = rows.line(index)
+                state = last, banner, interval, lineno
+                last, banner, interval, lineno = yield from self._general([line], scan, state)
                 continue
             lineno += 1
             step = int(texts[0])
@@ -101,6 +135,7 @@ class MegatronReader(BaseReader):
                 banner = ""
             last = step
             yield record(step, values)
+        return last, banner, interval, lineno
 
     def _general(
         self, lines: list[str], scan: Scan, state: tuple[int, str, int, int]
@@ -116,7 +151,7 @@ class MegatronReader(BaseReader):
                 continue
             learned = _Layout.of(line)
             if learned is not None and learned is not self._layout:
-                self._layout, scan.pattern = learned, learned.pattern
+                self._layout = scan.pattern = learned
             step, values = found
             if step < last or banner or not interval:
                 interval = self._placed(step, last, banner, interval, lineno)
@@ -206,11 +241,12 @@ class _Layout:
     general way reads a line through `_USUAL_START` depends on its labels alone (the first six
     wanted ones in `_USUAL` order: ``usual``); if not, `_any_values` takes each wanted label's
     first value too (of the captured ``labels``). So a match gives what `_step_values` gives.
-    The pattern also matches any other plain line with "iteration" (without groups), which the
-    reader reads the general way: a layout that changes is learned at its first line.
+    The pattern is a `line_pattern`: `Scan` hands out the groups of a run of lines of the layout
+    at once (`Rows`, with this layout as their ``pattern``: `findall` is the pattern's); other
+    lines come as text, for the general way, which learns a new layout from its first line.
     """
 
-    __slots__ = ("labels", "pattern", "usual")
+    __slots__ = ("findall", "labels", "pattern", "usual")
 
     def __init__(self, labels: tuple[str, ...], usual: bool | None = None) -> None:
         value = rb"[\t -{}~]*"  # a plain byte but "|"
@@ -226,18 +262,51 @@ class _Layout:
                 parts.append(b"(" + value + b")")
             elif label.endswith(":"):
                 parts.append(value)
-        parts.append(rb"\r?\n|^[\t -~]*iteration[\t -~]*\r?\n")  # or another iteration line
-        self.pattern = re.compile(b"".join(parts), re.MULTILINE)
+        parts.append(rb"\r?\n")
+        self.pattern = line_pattern(b"".join(parts))
+        self.findall = self.pattern.findall
         self.usual = tuple(wanted[:6]) == _USUAL if usual is None else usual
         self.labels = tuple(captured)
 
     def values(
         self, texts: tuple[bytes, ...], floats: Callable[[bytes], float]
     ) -> dict[str, float] | None:
-        """The values of a match's groups (``texts``); None where the general way must read it."""
+        """The values of a line's groups (``texts``); None where the general way must read it."""
         if not self.usual:
-            return _any_values(list(zip(self.labels, texts[1:], strict=True)))
-        return _usual_values(texts[1:], floats)  # None for a value that is no number
+            return _any_values(list(zip(self.labels, texts[1:-1], strict=True)))
+        return _usual_values(texts[1:-1], floats)  # None for a value that is no number
+
+    def batch(
+        self, rows: list[tuple[bytes, ...]], floats: Callable[[bytes], float]
+    ) -> tuple[list[int], list[dict[str, float]]] | None:
+        """The steps and `values` of lines' groups (``rows``), converted column by column (C loops,
+        no call per line; see `column`). None where a line must be read on its own (a layout not
+        usual, a value no number). The loss goes through `float`: a memo (``floats``) would miss."""
+        if not self.usual:
+            return None
+        steps, lr, loss, scale, norm, skipped, nan, _ = zip(*rows, strict=True)  # `_USUAL` order
+        try:
+            losses = list(map(float, loss))
+            lrs, scales, norms, skips, nans = (
+                column(texts, floats) for texts in (lr, scale, norm, skipped, nan)
+            )
+        except ValueError:
+            return None
+        values = [  # as `_usual_values`
+            {
+                LOSS: math.nan if nan > 0 else loss,
+                LOSS_SCALE: scale,
+                GRAD_NORM: norm,
+                LR: lr,
+                "skipped_iterations": skip,
+                "nan_iterations": nan,
+                SKIPPED: 1.0 if skip > 0 else 0.0,
+            }
+            for lr, loss, scale, norm, skip, nan in zip(
+                lrs, losses, scales, norms, skips, nans, strict=True
+            )
+        ]
+        return list(map(int, steps)), values
 
     @staticmethod
     def of(line: str) -> _Layout | None:

@@ -25,7 +25,7 @@ from stabilizer.readers import (
     modded_nanogpt,
     nanogpt,
 )
-from stabilizer.readers._fields import Floats, Scan
+from stabilizer.readers._fields import Floats, Scan, line_pattern
 from stabilizer.readers._keys import KeyMap
 from stabilizer.readers._lines import (
     MAX_LINE,
@@ -158,12 +158,12 @@ BYTES = [
     b"\x1b", b"]", b"\x1b]0;t\x07", b"\x07", b"\xe2\x96\x88", b"\xc2\x85", b"\xe2\x80\xa8", b"\xff",
     b"\xe2", b"\x0b", b"\x1c", b"\x1f", b"\xef\xbb\xbf",
 ]  # fmt: skip
-DIGITS = re.compile(rb"^[\t -~]*[0-9][\t -~]*\r?\n", re.MULTILINE)  # plain lines with a digit
-SEVENS = re.compile(rb"^[\t -~]*7[\t -~]*\r?\n", re.MULTILINE)
+DIGITS = line_pattern(rb"([\t -~]*[0-9][\t -~]*)\r?\n")  # plain lines with a digit
+SEVENS = line_pattern(rb"([\t -~]*7[\t -~]*)\r?\n")
 
 
 def scanned(data: bytes, notes: list[Note], limit: int, switch: bool) -> list[str]:
-    """The lines of a `Scan`, matches decoded; ``switch``: a new pattern after every list."""
+    """The lines of a `Scan`, rows read back; ``switch``: a new pattern after every list."""
     scan, lines = Scan(io.BytesIO(data), notes, DIGITS, limit), []
     for item in scan:
         if isinstance(item, list):
@@ -171,8 +171,10 @@ def scanned(data: bytes, notes: list[Note], limit: int, switch: bool) -> list[st
             if switch:
                 scan.pattern = {DIGITS: SEVENS, SEVENS: None, None: DIGITS}[scan.pattern]
         else:
-            assert item.end() == len(item.string) or item.string[item.end() - 1] == 10
-            lines.append(item[0].decode().rstrip("\r\n"))
+            assert item.rows and item.pattern in (DIGITS, SEVENS)
+            for index, (text, rest) in enumerate(item.rows):
+                assert rest == b"" and item.line(index) == text.decode()
+                lines.append(item.line(index))
     return lines
 
 
@@ -200,8 +202,10 @@ def test_scan_gives_the_lines_of_text_chunks(
 def test_scan_matches_plain_lines_only() -> None:
     data = b"1\n2\n\x1b[0m3\n4\r\n\xe2\x96\x88 5\n6\r7\n8"
     items = list(Scan(io.BytesIO(data * 3), [], DIGITS))
-    matched = [item[0] for item in items if not isinstance(item, list)]
-    assert matched == [b"2\n", b"4\r\n", b"81\n", b"2\n", b"4\r\n", b"81\n", b"2\n", b"4\r\n"]
+    matched = [row[0] for item in items if not isinstance(item, list) for row in item.rows]
+    assert matched == [b"2", b"4", b"81", b"2", b"4", b"81", b"2", b"4"]
+    runs = [len(item.rows) for item in items if not isinstance(item, list)]
+    assert runs == [1, 1, 2, 1, 2, 1]  # consecutive matched lines ("8" "1", "2") as one run
 
 
 def test_floats_memo_is_bounded() -> None:
@@ -479,7 +483,7 @@ def test_fairseq_usual_lines_take_the_fast_path() -> None:
     usual = FAIRSEQ_LINE.format("", "1", "9.1", "9.0", "512", "7", "5e-4", "1.2", "0", "128", "")
     data = (usual + "\n" + usual.replace("num_updates=7", "num_updates=8") + "\n") * 2
     items = list(fairseq.Scan(io.BytesIO(data.encode()), [], fairseq._USUAL_BYTES))
-    assert sum(not isinstance(item, list) for item in items) >= 2  # the body's lines, as matches
+    assert sum(len(item.rows) for item in items if not isinstance(item, list)) == 3  # the body
     same_reading(FairseqReader(), PlainFairseq(), data.encode())
     fake = usual.replace("ppl=512", "ppl=5 num_updates=99")  # the general way reads 99
     same_reading(FairseqReader(), PlainFairseq(), f"{fake}\n{fake}\n{fake}\n".encode())
@@ -495,3 +499,42 @@ def test_fairseq_usual_lines_take_the_fast_path() -> None:
 def test_osc_test_is_the_two_byte_search(pieces: list[bytes]) -> None:
     data = b"".join(pieces)
     assert _fields._osc(data) == (b"\x1b]" in data)
+
+
+@st.composite
+def fairseq_runs(draw: st.DrawFn) -> str:
+    """Mostly usual lines with numbers and updates going on (runs read at once), some odd."""
+    lines, update = [], 0
+    for _ in range(draw(st.integers(0, 60))):
+        if draw(st.integers(0, 7)) == 0:
+            lines.append(draw(st.sampled_from(FAIRSEQ_OTHER)))
+            continue
+        update += draw(st.sampled_from([1, 1, 1, 0, -3]))
+        texts = ["1", "9.1", "9.0", "512", str(update), "5e-4", "1.2", "0", "128"]
+        if draw(st.integers(0, 4)) == 0:  # an odd value
+            texts[draw(st.integers(0, 8))] = draw(st.sampled_from([*FAIRSEQ_VALUES, "1e400"]))
+        edges = draw(st.sampled_from([["", ""], ["", ", train_wall=3"], ["é", ""]]))
+        lines.append(FAIRSEQ_LINE.format(edges[0], *texts, edges[1]))
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    return ending.join(lines) + draw(st.sampled_from(["", ending]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=fairseq_runs(), chunk=st.sampled_from([64, 700, 4096, 1 << 20]))
+def test_fairseq_runs_read_as_per_line(text: str, chunk: int) -> None:
+    with pytest.MonkeyPatch.context() as patch:  # small chunks: runs cut at chunk boundaries
+        patch.setattr(_lines, "CHUNK", chunk)
+        same_reading(FairseqReader(), PlainFairseq(), text.encode())
+
+
+def test_fairseq_usual_runs_go_at_once() -> None:
+    """Runs of usual lines become records at once, not line by line (the fast path is taken)."""
+    usual = FAIRSEQ_LINE.format("", "1", "9.1", "9.0", "512", "{}", "5e-4", "1.2", "0", "128", "")
+    data = "\n".join(usual.format(update) for update in range(1, 3001)).encode() + b"\n"
+    at_once, one_by_one = [], []
+    with pytest.MonkeyPatch.context() as patch:
+        batch, read = fairseq._batch, fairseq._read
+        patch.setattr(fairseq, "_batch", lambda *a: at_once.append(1) or batch(*a))
+        patch.setattr(fairseq, "_read", lambda item: one_by_one.append(item) or read(item))
+        same_reading(FairseqReader(), PlainFairseq(), data)
+    assert at_once and len(one_by_one) <= 2  # the first chunk's first line and last lines

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import Note, megatron
+from stabilizer.readers import Note, _lines, megatron
 from stabilizer.records import StepRecord
 
 OLD = (
@@ -148,3 +148,66 @@ def test_fast_path_layout_change_restarts_and_nan() -> None:
     assert notes[1].message.startswith("restart: resume banner") and notes[1].step == 30
     assert "went back from 40 to 20" in notes[2].message
     assert math.isnan(fast[7].values["loss"]) and fast[8].values["grad_norm"] == math.inf
+
+
+# --- runs of usual lines converted at once (`_Layout.batch`) read as the general way ------------
+
+RUN_VALUES = [
+    " 2.5 ", " 3.000E-04 ", "   0 ", "   1 ", " nan ", " 1e400 ", " -inf ", " x ", "", " = ",
+    " 1_0 ", " 1,5 ", " 7 ",
+]  # fmt: skip
+RUN_NOISE = [
+    " loading checkpoint from /ckpt at iteration 100", "time (ms) | forward-compute: 400.1",
+    "\x1b[32mINFO\x1b[0m saving", " 45%|████▌     | 4500/10000", "", "a\rb",
+]  # fmt: skip
+
+
+@st.composite
+def megatron_runs(draw: st.DrawFn) -> bytes:
+    """Usual lines (mostly numbers, steps mostly going on), some of another layout, noise."""
+    out, step = [], 0
+    for _ in range(draw(st.integers(0, 60))):
+        kind = draw(st.integers(0, 9))
+        if kind == 0:
+            out.append(draw(st.sampled_from(RUN_NOISE)))
+            continue
+        step += draw(st.sampled_from([10, 10, 10, 0, -20, 1]))
+        line = (OLD if kind > 1 else NEW_NAN).replace("      100/", f"{max(step, 0):9d}/")
+        line = line.replace("      200/", f"{max(step, 0):9d}/")
+        if draw(st.integers(0, 4)) == 0:  # an odd value (of a label on the line)
+            label = draw(st.sampled_from(["lm loss:", "grad norm:", "loss scale:", "rate:"]))
+            value = draw(st.sampled_from(RUN_VALUES))
+            at = line.find(label) + len(label) if label in line else line.index(":") + 1
+            line = line[:at] + value + line[line.index("|", at) :]
+        if draw(st.integers(0, 9)) == 0:
+            line = line.rstrip(" |")  # no "|" at its end
+        out.append(line)
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    return (ending.join(out) + draw(st.sampled_from(["", ending]))).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=megatron_runs(), chunk=st.sampled_from([64, 700, 4096, 1 << 20]))
+def test_runs_read_as_the_general_way(data: bytes, chunk: int) -> None:
+    with pytest.MonkeyPatch.context() as patch:  # small chunks: runs cut at chunk boundaries
+        patch.setattr(_lines, "CHUNK", chunk)
+        fast_notes: list[Note] = []
+        slow_notes: list[Note] = []
+        assert same(parse("megatron", data, fast_notes), general(data.decode(), slow_notes))
+        assert fast_notes == slow_notes
+
+
+def test_usual_runs_go_at_once() -> None:
+    """Runs of usual lines become records at once, not line by line (the fast path is taken)."""
+    lines = [OLD.replace("      100/", f"{step:9d}/") for step in range(10, 30_010, 10)]
+    text = "\n".join(lines) + "\n"
+    at_once, one_by_one = [], []
+    with pytest.MonkeyPatch.context() as patch:
+        batch, values = megatron._Layout.batch, megatron._Layout.values
+        patch.setattr(megatron._Layout, "batch", lambda *a: at_once.append(1) or batch(*a))
+        patch.setattr(megatron._Layout, "values", lambda *a: one_by_one.append(1) or values(*a))
+        notes: list[Note] = []
+        recs = parse("megatron", text, notes)
+    slow: list[Note] = []
+    assert same(recs, general(text, slow)) and notes == slow and len(recs) == 3000
+    assert at_once and len(one_by_one) < 10  # (the line that makes the interval known)
