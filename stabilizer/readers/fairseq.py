@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import IO, ClassVar
 
 from ..records import StepRecord
@@ -101,8 +101,7 @@ class FairseqReader(BaseReader):
         for item in Scan(stream, self.notes, _USUAL_BYTES):
             batch = _batch(item.rows, floats) if isinstance(item, Rows) else None
             if batch is not None:  # (what the loop below would give, stretches at once)
-                records, state = self._batch(*batch, (last, banner, noted, lineno))
-                yield from records
+                state = yield from self._batch(*batch, (last, banner, noted, lineno))
                 last, banner, noted, lineno = state
                 continue
             for line, (step, values) in _read(item):
@@ -123,11 +122,11 @@ class FairseqReader(BaseReader):
 
     def _batch(
         self, steps: list[int], values: list[dict[str, float]], state: tuple[int, str, bool, int]
-    ) -> tuple[list[StepRecord], tuple[int, str, bool, int]]:
+    ) -> Generator[StepRecord, None, tuple[int, str, bool, int]]:
         """`_records` of a run's steps and values (`_batch`): records one by one while there is
-        something to note (a restart, the bits), then the rest of a stretch at once."""
+        something to note (a restart, the bits: each note just before its record, as the report
+        expects), then the rest of a stretch at once. Returns the state."""
         last, banner, noted, lineno = state
-        records: list[StepRecord] = []  # (a list: no generator to resume a record)
         for start, end in stretches(steps):
             at = start
             while at < end and (steps[at] < last or banner or not noted):
@@ -138,12 +137,12 @@ class FairseqReader(BaseReader):
                 if not noted:  # (the usual line has a loss)
                     noted = self._note_bits(lineno)
                 last = step
-                records.append(record(step, values[at]))
+                yield record(step, values[at])
                 at += 1
             if at < end:
-                records += map(record, steps[at:end], values[at:end])
                 lineno, last = lineno + end - at, steps[end - 1]
-        return records, (last, banner, noted, lineno)
+                yield from list(map(record, steps[at:end], values[at:end]))
+        return last, banner, noted, lineno
 
     def _note_bits(self, lineno: int) -> bool:
         self.note("format", "fairseq losses are in base 2 (bits), interval means", lineno)

@@ -93,28 +93,27 @@ class MegatronReader(BaseReader):
             if batch is None:  # some line to read on its own
                 state = yield from self._rows(item, layout, scan, state)
             else:
-                records, state = self._batch(*batch, state)
-                yield from records
+                state = yield from self._batch(*batch, state)
 
     def _batch(
         self, steps: list[int], values: list[dict[str, float]], state: tuple[int, str, int, int]
-    ) -> tuple[list[StepRecord], tuple[int, str, int, int]]:
+    ) -> Generator[StepRecord, None, tuple[int, str, int, int]]:
         """`_rows` of a run's steps and values (`_Layout.batch`): records one by one while there
-        is something to note (a restart, the interval), then the rest of a stretch at once."""
+        is something to note (a restart, the interval: each note just before its record, as the
+        report expects), then the rest of a stretch at once. Returns the state."""
         last, banner, interval, lineno = state
-        records: list[StepRecord] = []  # (a list: no generator to resume a record)
         for start, end in stretches(steps):
             at = start
             while at < end and (steps[at] < last or banner or not interval):
                 step, lineno = steps[at], lineno + 1
                 interval = self._placed(step, last, banner, interval, lineno)
                 banner, last = "", step
-                records.append(record(step, values[at]))
+                yield record(step, values[at])
                 at += 1
             if at < end:
-                records += map(record, steps[at:end], values[at:end])
                 lineno, last = lineno + end - at, steps[end - 1]
-        return records, (last, banner, interval, lineno)
+                yield from list(map(record, steps[at:end], values[at:end]))
+        return last, banner, interval, lineno
 
     def _rows(
         self, rows: Rows, layout: _Layout, scan: Scan, state: tuple[int, str, int, int]

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,46 @@ def test_readers_import_neither_torch_nor_lightning() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+MEGATRON = (
+    " iteration {:8d}/ 2000000 | consumed samples: 512 | elapsed time per iteration (ms): 1234.5 |"
+    " learning rate: 3.000E-04 | global batch size:   512 | lm loss: 3.1E+00 | loss scale: 4096.0"
+    " | grad norm: 0.812 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+FAIRSEQ = (
+    "2024-01-01 12:00:00 | INFO | train_inner | epoch 001:  7 / 2000 loss=3.1, nll_loss=9.0, "
+    "ppl=512, wps=31234.5, ups=3.12, wpb=10012.3, bsz=128, num_updates={}, lr=0.0005, "
+    "gnorm=1.234, clip=0, loss_scale=128, train_wall=32"
+)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_restart_note_comes_with_the_record_it_starts(name: str) -> None:
+    """The reader contract the report relies on: a restart note is left after the records before
+    it and before its own, so it is new when its record is handed out (fixtures)."""
+    notes_come_with_their_records(read_log(fixture(name)))
+
+
+@pytest.mark.parametrize(("format", "line"), [("megatron", MEGATRON), ("fairseq", FAIRSEQ)])
+def test_restart_notes_come_with_their_records_within_a_run(
+    format: str, line: str, tmp_path: Path
+) -> None:
+    """Restarts in the middle of a run of usual lines (read as one batch by the fast paths)."""
+    steps = [*range(1, 400), *range(200, 500), *range(450, 900)]
+    lines = [line.format(step) for step in steps]
+    lines.insert(len(lines) - 300, "Resuming training from checkpoint at iteration 600")
+    path = tmp_path / "run.log"
+    path.write_text("\n".join(lines) + "\n")
+    stream = read_log(path, format)
+    notes_come_with_their_records(stream)
+    assert [n.step for n in stream.notes if n.kind == "restart"] == [200, 450, 600]
+
+
+def notes_come_with_their_records(stream: Iterator[StepRecord]) -> None:
+    notes: list[Note] = stream.notes  # type: ignore[attr-defined]
+    seen = 0
+    for rec in stream:
+        new = [n for n in notes[seen:] if n.kind == "restart"]
+        seen = len(notes)
+        assert all(n.step == rec.step for n in new), (rec.step, new)
