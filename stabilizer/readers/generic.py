@@ -11,23 +11,23 @@ other numeric names pass through unchanged. A line may also read ``step 120/5000
 cannot know a format's quirks: prefer a specific reader when one fits.
 
 Speed: most logs print every step the same way. `Layout` learns a record line's layout (its
-names, separators and the text between them, digits generalised) and matches whole chunks of
-lines with one regex specialised to it; lines it does not match take the general path. The
-module doc of `Layout` says why both paths find the same.
+names, separators and the text between them, digits generalised) and `Scan` matches whole chunks
+of lines with one bytes regex specialised to it, without decoding them; lines it does not match
+take the general path. The doc of `Layout` says why both paths find the same.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import repeat
+from collections.abc import Callable, Generator, Iterator
 from operator import itemgetter
 from typing import IO, ClassVar
 
 from ..records import StepRecord
+from ._fields import Scan, line_pattern
 from ._keys import SET, KeyMap
-from ._lines import resume_banner, text_chunks
+from ._lines import resume_banner
 from .base import BaseReader, record
 
 __all__ = ["GenericReader"]
@@ -53,6 +53,7 @@ _DIGITS = re.compile(r"[0-9]+")
 # (the `Layout` doc).
 _LOOSE = r"[-+]?(?:[0-9][-+.0-9eE]*|\.[0-9]+|nan|inf|NaN|Inf)"
 _STEP_TEXT = r"[0-9]{1,15}"  # a step the layout takes: exact as float and int alike
+_PLAIN_LINE = re.compile(r"[\t -~]*")  # a line `Scan` can match as bytes: tab, printable ASCII
 
 PATIENCE = 8  # record lines off the layout, in a row, before a new layout is learnt
 MAX_PATIENCE = 4096  # ... after lines that had none
@@ -77,15 +78,16 @@ class Layout:
     The general path's arithmetic is settled per layout: every name must land on its key as is
     (`KeyMap`'s ``SET``), later pairs of a key win, a step key must be there (the one
     `_STEP_KEYS` prefers; its digits are the step: ``[0-9]{1,15}``, so float and int agree; other
-    steps fall back), and another key. ``findall`` over a chunk joined by ``\\n`` gives one tuple
-    a line: the layout's captures, or the line itself (last item) when it is off the layout.
+    steps fall back), and another key. The regex is a `line_pattern` over bytes, so it matches
+    plain lines only (a layout is learnt from a plain line: its fillers are plain too), which are
+    the same bytes as text: `Scan` hands out the captures of the lines of the layout (`Rows`).
     """
 
     __slots__ = ("findall", "pattern", "step", "values")
 
     def __init__(self, pattern: str, step: int, keys: tuple[str, ...], groups: list[int]) -> None:
         self.pattern = pattern
-        self.findall = re.compile(pattern, re.MULTILINE).findall
+        self.findall = line_pattern(pattern.encode()).findall
         self.step = step  # index of the step's digits in a tuple
         # a tuple → the record's values (float() raises ValueError for a value `_PAIR` refuses)
         self.values = _values(keys, groups)
@@ -93,7 +95,7 @@ class Layout:
     @classmethod
     def learn(cls, line: str, keys: KeyMap) -> Layout | None:
         """The layout of a record line, or None when it cannot have one (see the class doc)."""
-        if not line.isascii() or len(line) > MAX_LAYOUT:
+        if len(line) > MAX_LAYOUT or not _PLAIN_LINE.fullmatch(line):
             return None
         matches = list(_PAIR_ASCII.finditer(line))
         mapped: list[str] = []
@@ -108,7 +110,8 @@ class Layout:
         if step_key is None or not order:
             return None
         captured = sorted([last[key] for key in order] + [last[step_key]])
-        parts, pos = ["^(?:"], 0
+        parts: list[str] = []
+        pos = 0
         for i, match in enumerate(matches):
             named = line[match.start() : match.start(2)]  # the name and separator
             parts += _filler(line[pos : match.start()]), re.escape(named)
@@ -117,7 +120,7 @@ class Layout:
             else:
                 parts.append(f"({_LOOSE})" if i in captured else _VALUE)
             pos = match.end()
-        parts += _filler(line[pos:]), "$|(.*))$"
+        parts += _filler(line[pos:]), r"\r?\n"
         group = {pair: at for at, pair in enumerate(captured)}  # pair → index in a tuple
         groups = [group[last[key]] for key in order]
         return cls("".join(parts), group[last[step_key]], tuple(order), groups)
@@ -135,55 +138,53 @@ class GenericReader(BaseReader):
         return 0.25 if hits >= 2 else 0.15 if hits else 0.0
 
     def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        layouts, last, banner, base = _Layouts(KeyMap()), -1, "", 1
-        for chunk in text_chunks(stream, self.notes):
-            lines, first = chunk, base  # lines left to read, the number of the first
-            layouts.tries = 2
-            while lines:
-                lines, first, last, banner = yield from self._read(
-                    lines, first, last, banner, layouts
+        layouts, last, banner, lineno = _Layouts(KeyMap()), -1, "", 0
+        scan = Scan(stream, self.notes)
+        for item in scan:
+            if isinstance(item, list):  # lines off the layout
+                last, banner, lineno = yield from self._general(
+                    item, scan, layouts, (last, banner, lineno)
                 )
-            base += len(chunk)
-
-    def _read(
-        self, lines: list[str], first: int, last: int, banner: str, layouts: _Layouts
-    ) -> Generator[StepRecord, None, tuple[list[str], int, int, str]]:
-        """The records of ``lines`` (the first is line ``first``), up to a new layout learnt;
-        returns the lines left then, the first one's number, the last step and a banner."""
-        at, values_of, rows = layouts.rows(lines)
-        keys = layouts.keys
-        for lineno, row in enumerate(rows, first):
-            step = row[at]
-            if step:
+                continue
+            layout: Layout = item.pattern  # type: ignore[assignment]  # (the one that matched)
+            values_of, at = layout.values, layout.step
+            for index, row in enumerate(item.rows):
                 try:
                     values = values_of(row)
                 except ValueError:  # a value `_PAIR` may refuse: the general path decides
-                    step = ""
-                else:
-                    found, layouts.misses = int(step), 0
-            if not step:
-                line = lines[lineno - first]
-                parsed, values = _parse(line, keys)
-                if parsed is None:
-                    banner = banner or _banner(line, last)
+                    state = last, banner, lineno
+                    last, banner, lineno = yield from self._general(
+                        [item.line(index)], scan, layouts, state
+                    )
                     continue
-                found = parsed
-                if layouts.missed(line):  # read the rest with the new layout
-                    yield from self._record(found, last, banner, lineno, values)
-                    return lines[lineno - first + 1 :], lineno + 1, found, ""
+                lineno += 1
+                found, layouts.misses = int(row[at]), 0
+                if found < last or banner:
+                    self.segment(found, last, banner, lineno)
+                    banner = ""
+                last = found
+                yield record(found, values)
+
+    def _general(
+        self, lines: list[str], scan: Scan, layouts: _Layouts, state: tuple[int, str, int]
+    ) -> Generator[StepRecord, None, tuple[int, str, int]]:
+        """The records of ``lines``, read the general way; learns a layout from the record lines
+        off the current one (`_Layouts.missed`). Returns the last step, a banner, a line number."""
+        last, banner, lineno = state
+        for line in lines:
+            lineno += 1
+            found, values = _parse(line, layouts.keys)
+            if found is None:
+                banner = banner or _banner(line, last)
+                continue
+            if layouts.missed(line):
+                scan.pattern = layouts.layout  # (`Scan` matches with it from its next chunk on)
             if found < last or banner:
                 self.segment(found, last, banner, lineno)
                 banner = ""
             last = found
             yield record(found, values)
-        return [], 0, last, banner
-
-    def _record(
-        self, step: int, last: int, banner: str, lineno: int, values: dict[str, float]
-    ) -> Iterator[StepRecord]:
-        if step < last or banner:
-            self.segment(step, last, banner, lineno)
-        yield record(step, values)
+        return last, banner, lineno
 
 
 class _Layouts:
@@ -191,28 +192,21 @@ class _Layouts:
 
     A new layout is learnt after `PATIENCE` record lines in a row missed the current one (the
     first from the first record line); a line that gives none (or the same) doubles the patience,
-    up to `MAX_PATIENCE`, so logs without one pay little for trying. At most `tries` layouts are
-    learnt per chunk, each then matched with the rest of the chunk: linear time whatever the log.
+    up to `MAX_PATIENCE`, so logs without one pay little for trying. `Scan` matches a chunk with
+    the layout of its start: a chunk is matched once, whatever the layouts learnt within it.
     """
 
     def __init__(self, keys: KeyMap) -> None:
         self.keys = keys
         self.layout: Layout | None = None
-        self.misses, self.patience, self.tries = 0, 1, 2
-
-    def rows(self, lines: list[str]) -> tuple[int, _Values, Iterable[tuple[str, ...]]]:
-        """One tuple a line: the layout's captures, the step's digits at the index returned
-        (``""``: off the layout), and how the record's values come out of a tuple."""
-        if self.layout is None:
-            return 0, _no_values, zip(repeat(""), lines)
-        return self.layout.step, self.layout.values, self.layout.findall("\n".join(lines))
+        self.misses, self.patience = 0, 1
 
     def missed(self, line: str) -> bool:
         """Count a record line off the layout; whether a new layout was learnt from it."""
         self.misses += 1
-        if self.misses < self.patience or not self.tries:
+        if self.misses < self.patience:
             return False
-        self.tries, self.misses = self.tries - 1, 0
+        self.misses = 0
         new = Layout.learn(line, self.keys)
         if new is None or (self.layout is not None and new.pattern == self.layout.pattern):
             self.patience = min(2 * self.patience, MAX_PATIENCE)
@@ -224,10 +218,6 @@ class _Layouts:
 def _banner(line: str, last: int) -> str:
     """A resume banner, looked for once a record was read."""
     return resume_banner(line) if last >= 0 else ""
-
-
-def _no_values(row: tuple[str, ...]) -> dict[str, float]:
-    return {}
 
 
 def _filler(text: str) -> str:

@@ -349,6 +349,26 @@ def test_generic_layouts_over_chunks_and_changes() -> None:
     assert len([n for n in fast.notes if n.kind == "restart"]) > 2
 
 
+def test_generic_lines_of_a_layout_skip_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once learnt, a layout reads its lines (as bytes, a chunk at once): the general path sees
+    the lines before it and the others (noise, a value float() refuses) only."""
+    general = generic._parse
+    seen: list[str] = []
+
+    def counted(line: str, keys: KeyMap) -> tuple[int | None, dict[str, float]]:
+        seen.append(line)
+        return general(line, keys)
+
+    monkeypatch.setattr(generic, "_parse", counted)
+    lines = [f"2024-05-01 12:00:00 INFO step={i} loss={i / 7} lr=3e-4" for i in range(5000)]
+    lines[2000] = "\x1b[32mINFO\x1b[0m saving checkpoint"
+    lines[3000] = "2024-05-01 12:00:00 INFO step=3000 loss=1.2.3 lr=3e-4"  # loss: no number
+    reader = GenericReader()
+    records = list(reader.read(io.BytesIO("".join(f"{line}\n" for line in lines).encode())))
+    assert len(records) == 4999 and records[-1].values == {"loss": 4999 / 7, "lr": 3e-4}
+    assert seen == [lines[0], "INFO saving checkpoint", lines[3000]]
+
+
 # --- hf_trainer: whole-chunk matching of the usual dict reads what the per-line path reads -------
 
 
