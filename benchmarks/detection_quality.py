@@ -32,10 +32,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from stabilizer.callbacks import StabilityMonitor
-from stabilizer.callbacks.run import run_scenario
-from stabilizer.detectors.loss_spike import LossSpike
-from stabilizer.records import StepRecord
-from stabilizer.scenarios import get_scenario
+from stabilizer.callbacks.demo.run import run_scenario
+from stabilizer.core.detectors.loss_spike import LossSpike
+from stabilizer.core.records import StepRecord
+from stabilizer.demo.scenarios import get_scenario
 
 Rule = Callable[[Sequence[float]], list[int]]
 

@@ -3,7 +3,7 @@
 Generates, in a temporary directory, a log of `--lines` lines (default 1M) in every text format
 and a TensorBoard event file of `--scalars` scalars (default 1M, one scalar per event as
 Lightning writes them, plus a file in the monitor's own layout, all of a step in one event),
-then times reading each with `stabilizer.readers.read_log`, TensorBoard's own
+then times reading each with `stabilizer.replay.readers.read_log`, TensorBoard's own
 ``EventAccumulator`` (every scalar kept) on the same event file, and the nanoGPT log diagnosed:
 ``Engine().replay(read_log(...))``, and `stabilizer.report.diagnose` (what ``stabilizer
 diagnose`` runs: reading, detectors, segments, the plot history; without the interpreter's start
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stabilizer.engine import Engine
-from stabilizer.readers import read_log
+from stabilizer.core.engine import Engine
+from stabilizer.replay.readers import read_log
 from stabilizer.report import diagnose
 
 NOISE = [

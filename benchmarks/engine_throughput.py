@@ -25,8 +25,8 @@ import math
 import random
 import time
 
-from stabilizer.engine import Engine
-from stabilizer.records import StepRecord
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import StepRecord
 
 __all__ = ["main", "small_records", "timed", "wide_records"]
 

@@ -29,10 +29,10 @@ import torch
 from lightning.pytorch.utilities import grad_norm
 
 from stabilizer.callbacks import StabilityMonitor
-from stabilizer.callbacks.datamodule import StabilizerDataModule
-from stabilizer.callbacks.lit_gpt import LitGPT
-from stabilizer.callbacks.run import precision_args
-from stabilizer.config import GPTConfig
+from stabilizer.callbacks.demo.datamodule import StabilizerDataModule
+from stabilizer.callbacks.demo.lit_gpt import LitGPT
+from stabilizer.callbacks.demo.run import precision_args
+from stabilizer.demo.config import GPTConfig
 
 MODES = ("baseline", "observe", "protect", "grad_norm", "detect_anomaly")
 MONITORED = ("observe", "protect")

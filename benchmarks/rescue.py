@@ -20,7 +20,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from stabilizer.scenarios import Scenario, get_scenario
+from stabilizer.demo.scenarios import Scenario, get_scenario
 
 VARIANTS = ("none", "protect", "auto")
 TOLERANCE = 1.10  # rescued: validation loss within 10% of the healthy twin's
@@ -53,7 +53,7 @@ def train(job: tuple[str, str, int]) -> Result:
     logging.getLogger("stabilizer").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore")
     from stabilizer.callbacks import StabilityMonitor
-    from stabilizer.callbacks.run import run_scenario
+    from stabilizer.callbacks.demo.run import run_scenario
 
     sc = replace(get_scenario(name), seed=seed)
     monitor = None

@@ -4,10 +4,11 @@ The only package that imports Lightning. It holds no detection logic: the refere
 LightningModule and DataModule, fault injection for the failure scenarios, and the trainer glue.
 """
 
+from stabilizer.callbacks.demo.datamodule import StabilizerDataModule
+from stabilizer.callbacks.demo.faults import FaultInjector
+from stabilizer.callbacks.demo.lit_gpt import LitGPT, warmup_cosine
+
 from .auto import AutoRemedies
-from .datamodule import StabilizerDataModule
-from .faults import FaultInjector
-from .lit_gpt import LitGPT, warmup_cosine
 from .monitor import StabilityMonitor
 
 __all__ = [

@@ -1,6 +1,6 @@
 """``AutoRemedies``: the ``auto`` policy's table from findings to the remedies that fix them.
 
-The remedies themselves are the plain functions of `stabilizer.remedies`; this module decides
+The remedies themselves are the plain functions of `stabilizer.live.remedies`; this module decides
 *when*, applies each at most as often as the table allows (never twice in a loop), and reports
 every application as a ``remedy_applied`` finding with the numbers before and after.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from stabilizer.records import Finding, Severity
-from stabilizer.remedies import (
+from stabilizer.core.records import Finding, Severity
+from stabilizer.live.remedies import (
     LRMultiplier,
     SkipWindow,
     Snapshots,

@@ -1,7 +1,7 @@
 """The Lightning side of the one-off checks: preflight at the first batch, root cause on a NaN.
 
 Both read what they need from the Trainer and hand plain tensors and modules to the torch-only
-`stabilizer.preflight` and `stabilizer.rootcause`. Neither runs in steady state.
+`stabilizer.live.preflight` and `stabilizer.live.rootcause`. Neither runs in steady state.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from stabilizer.preflight import causal_self_check, config_risks
-from stabilizer.records import Finding, Severity
-from stabilizer.rootcause import Localization, RngState, locate_nonfinite
+from stabilizer.core.records import Finding, Severity
+from stabilizer.live.preflight import causal_self_check, config_risks
+from stabilizer.live.rootcause import Localization, RngState, locate_nonfinite
 
 __all__ = ["first_token_batch", "preflight", "root_cause"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from stabilizer.rootcause import all_finite, optimizer_state_tensors
+from stabilizer.live.rootcause import all_finite, optimizer_state_tensors
 
 __all__ = ["StepGuard"]
 

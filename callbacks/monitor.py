@@ -14,14 +14,11 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
-from stabilizer.detectors import default_detectors
-from stabilizer.detectors.base import Detector
-from stabilizer.engine import Engine
-from stabilizer.jsonl import JsonlWriter
-from stabilizer.probes import ActivationProbe, GradProbe
-from stabilizer.records import Finding, StepRecord
-from stabilizer.rootcause import RngState, capture_rng
-from stabilizer.signals import (
+from stabilizer.core.detectors import default_detectors
+from stabilizer.core.detectors.base import Detector
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.signals import (
     CLIP_VAL,
     CLIPPED,
     GRAD_NORM,
@@ -32,6 +29,9 @@ from stabilizer.signals import (
     NONFINITE_UPDATE,
     SKIPPED,
 )
+from stabilizer.live.probes import ActivationProbe, GradProbe
+from stabilizer.live.rootcause import RngState, capture_rng
+from stabilizer.outputs.jsonl import JsonlWriter
 
 from .auto import AutoRemedies
 from .checks import preflight, root_cause
@@ -49,8 +49,8 @@ class StabilityMonitor(pl.Callback):
     """Catch loss spikes, divergence, NaN/Inf, fp16 overflow and starved layers as they happen.
 
     Each optimizer step the monitor measures the signals below on the device, copies them to the
-    host once, and feeds them as a :class:`~stabilizer.records.StepRecord` to the detection
-    :class:`~stabilizer.engine.Engine` (the same engine ``stabilizer diagnose`` replays logs
+    host once, and feeds them as a :class:`~stabilizer.core.records.StepRecord` to the detection
+    :class:`~stabilizer.core.engine.Engine` (the same engine ``stabilizer diagnose`` replays logs
     with). Findings go to the console (one line each, rank 0), to every logger of the Trainer,
     and with every step record to ``stability.jsonl`` beside the logs.
 

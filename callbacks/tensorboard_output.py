@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from stabilizer.records import Finding, StepRecord
-from stabilizer.signals import GRAD_NORM_PREFIX
-from stabilizer.tensorboard import (
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.signals import GRAD_NORM_PREFIX
+from stabilizer.outputs.tensorboard import (
     custom_scalars_layout,
     depth_order,
     findings_text,

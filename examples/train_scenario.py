@@ -13,8 +13,8 @@ import argparse
 import lightning.pytorch as pl
 
 from stabilizer.callbacks import FaultInjector, LitGPT, StabilizerDataModule
-from stabilizer.callbacks.run import precision_args
-from stabilizer.scenarios import SCENARIOS, get_scenario
+from stabilizer.callbacks.demo.run import precision_args
+from stabilizer.demo.scenarios import SCENARIOS, get_scenario
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,9 +24,9 @@ if not (_here / "callbacks").is_dir() and (_here.parent / "callbacks" / "__init_
 
 _LAZY = {
     "AutoRemedies": "stabilizer.callbacks.auto",
-    "LitGPT": "stabilizer.callbacks.lit_gpt",
+    "LitGPT": "stabilizer.callbacks.demo.lit_gpt",
     "StabilityMonitor": "stabilizer.callbacks.monitor",
-    "StabilizerDataModule": "stabilizer.callbacks.datamodule",
+    "StabilizerDataModule": "stabilizer.callbacks.demo.datamodule",
 }
 
 

@@ -18,22 +18,29 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .readers import READERS
-from .records import Severity
-from .report import Diagnosis, Failure, exit_code, render_markdown, render_text, report_dict
-from .report.inputs import Wrap
-from .report.session import (
+from stabilizer.core.records import Severity
+from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
+from stabilizer.replay.readers import READERS
+from stabilizer.report import (
+    Diagnosis,
+    Failure,
+    exit_code,
+    render_markdown,
+    render_text,
+    report_dict,
+)
+from stabilizer.report.inputs import Wrap
+from stabilizer.report.session import (
     diagnose_input,
     needs_progress,
     prepare_outputs,
     progress_bar,
     warnings_as_lines,
 )
-from .report.text import render_overall
-from .scenarios import PRECISIONS, SCENARIOS, get_scenario
+from stabilizer.report.text import render_overall
 
 if TYPE_CHECKING:
-    from .model import GPT
+    from stabilizer.demo.model import GPT
 
 __all__ = ["main"]
 
@@ -52,7 +59,7 @@ def main() -> None:
     type=click.Choice(list(SCENARIOS)),
     default="healthy",
     show_default=True,
-    help="Failure scenario to reproduce (see `stabilizer.scenarios`).",
+    help="Failure scenario to reproduce (see `stabilizer.demo.scenarios`).",
 )
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps [default: scenario's].")
 @click.option(
@@ -102,7 +109,7 @@ def demo(
     """
     from dataclasses import replace
 
-    from stabilizer.data import CorpusError, load_corpus
+    from stabilizer.demo.data import CorpusError, load_corpus
 
     sc = get_scenario(scenario)
     if precision is not None:
@@ -111,8 +118,8 @@ def demo(
         corpus = load_corpus(data)  # build the cache now: errors surface before training starts
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
+    from stabilizer.callbacks.demo.run import run_scenario  # Lightning only loads for this command
     from stabilizer.callbacks.monitor import StabilityMonitor, format_finding
-    from stabilizer.callbacks.run import run_scenario  # Lightning only loads for this command
 
     _quiet_lightning()  # after the import: importing lightning resets its loggers' levels
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from stabilizer.callbacks.demo.run import ScenarioRun, run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.callbacks.run import ScenarioRun, run_scenario
 
 
 @dataclass

@@ -16,8 +16,8 @@ import lightning.pytorch as pl
 import torch
 from test_protect import Fault, tiny
 
+from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.callbacks.run import run_scenario
 
 
 class RankFault(Fault):

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from stabilizer.callbacks.lit_gpt import LitGPT
-from stabilizer.config import GPTConfig
+from stabilizer.callbacks.demo.lit_gpt import LitGPT
+from stabilizer.demo.config import GPTConfig
 
 
 class EncoderLM(nn.Module):

@@ -16,9 +16,9 @@ from test_protect import Fault, assert_intact, tiny, train
 
 from stabilizer.callbacks.auto import AutoRemedies
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.model import Block
-from stabilizer.records import Finding, Severity
-from stabilizer.remedies import FP32LayerNorm
+from stabilizer.core.records import Finding, Severity
+from stabilizer.demo.model import Block
+from stabilizer.live.remedies import FP32LayerNorm
 
 
 def applied(monitor: StabilityMonitor) -> list[Finding]:
@@ -119,7 +119,7 @@ def test_loss_spike_turns_clipping_on_once() -> None:
     [("spike", "clip_gradients"), ("nan", "upcast_to_fp32"), ("post-ln-deep", "swap_to_pre_ln")],
 )
 def test_scenario_with_auto_ends_finite_and_learning(name: str, remedy: str) -> None:
-    from stabilizer.callbacks.run import run_scenario
+    from stabilizer.callbacks.demo.run import run_scenario
 
     monitor = StabilityMonitor(policy="auto", jsonl=False)
     run = run_scenario(name, accelerator="cpu", callbacks=[monitor])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stabilizer.data import CorpusError, RandomWindows, load_corpus, stdlib_sources
+from stabilizer.demo.data import CorpusError, RandomWindows, load_corpus, stdlib_sources
 
 
 def test_stdlib_sources_are_sorted_and_skip_site_packages() -> None:

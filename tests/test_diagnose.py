@@ -16,9 +16,9 @@ from click.testing import CliRunner, Result
 
 from stabilizer import cli
 from stabilizer.cli import main
-from stabilizer.detectors import LossSpike
-from stabilizer.readers import READERS, LogReadError
-from stabilizer.records import Finding, StepRecord
+from stabilizer.core.detectors import LossSpike
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.replay.readers import READERS, LogReadError
 from stabilizer.report import session
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,9 +20,9 @@ from detectors.streams import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stabilizer.detectors import DETECTORS, LossSpike, NonFinite
-from stabilizer.engine import Engine
-from stabilizer.records import Finding, Severity, StepRecord
+from stabilizer.core.detectors import DETECTORS, LossSpike, NonFinite
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, Severity, StepRecord
 
 
 class Scripted:
@@ -126,7 +126,7 @@ def test_signal_grace_is_checked() -> None:
 def test_idle_detector_is_logged_once_and_not_called(caplog: pytest.LogCaptureFixture) -> None:
     idle = NeedsScale()
     engine = Engine([Scripted(), idle], signal_grace=10)
-    with caplog.at_level(logging.INFO, logger="stabilizer.engine"):
+    with caplog.at_level(logging.INFO, logger="stabilizer.core.engine"):
         for record in _losses(50):
             engine.observe(record)
     assert idle.seen == []
@@ -147,7 +147,7 @@ def test_sparse_signals_still_reach_an_idle_detector() -> None:
 
 def test_detector_seen_early_is_never_reported_idle(caplog: pytest.LogCaptureFixture) -> None:
     engine = Engine([NeedsScale()], signal_grace=5)
-    with caplog.at_level(logging.INFO, logger="stabilizer.engine"):
+    with caplog.at_level(logging.INFO, logger="stabilizer.core.engine"):
         engine.replay([StepRecord(0, {"loss_scale": 1.0}), *_losses(50, start=1)])
     assert caplog.records == []
 
@@ -155,7 +155,7 @@ def test_detector_seen_early_is_never_reported_idle(caplog: pytest.LogCaptureFix
 def test_raising_detector_is_logged_once_and_disabled(caplog: pytest.LogCaptureFixture) -> None:
     raising, healthy = Raising(), Scripted({7: [_finding("loss_spike", 7, Severity.WARNING)]})
     engine = Engine([raising, healthy])
-    with caplog.at_level(logging.WARNING, logger="stabilizer.engine"):
+    with caplog.at_level(logging.WARNING, logger="stabilizer.core.engine"):
         found = engine.replay(_losses(10))
     assert raising.seen == [0, 1, 2]
     assert engine.disabled == {"raising"}
@@ -170,7 +170,7 @@ def test_raising_detector_is_logged_once_and_disabled(caplog: pytest.LogCaptureF
 
 def test_detector_returning_junk_is_disabled(caplog: pytest.LogCaptureFixture) -> None:
     engine = Engine([ReturnsNone()])
-    with caplog.at_level(logging.WARNING, logger="stabilizer.engine"):
+    with caplog.at_level(logging.WARNING, logger="stabilizer.core.engine"):
         assert engine.replay(_losses(5)) == []
     assert engine.disabled == {"returns_none"}
     [record] = caplog.records
@@ -232,7 +232,7 @@ def test_state_keeps_disabled_detectors_and_counters() -> None:
 def test_state_of_unconfigured_detectors_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
     state = Engine().state_dict()
     engine = Engine([LossSpike()])
-    with caplog.at_level(logging.INFO, logger="stabilizer.engine"):
+    with caplog.at_level(logging.INFO, logger="stabilizer.core.engine"):
         engine.load_state_dict(state)
     assert "ignoring saved state of detectors not configured: depth_imbalance" in caplog.text
 
@@ -244,7 +244,7 @@ def test_unknown_state_version_is_refused() -> None:
 
 def test_detection_core_imports_neither_torch_nor_lightning() -> None:
     code = (
-        "import sys, stabilizer.engine, stabilizer.groups; "
+        "import sys, stabilizer.core.engine, stabilizer.core.groups; "
         "print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

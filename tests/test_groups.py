@@ -1,11 +1,11 @@
-"""Depth groups of parameter names, and the block-group helpers of `stabilizer.signals`."""
+"""Depth groups of parameter names, and the block-group helpers of `stabilizer.core.signals`."""
 
 from __future__ import annotations
 
 import pytest
 
-from stabilizer.groups import depth_group, group_params
-from stabilizer.signals import block_group, block_index, group_key, strip_prefix
+from stabilizer.core.groups import depth_group, group_params
+from stabilizer.core.signals import block_group, block_index, group_key, strip_prefix
 
 CONVENTIONS = [
     # (convention, parameter name, group)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stabilizer.jsonl import JsonlWriter
-from stabilizer.readers import read_log
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.outputs.jsonl import JsonlWriter
+from stabilizer.replay.readers import read_log
 
 
 def test_appends_to_the_log_of_an_earlier_run(tmp_path: Path) -> None:

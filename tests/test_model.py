@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stabilizer.model import GPT, Block, CausalSelfAttention, GPTConfig, KVCache
+from stabilizer.demo.model import GPT, Block, CausalSelfAttention, GPTConfig, KVCache
 
 TINY = {"vocab_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 32, "block_size": 16}
 

@@ -13,12 +13,12 @@ import pytest
 
 from conftest import TracedRun
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.engine import Engine
-from stabilizer.readers import read_log
-from stabilizer.records import Finding, Severity, StepRecord
-from stabilizer.report.diagnosis import LIVE_KINDS
-from stabilizer.scenarios import get_scenario
-from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE
+from stabilizer.demo.scenarios import get_scenario
+from stabilizer.replay.diagnose import LIVE_KINDS
+from stabilizer.replay.readers import read_log
 
 
 def _kinds(found: list[Finding], at_least: Severity = Severity.WARNING) -> list[str]:

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from encoder_gpt import LitEncoderGPT
+from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.callbacks.run import run_scenario
-from stabilizer.records import Finding, Severity
-from stabilizer.scenarios import get_scenario
+from stabilizer.core.records import Finding, Severity
+from stabilizer.demo.scenarios import get_scenario
 
 
 @pytest.fixture(autouse=True)

@@ -27,8 +27,8 @@ def test_every_package_is_listed_in_pyproject() -> None:
 
 def test_stabilizer_never_imports_lightning() -> None:
     code = (
-        "import sys, stabilizer, stabilizer.cli, stabilizer.model, stabilizer.data, "
-        "stabilizer.scenarios; "
+        "import sys, stabilizer, stabilizer.cli, stabilizer.demo.model, stabilizer.demo.data, "
+        "stabilizer.demo.scenarios; "
         "print(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
     )

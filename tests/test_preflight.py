@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from stabilizer.model import GPT, GPTConfig
-from stabilizer.preflight import causal_self_check, config_risks
-from stabilizer.records import Finding, Severity
+from stabilizer.core.records import Finding, Severity
+from stabilizer.demo.model import GPT, GPTConfig
+from stabilizer.live.preflight import causal_self_check, config_risks
 
 TINY = {"vocab_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 12}
 SAFE: dict[str, Any] = {

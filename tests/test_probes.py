@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from stabilizer.config import GPTConfig
-from stabilizer.model import GPT
-from stabilizer.probes import GradProbe
+from stabilizer.demo.config import GPTConfig
+from stabilizer.demo.model import GPT
+from stabilizer.live.probes import GradProbe
 
 
 def model_with_grads() -> GPT:

@@ -15,13 +15,13 @@ import pytest
 import torch
 from torch import nn
 
+from stabilizer.callbacks.demo.lit_gpt import LitGPT
+from stabilizer.callbacks.demo.run import ScenarioRun, run_scenario
 from stabilizer.callbacks.guard import StepGuard
-from stabilizer.callbacks.lit_gpt import LitGPT
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.callbacks.run import ScenarioRun, run_scenario
-from stabilizer.config import GPTConfig
-from stabilizer.rootcause import optimizer_state_tensors as state_tensors
-from stabilizer.scenarios import Scenario
+from stabilizer.demo.config import GPTConfig
+from stabilizer.demo.scenarios import Scenario
+from stabilizer.live.rootcause import optimizer_state_tensors as state_tensors
 
 FAULT_STEPS = (4, 5)
 STEPS = 10
@@ -207,7 +207,7 @@ def test_monitor_failing_inside_does_not_stop_training(
     def broken(self: object) -> torch.Tensor:
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setattr("stabilizer.probes.GradProbe.__call__", broken)
+    monkeypatch.setattr("stabilizer.live.probes.GradProbe.__call__", broken)
     monitor = StabilityMonitor(jsonl=False)
     run = train(tiny("32-true"), monitor, None)
     assert run.trainer.global_step == STEPS  # the user's training went on
@@ -220,7 +220,7 @@ def test_strict_monitor_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: object) -> torch.Tensor:
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setattr("stabilizer.probes.GradProbe.__call__", broken)
+    monkeypatch.setattr("stabilizer.live.probes.GradProbe.__call__", broken)
     with pytest.raises(RuntimeError, match="probe exploded"):
         train(tiny("32-true"), StabilityMonitor(jsonl=False, strict=True), None)
 

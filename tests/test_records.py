@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stabilizer.records import Finding, Severity, StepRecord
+from stabilizer.core.records import Finding, Severity, StepRecord
 
 
 def _strict(line: str) -> Any:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stabilizer.readers import LogReadError, Note
-from stabilizer.records import KINDS, REMEDIES, Finding, Severity, StepRecord
+from stabilizer.core.records import KINDS, REMEDIES, Finding, Severity, StepRecord
+from stabilizer.replay import diagnose as diagnosis_module
+from stabilizer.replay.readers import LogReadError, Note, read_log
 from stabilizer.report import (
     ADVICE,
     REMEDY_TEXT,
@@ -33,8 +34,7 @@ from stabilizer.report import (
     report_dict,
     verdict,
 )
-from stabilizer.report import diagnosis as diagnosis_module
-from stabilizer.report.inputs import open_log, progress_bar
+from stabilizer.report.inputs import progress_bar
 from stabilizer.report.text import render_overall
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
@@ -319,10 +319,10 @@ class _Bar:
 def test_progress_bar_moves_by_bytes_of_the_input(tmp_path: Path) -> None:
     path = tmp_path / "train.log.gz"
     path.write_bytes(gzip.compress((FIXTURES / "nanogpt_healthy.log").read_bytes() * 50))
-    stream, bar = open_log(str(path)), _Bar()
+    stream, bar = read_log(str(path)), _Bar()
     assert stream.format == "nanogpt" and stream.total_bytes == path.stat().st_size
     recs = list(inputs._by_bytes(stream, bar))  # type: ignore[arg-type]
-    assert recs == list(open_log(str(path)))
+    assert recs == list(read_log(str(path)))
     assert sum(bar.moves) == path.stat().st_size and len(bar.moves) > 2
 
 
@@ -330,13 +330,13 @@ def test_progress_bar_wraps_a_log_and_an_iterator() -> None:
     out = io.StringIO()
     with contextlib.ExitStack() as stack:
         wrap = progress_bar("reading log", stack, out)
-        assert len(list(wrap(open_log(str(FIXTURES / "nanogpt_healthy.log"))))) == 603
+        assert len(list(wrap(read_log(str(FIXTURES / "nanogpt_healthy.log"))))) == 603
         assert len(list(wrap(iter([StepRecord(1, {"loss": 1.0})])))) == 1
     assert out.getvalue().startswith("reading log")
 
 
 def test_diagnose_a_restarted_tensorboard_run(tmp_path: Path) -> None:
-    from stabilizer.tensorboard import EventWriter, scalar_summary
+    from stabilizer.outputs.tensorboard import EventWriter, scalar_summary
 
     with EventWriter(str(tmp_path)) as writer:
         for step in [*range(200), *range(50, 250)]:

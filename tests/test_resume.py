@@ -14,9 +14,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_protect import Fault, tiny
 
+from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.callbacks.run import run_scenario
-from stabilizer.records import Finding
+from stabilizer.core.records import Finding
 
 STEPS, SAVE_AT = 16, 8
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from stabilizer.model import GPT, GPTConfig
-from stabilizer.rootcause import (
+from stabilizer.demo.model import GPT, GPTConfig
+from stabilizer.live.rootcause import (
     ROOT,
     Localization,
     all_finite,

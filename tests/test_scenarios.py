@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import TracedRun
-from stabilizer.scenarios import SCENARIOS, ActivationFault, Scenario, get_scenario
+from stabilizer.demo.scenarios import SCENARIOS, ActivationFault, Scenario, get_scenario
 
 UNIGRAM_ENTROPY = 3.25  # nats per byte of the stdlib corpus (measured: 3.252)
 

@@ -23,8 +23,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar.metadata import CONFIG_SUMMARY_TAG
 
-from stabilizer.records import Finding, Severity
-from stabilizer.tensorboard import (
+from stabilizer.core.records import Finding, Severity
+from stabilizer.outputs.tensorboard import (
     FINDINGS_TAG,
     HEATMAP_TAG,
     EventWriter,

@@ -1,8 +1,9 @@
 """Post-mortem reports: a finished run's log in, findings explained out.
 
-`diagnose` streams one log (any format `stabilizer.readers` reads) through the detectors, a fresh
-`stabilizer.engine.Engine` per segment of a restarted run, and keeps only what the reports need:
-findings, segments, notes and a bounded `History`. The reports render a `Diagnosis`:
+`diagnose` (`stabilizer.replay.diagnose`) streams one log (any format `stabilizer.replay.readers`
+reads) through the detectors, a fresh `stabilizer.core.engine.Engine` per segment of a restarted
+run, and keeps only what the reports need: findings, segments, notes and a bounded `History`.
+The reports render a `Diagnosis`:
 
     from stabilizer.report import diagnose, render_text
 
@@ -22,8 +23,7 @@ import, which a plain report does not need.
 
 from __future__ import annotations
 
-from .advice import ADVICE, REMEDY_TEXT, Advice, advice_for, remedy_text
-from .diagnosis import (
+from stabilizer.replay.diagnose import (
     Diagnosis,
     Failure,
     Located,
@@ -33,8 +33,10 @@ from .diagnosis import (
     exit_code,
     severity_counts,
 )
+from stabilizer.replay.history import History
+
+from .advice import ADVICE, REMEDY_TEXT, Advice, advice_for, remedy_text
 from .episodes import Episode, episodes, verdict
-from .history import History
 from .json_report import report_dict
 from .markdown import render_markdown
 from .text import render_text

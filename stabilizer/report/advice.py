@@ -2,8 +2,9 @@
 
 The causes and remedies are those of the field's table of failures (a loss spike that recovers, a
 NaN that never recovers, a deep stack that does not converge) and of the detectors' own rules.
-Every kind of `stabilizer.records.KINDS` and every remedy of `stabilizer.records.REMEDIES` has an
-entry; a kind or remedy added elsewhere without one falls back to its own name.
+Every kind of `stabilizer.core.records.KINDS` and every remedy of
+`stabilizer.core.records.REMEDIES` has an entry; a kind or remedy added elsewhere without one
+falls back to its own name.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ REMEDY_TEXT: dict[str, str] = {
     "mixed_precision": "keep fp32 master weights (16-mixed/bf16-mixed) or raise the optimizer's "
     "eps (1e-8 is 0 in fp16)",
 }
-"""What to do, by remedy name (the names of `stabilizer.records.REMEDIES`)."""
+"""What to do, by remedy name (the names of `stabilizer.core.records.REMEDIES`)."""
 
 
 def advice_for(kind: str) -> Advice:

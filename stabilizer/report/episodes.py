@@ -13,10 +13,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..readers import Note
-from ..records import Finding, Severity
+from stabilizer.core.records import Finding, Severity
+from stabilizer.replay.diagnose import Diagnosis, Segment, severity_counts
+from stabilizer.replay.readers import Note
+
 from .advice import advice_for, remedy_text
-from .diagnosis import Diagnosis, Segment, severity_counts
 
 __all__ = [
     "Episode",

@@ -1,7 +1,5 @@
-"""Opening a log for a diagnosis, and showing how far its reading has got.
+"""Showing how far the reading of a log has got.
 
-`stabilizer.readers.read_log` returns a `LogStream`, which names the format it read (detected or
-given), so a file is opened once, and standard input needs no replaying of its head here.
 `progress_bar` shows the reading by bytes of the input (compressed bytes, for gzip).
 """
 
@@ -13,33 +11,19 @@ from typing import TYPE_CHECKING, TextIO
 
 import click
 
-from ..readers import LogStream, Note, read_log
-from ..records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import LogStream
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
 
-__all__ = ["STDIN", "Wrap", "open_log", "progress_bar"]
+__all__ = ["STDIN", "Wrap", "progress_bar"]
 
 STDIN = "-"
 _BATCH = 4096  # records between two updates of a progress bar
 
 Wrap = Callable[[Iterator[StepRecord]], Iterable[StepRecord]]
 """Wraps a record stream on its way to the engine (a progress bar)."""
-
-
-def open_log(path: str, format: str = "auto", notes: list[Note] | None = None) -> LogStream:
-    """The records of a log file, run directory or ``-`` (stdin), and the format they are in.
-
-    Args:
-        path: A file (plain or gzip), a run directory, or ``-``.
-        format: A reader name, or ``"auto"`` to detect it.
-        notes: Collects the reader's notes.
-
-    Raises:
-        LogReadError: The log cannot be read at all (see `read_log`).
-    """
-    return read_log(path, format, notes=notes)
 
 
 def progress_bar(label: str, stack: contextlib.ExitStack, file: TextIO) -> Wrap:

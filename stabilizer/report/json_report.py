@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ..records import Finding, Severity
-from .diagnosis import Diagnosis, Failure, exit_code, severity_counts
+from stabilizer.core.records import Finding, Severity
+from stabilizer.replay.diagnose import Diagnosis, Failure, exit_code, severity_counts
 
 __all__ = ["MAX_NOTES", "report_dict"]
 

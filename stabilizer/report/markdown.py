@@ -24,9 +24,10 @@ The structure is that of `stabilizer.report.text`, with the same episodes and ve
 
 from __future__ import annotations
 
-from ..records import Severity
+from stabilizer.core.records import Severity
+from stabilizer.replay.diagnose import Diagnosis
+
 from .advice import advice_for, remedy_text
-from .diagnosis import Diagnosis
 from .episodes import (
     Episode,
     episodes,

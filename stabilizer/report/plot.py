@@ -13,10 +13,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..records import Severity
-from ..signals import GRAD_NORM, LOSS, LOSS_SCALE
-from ..tensorboard import depth_order
-from .diagnosis import Diagnosis
+from stabilizer.core.records import Severity
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE
+from stabilizer.outputs.tensorboard import depth_order
+from stabilizer.replay.diagnose import Diagnosis
+
 from .episodes import episodes
 
 __all__ = ["PlotUnavailable", "plot_diagnosis", "require_matplotlib"]

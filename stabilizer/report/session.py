@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from ..readers import LogReadError
-from .diagnosis import Diagnosis, Failure, RecordSink, diagnose
+from stabilizer.replay.diagnose import Diagnosis, Failure, RecordSink, diagnose
+from stabilizer.replay.readers import LogReadError
+
 from .inputs import Wrap, progress_bar
 
 __all__ = [

@@ -3,7 +3,7 @@
 While the log streams, every record is written as ``stability/<key>`` scalars at its step (as
 the live monitor logs them); at the end come the custom-scalars layout, the per-layer gradient
 norm heatmap (from the bounded history, when per-layer norms were logged) and the findings table
-as text. Written with `stabilizer.tensorboard.EventWriter`: no torch needed.
+as text. Written with `stabilizer.outputs.tensorboard.EventWriter`: no torch needed.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from types import TracebackType
 
 import numpy as np
 
-from ..records import StepRecord
-from ..tensorboard import (
+from stabilizer.core.records import StepRecord
+from stabilizer.outputs.tensorboard import (
     FINDINGS_TAG,
     HEATMAP_TAG,
     EventWriter,
@@ -24,7 +24,7 @@ from ..tensorboard import (
     heatmap_summary,
     scalar_summary,
 )
-from .diagnosis import Diagnosis
+from stabilizer.replay.diagnose import Diagnosis
 
 __all__ = ["FINDINGS_TAG", "HEATMAP_TAG", "TensorBoardExport"]
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..records import Severity
+from stabilizer.core.records import Severity
+from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
+
 from .advice import advice_for
-from .diagnosis import Diagnosis, Failure, Segment, exit_code
 from .episodes import (
     Episode,
     episodes,

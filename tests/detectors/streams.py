@@ -6,8 +6,8 @@ import math
 import random
 from collections.abc import Iterable
 
-from stabilizer.detectors import Detector
-from stabilizer.records import Finding, StepRecord
+from stabilizer.core.detectors import Detector
+from stabilizer.core.records import Finding, StepRecord
 
 __all__ = ["chaotic", "eventful", "falling_loss", "feed", "healthy", "noisy", "records"]
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stabilizer.detectors import DETECTORS, Detector, default_detectors, make_detector
-from stabilizer.records import KINDS, REMEDIES, Finding, StepRecord
+from stabilizer.core.detectors import DETECTORS, Detector, default_detectors, make_detector
+from stabilizer.core.records import KINDS, REMEDIES, Finding, StepRecord
 
 from .streams import eventful, feed, healthy
 

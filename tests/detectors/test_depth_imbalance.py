@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from stabilizer.detectors import DepthImbalance
-from stabilizer.records import Severity, StepRecord
-from stabilizer.signals import block_group
+from stabilizer.core.detectors import DepthImbalance
+from stabilizer.core.records import Severity, StepRecord
+from stabilizer.core.signals import block_group
 
 from .streams import feed
 

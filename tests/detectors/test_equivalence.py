@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from stabilizer.detectors import (
+from stabilizer.core.detectors import (
     DepthImbalance,
     Detector,
     Fp16Overflow,
@@ -31,8 +31,8 @@ from stabilizer.detectors import (
     OverflowRisk,
     default_detectors,
 )
-from stabilizer.engine import Engine
-from stabilizer.records import Finding, StepRecord
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, StepRecord
 
 from .streams import chaotic, eventful, healthy
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from stabilizer.detectors import Fp16Overflow
-from stabilizer.records import Severity, StepRecord
+from stabilizer.core.detectors import Fp16Overflow
+from stabilizer.core.records import Severity, StepRecord
 
 from .streams import feed
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from stabilizer.detectors import GradSpike
-from stabilizer.records import Severity, StepRecord
+from stabilizer.core.detectors import GradSpike
+from stabilizer.core.records import Severity, StepRecord
 
 from .streams import feed, records
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from stabilizer.detectors import LossSpike
-from stabilizer.records import Severity, StepRecord
+from stabilizer.core.detectors import LossSpike
+from stabilizer.core.records import Severity, StepRecord
 
 from .streams import falling_loss, feed, noisy, records
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from stabilizer.detectors import OverflowRisk
-from stabilizer.detectors.overflow_risk import FP16_MAX
-from stabilizer.records import Severity, StepRecord
+from stabilizer.core.detectors import OverflowRisk
+from stabilizer.core.detectors.overflow_risk import FP16_MAX
+from stabilizer.core.records import Severity, StepRecord
 
 from .streams import feed
 

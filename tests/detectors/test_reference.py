@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stabilizer.detectors import DETECTORS, Detector, GradSpike, LossSpike
-from stabilizer.detectors._levels import BlockLevels
-from stabilizer.detectors._robust import Classify, RobustWindow, median
-from stabilizer.engine import Engine
-from stabilizer.records import Finding, StepRecord
-from stabilizer.signals import block_index
+from stabilizer.core.detectors import DETECTORS, Detector, GradSpike, LossSpike
+from stabilizer.core.detectors._levels import BlockLevels
+from stabilizer.core.detectors._robust import Classify, RobustWindow, median
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.signals import block_index
 
 from .streams import chaotic, eventful
 

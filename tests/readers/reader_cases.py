@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from stabilizer.engine import Engine
-from stabilizer.readers import READERS, Note, read_log
-from stabilizer.records import Finding, Severity, StepRecord
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.replay.readers import READERS, Note, read_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

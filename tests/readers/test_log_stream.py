@@ -13,8 +13,16 @@ from pathlib import Path
 import pytest
 from reader_cases import fixture, records
 
-from stabilizer.readers import MAX_NOTES, LogReadError, LogStream, Note, _lines, add_note, read_log
-from stabilizer.records import Finding, Severity, StepRecord
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.replay.readers import (
+    MAX_NOTES,
+    LogReadError,
+    LogStream,
+    Note,
+    _lines,
+    add_note,
+    read_log,
+)
 
 
 def test_stream_tells_format_path_bytes_and_segments(tmp_path: Path) -> None:

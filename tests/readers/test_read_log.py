@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from reader_cases import CASES, fixture, records
 
-from stabilizer.readers import READERS, LogReadError, Note, detect_format, read_log
-from stabilizer.readers._lines import text_lines
-from stabilizer.readers.base import record
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import READERS, LogReadError, Note, detect_format, read_log
+from stabilizer.replay.readers._lines import text_lines
+from stabilizer.replay.readers.base import record
 
 
 @pytest.mark.parametrize("name", CASES, ids=str)
@@ -177,7 +177,7 @@ def test_directory_with_nothing_readable(tmp_path: Path) -> None:
 
 def test_readers_import_neither_torch_nor_lightning() -> None:
     code = (
-        "import sys, stabilizer.readers; "
+        "import sys, stabilizer.replay.readers; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'numpy'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

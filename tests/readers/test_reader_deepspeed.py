@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.engine import Engine
-from stabilizer.records import StepRecord
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import StepRecord
 
 LOG = """\
 [2024-05-01 12:00:00,100] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 \

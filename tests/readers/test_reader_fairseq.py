@@ -6,8 +6,8 @@ import math
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import Note
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import Note
 
 LOG = """\
 2024-01-01 12:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring \

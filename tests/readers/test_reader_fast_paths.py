@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reader_cases import parse
 
-from stabilizer.readers import (
+from stabilizer.core.records import StepRecord
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
+from stabilizer.replay.readers import (
     Note,
     _fields,
     _lines,
@@ -25,9 +27,9 @@ from stabilizer.readers import (
     modded_nanogpt,
     nanogpt,
 )
-from stabilizer.readers._fields import Floats, Scan, line_pattern
-from stabilizer.readers._keys import KeyMap
-from stabilizer.readers._lines import (
+from stabilizer.replay.readers._fields import Floats, Scan, line_pattern
+from stabilizer.replay.readers._keys import KeyMap
+from stabilizer.replay.readers._lines import (
     MAX_LINE,
     RESUME,
     labels,
@@ -36,12 +38,10 @@ from stabilizer.readers._lines import (
     text_chunks,
     text_lines,
 )
-from stabilizer.readers.base import BaseReader, LogReadError, record
-from stabilizer.readers.fairseq import FairseqReader
-from stabilizer.readers.generic import GenericReader
-from stabilizer.readers.hf_trainer import HfTrainerReader
-from stabilizer.records import StepRecord
-from stabilizer.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
+from stabilizer.replay.readers.base import BaseReader, LogReadError, record
+from stabilizer.replay.readers.fairseq import FairseqReader
+from stabilizer.replay.readers.generic import GenericReader
+from stabilizer.replay.readers.hf_trainer import HfTrainerReader
 
 NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 PLAIN = {  # the fast pattern → the plain one (``\bword`` first: no fast literal scan)

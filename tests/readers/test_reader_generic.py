@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
 
 
 def test_pairs_and_aliases() -> None:

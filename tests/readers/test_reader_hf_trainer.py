@@ -7,8 +7,8 @@ import math
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import Note
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import Note
 
 CONSOLE = """\
 ***** Running training *****

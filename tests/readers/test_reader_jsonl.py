@@ -6,8 +6,8 @@ import math
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import JsonlReader, Note
-from stabilizer.records import Finding, Severity, StepRecord
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.replay.readers import JsonlReader, Note
 
 
 def test_healthy_fixture_reads_and_is_healthy() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stabilizer.readers._keys import KeyMap
+from stabilizer.replay.readers._keys import KeyMap
 
 NAMES = [
     ("loss", "loss"),

@@ -6,7 +6,7 @@ import math
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import Note
+from stabilizer.replay.readers import Note
 
 CSV = """epoch,grad_2.0_norm/model.h.0.attn.weight,grad_2.0_norm/model.h.0.mlp.weight,\
 grad_2.0_norm/model.h.1.mlp.weight,grad_2.0_norm/model.wte.weight,grad_2.0_norm_total,lr-AdamW,\

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import Note, _lines, megatron
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import Note, _lines, megatron
 
 OLD = (
     " iteration      100/   50000 | consumed samples:        51200 | elapsed time per iteration "

@@ -6,8 +6,8 @@ import math
 
 from reader_cases import findings, kinds, parse, records, serious
 
-from stabilizer.readers import NanoGptReader, Note
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import NanoGptReader, Note
 
 
 def test_nanogpt_lines() -> None:

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reader_cases import fixture, parse
 
-from stabilizer.readers import READERS, LogReadError, detect_format, read_log
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import READERS, LogReadError, detect_format, read_log
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,10 +15,10 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 
-from stabilizer.readers import Note, TensorBoardReader, read_log
-from stabilizer.readers._keys import KeyMap
-from stabilizer.readers.tensorboard import WINDOW
-from stabilizer.records import StepRecord
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import Note, TensorBoardReader, read_log
+from stabilizer.replay.readers._keys import KeyMap
+from stabilizer.replay.readers.tensorboard import WINDOW
 
 RUNS = ["tensorboard_healthy/version_0", "tensorboard_failing/version_0", "tensorboard_stability",
         "tensorboard_tf2"]  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from stabilizer.model import GPT, GPTConfig
+from stabilizer.demo.model import GPT, GPTConfig
 
 TINY: dict[str, Any] = {"vocab_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 32, "block_size": 16}
 

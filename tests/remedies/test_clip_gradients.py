@@ -8,7 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stabilizer.remedies import ClipReport, clip_gradients, clipped_norm, enable_gradient_clipping
+from stabilizer.live.remedies import (
+    ClipReport,
+    clip_gradients,
+    clipped_norm,
+    enable_gradient_clipping,
+)
 
 
 def grads(scale: float) -> list[torch.nn.Parameter]:

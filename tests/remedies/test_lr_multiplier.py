@@ -10,7 +10,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, StepLR
 
-from stabilizer.remedies import FactorChange, LRMultiplier
+from stabilizer.live.remedies import FactorChange, LRMultiplier
 
 from .helpers import assert_same_optimizer_state, clone_state, parameter_ids
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from stabilizer.model import GPT
-from stabilizer.remedies import RollbackError, SkipWindow, Snapshots
+from stabilizer.demo.model import GPT
+from stabilizer.live.remedies import RollbackError, SkipWindow, Snapshots
 
 from .helpers import optimizer_tensors, parameter_ids, tiny_gpt, train_steps
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from stabilizer.remedies import SwapReport, swap_to_pre_ln
+from stabilizer.live.remedies import SwapReport, swap_to_pre_ln
 
 from .helpers import assert_same_optimizer_state, clone_state, parameter_ids, tokens, trained_gpt
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from stabilizer.model import CausalSelfAttention
-from stabilizer.remedies import FP32LayerNorm, FP32RMSNorm, UpcastReport, upcast_to_fp32
+from stabilizer.demo.model import CausalSelfAttention
+from stabilizer.live.remedies import FP32LayerNorm, FP32RMSNorm, UpcastReport, upcast_to_fp32
 
 from .helpers import (
     TINY,

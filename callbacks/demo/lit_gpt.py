@@ -1,0 +1,106 @@
+"""``LitGPT``: the reference GPT as a LightningModule (AdamW, LR warmup then cosine decay)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from stabilizer.demo.model import GPT, GPTConfig
+
+__all__ = ["LitGPT", "warmup_cosine"]
+
+
+def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier at ``step``: linear warmup to 1 over ``warmup_steps`` (0 allowed), then a
+    cosine decay to ``min_lr_ratio`` at ``max_steps`` (and flat after it)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(1, max_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LitGPT(pl.LightningModule):
+    """The reference GPT trained with AdamW and a per-step warmup + cosine schedule.
+
+    Logs ``train/loss`` every step and ``val/loss`` per validation run.
+
+    Args:
+        config: The model's configuration (a dict when loaded back from a checkpoint).
+        lr: Peak learning rate.
+        weight_decay: AdamW weight decay, applied to matrices (weights, embeddings) only, not to
+            biases and norm gains, as in nanoGPT.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        warmup_steps: Linear warmup length in optimizer steps; 0 for none.
+        max_steps: Where the cosine reaches ``min_lr_ratio * lr``.
+        min_lr_ratio: Final LR as a fraction of ``lr``.
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig | dict[str, Any] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        warmup_steps: int = 0,
+        max_steps: int = 1000,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"`lr` must be > 0, got {lr}")
+        if warmup_steps < 0:
+            raise ValueError(f"`warmup_steps` must be >= 0, got {warmup_steps}")
+        if max_steps < 1:
+            raise ValueError(f"`max_steps` must be >= 1, got {max_steps}")
+        if isinstance(config, dict):
+            config = GPTConfig(**config)
+        self.config = config or GPTConfig()
+        self.save_hyperparameters(ignore=["config"])
+        # A plain dict, so checkpoints and hparams.yaml hold no pickled classes.
+        self.hparams["config"] = dataclasses.asdict(self.config)
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
+        self.warmup_steps, self.max_steps, self.min_lr_ratio = warmup_steps, max_steps, min_lr_ratio
+        self.model = GPT(self.config)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.model(idx)[0]
+        return logits
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> Any:
+        x, y = batch
+        _, loss = self.model(x, y)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        _, loss = self.model(x, y)
+        self.log("val/loss", loss, prog_bar=True)
+
+    def configure_optimizers(self) -> Any:
+        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.lr,
+            betas=self.betas,
+            eps=self.eps,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: warmup_cosine(step, self.warmup_steps, self.max_steps, self.min_lr_ratio),
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -1,0 +1,135 @@
+"""Build a real Lightning ``Trainer`` for a scenario and run it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from stabilizer.demo.scenarios import Scenario, get_scenario
+
+from .datamodule import StabilizerDataModule
+from .faults import FaultInjector
+from .lit_gpt import LitGPT
+
+__all__ = ["ScenarioRun", "precision_args", "resolve_accelerator", "run_scenario"]
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; other values pass through."""
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return accelerator
+
+
+def precision_args(precision: str, accelerator: str) -> dict[str, Any]:
+    """Trainer keyword arguments for one of ``stabilizer.demo.scenarios.PRECISIONS``.
+
+    ``fp16`` means 16-bit mixed precision *with* a dynamic loss scaler everywhere. On CPU,
+    Lightning silently turns ``precision="16-mixed"`` into bf16 without a scaler, so there we pass
+    the precision plugin with a CPU ``GradScaler`` explicitly.
+    """
+    if precision == "fp16":
+        device = resolve_accelerator(accelerator)
+        if device == "cpu":
+            scaler = torch.amp.GradScaler("cpu")
+            return {"plugins": [MixedPrecision("16-mixed", "cpu", scaler=scaler)]}
+        return {"precision": "16-mixed"}
+    return {"precision": precision}
+
+
+@dataclass
+class ScenarioRun:
+    """A finished run: the trainer (``callback_metrics``, ``log_dir``) and its modules."""
+
+    scenario: Scenario
+    trainer: pl.Trainer
+    module: LitGPT
+    datamodule: StabilizerDataModule
+
+
+def run_scenario(
+    scenario: Scenario | str,
+    *,
+    steps: int | None = None,
+    accelerator: str = "auto",
+    callbacks: Sequence[pl.Callback] = (),
+    logger: Logger | bool = False,
+    log_dir: str | Path = "runs",
+    data: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    validate: bool = True,
+    module_class: type[LitGPT] = LitGPT,
+    trainer_args: Mapping[str, Any] | None = None,
+    ckpt_path: str | Path | None = None,
+) -> ScenarioRun:
+    """Train the reference GPT through ``scenario`` with a real Lightning ``Trainer``.
+
+    Args:
+        scenario: A :class:`Scenario` or the name of a preset.
+        steps: Override the scenario's number of steps (faults keep their step numbers).
+        accelerator: Lightning accelerator (``auto`` uses the GPU when there is one).
+        callbacks: Extra callbacks (e.g. ``StabilityMonitor()``).
+        logger: A Lightning logger, ``True`` for TensorBoard under ``log_dir``, ``False`` for none.
+        log_dir: Root of the TensorBoard logs when ``logger`` is ``True``.
+        data: Train on this text file instead of the stdlib corpus.
+        cache_dir: Corpus cache location.
+        progress: Show Lightning's progress bar.
+        validate: Run validation once at the end of training.
+        module_class: ``LitGPT`` or a subclass with another model (same optimizer, schedule).
+        trainer_args: ``Trainer`` arguments that override the defaults (``devices``,
+            ``strategy``, ``enable_checkpointing``, ...).
+        ckpt_path: Resume from this Lightning checkpoint.
+    """
+    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    if steps is not None:
+        sc = sc.with_steps(steps)
+    pl.seed_everything(sc.seed, verbose=False)
+    module = module_class(
+        sc.model,
+        lr=sc.lr,
+        weight_decay=sc.weight_decay,
+        eps=sc.adam_eps,
+        warmup_steps=sc.warmup_steps,
+        max_steps=sc.steps,
+    )
+    corrupt = range(*sc.corrupt) if sc.corrupt else None
+    datamodule = StabilizerDataModule(
+        block_size=sc.model.block_size,
+        batch_size=sc.batch_size,
+        max_steps=sc.steps,
+        data=data,
+        cache_dir=cache_dir,
+        seed=sc.seed,
+        corrupt=corrupt,
+    )
+    if logger is True:
+        logger = TensorBoardLogger(save_dir=str(log_dir), name=sc.name)
+    faults = [FaultInjector(sc.lr_surge, sc.activation_fault, sc.lr_surge_until)]
+    args: dict[str, Any] = {
+        "accelerator": accelerator,
+        "devices": 1,
+        "max_steps": sc.steps,
+        "max_epochs": 1,
+        "callbacks": [*faults, *callbacks],
+        "logger": logger,
+        "log_every_n_steps": 1,
+        "enable_checkpointing": False,
+        "enable_progress_bar": progress,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 1.0 if validate else 0,
+        "deterministic": False,
+        **precision_args(sc.precision, accelerator),
+        **(trainer_args or {}),
+    }
+    trainer = pl.Trainer(**args)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    return ScenarioRun(sc, trainer, module, datamodule)

@@ -1,0 +1,151 @@
+"""`DepthImbalance`: a band of blocks at one end of the stack starved of gradient."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import GRAD_NORM_PREFIX, UPDATE_RATIO_PREFIX, block_index
+
+from ._levels import BlockLevels
+from ._robust import exp10, median
+from .base import check_at_least
+
+__all__ = ["DepthImbalance"]
+
+
+class DepthImbalance:
+    """A band of blocks at one end of the stack whose gradients are orders of magnitude smaller.
+
+    Requires: ``grad_norm/block_NN`` for at least `min_blocks` blocks.
+    Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records.
+
+    This is how a deep post-LN stack fails to train (Xiong et al. 2020): gradients vanish towards
+    one end. The band is the largest run of blocks from the input (or output) end whose norms all
+    lie that far below the median of the remaining blocks (two at least). Norms are compared in
+    log10, smoothed per block by an EMA (weight `alpha`), on every record that carries block norms
+    (`patience` counts those records, not steps). A healthy pre-LN stack has larger gradients in
+    early blocks than in late ones (NormFormer), typically a smooth 3-10× from first to last,
+    far below `ratio`. One WARNING per side per episode, the starved groups as location,
+    ``update_ratio/<group>`` as extra evidence; it ends when the band does. Zero norms are ignored.
+
+    Args:
+        ratio: How many times smaller the band's norms must be than the rest's median.
+        patience: Consecutive records the band must persist (not a blip).
+        alpha: EMA weight of the newest log norm (1 = no smoothing).
+        min_blocks: Blocks needed before any decision.
+    """
+
+    name: ClassVar[str] = "depth_imbalance"
+    requires: ClassVar[tuple[str, ...]] = (GRAD_NORM_PREFIX,)
+
+    def __init__(
+        self, ratio: float = 100.0, patience: int = 50, alpha: float = 0.1, min_blocks: int = 4
+    ) -> None:
+        check_at_least("ratio", ratio, 2.0)
+        check_at_least("patience", patience, 1)
+        if not 0 < alpha <= 1:
+            raise ValueError(f"`alpha` must be in (0, 1], got {alpha}")
+        check_at_least("min_blocks", min_blocks, 4)
+        self.ratio, self.gap, self.patience = ratio, math.log10(ratio), patience
+        self.alpha, self.min_blocks = alpha, min_blocks
+        self._blocks = BlockLevels(alpha)
+        self._streak: dict[str, list[int]] = {}  # side -> [first step, records] of a band
+        self._open: set[str] = set()  # sides whose episode was reported
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        if not self._blocks.update(record.values) or len(self._blocks.order) < self.min_blocks:
+            return []
+        return self._check(record)
+
+    def _check(self, record: StepRecord) -> list[Finding]:
+        levels, ordered = self._blocks.levels, self._blocks.order
+        findings: list[Finding] = []
+        ceiling = max(levels) - self.gap if self._blocks.finite else math.nan
+        if levels[0] > ceiling and levels[-1] > ceiling:  # _band stops at block 1 on both sides
+            if self._streak or self._open:
+                self._streak.clear()
+                self._open.clear()
+            return findings
+        for side, groups, side_levels in (
+            ("input", ordered, levels),
+            ("output", ordered[::-1], levels[::-1]),
+        ):
+            finding = self._check_side(record, side, groups, side_levels)
+            if finding is not None:
+                findings.append(finding)
+        return findings
+
+    def _check_side(
+        self, record: StepRecord, side: str, groups: list[str], levels: list[float]
+    ) -> Finding | None:
+        size = _band(levels, self.gap)
+        if size == 0:
+            self._streak.pop(side, None)
+            self._open.discard(side)
+            return None
+        streak = self._streak.setdefault(side, [record.step, 0])
+        streak[1] += 1
+        if streak[1] < self.patience or side in self._open:
+            return None
+        self._open.add(side)
+        band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
+        ema = self._blocks.state()
+        levels = [ema[g] for g in band]
+        rest_level = median([ema[g] for g in rest])
+        ratio = exp10(rest_level - max(levels))
+        first, last = block_index(band[0]), block_index(band[-1])
+        message = (
+            f"{side} side: blocks {first}-{last} get {1 / ratio:.0e}x the gradient of the rest "
+            f"for {streak[1]} records: switch to pre-LN and keep LR warmup"
+        )
+        evidence = {"band_min": exp10(min(levels)), "band_max": exp10(max(levels))}
+        evidence.update(rest_median=exp10(rest_level), ratio=ratio, band_first=first or 0)
+        evidence.update(band_last=last or 0, blocks=len(groups))
+        evidence.update(_update_ratios(record.values, band, rest))
+        head = ("depth_imbalance", streak[0], record.step, Severity.WARNING, message)
+        return Finding(*head, evidence, tuple(band), ("swap_to_pre_ln", "scale_lr"))
+
+    def finish(self) -> list[Finding]:
+        self._streak.clear()
+        self._open.clear()
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        streak = {side: list(value) for side, value in self._streak.items()}
+        return {"ema": self._blocks.state(), "streak": streak, "open": sorted(self._open)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._blocks.load({str(g): float(v) for g, v in state["ema"].items()})
+        self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
+        self._open = {str(side) for side in state["open"]}
+
+
+def _band(levels: Sequence[float], gap: float) -> int:
+    """Size of the largest prefix whose levels all lie ≥ gap below the median of the rest (≥ 2)."""
+    rest, ceiling = sorted(levels), max(levels) - gap
+    best, top = 0, -math.inf
+    for size in range(1, len(levels) - 1):
+        top = max(top, levels[size - 1])
+        if top > ceiling:  # the rest's median is at most the maximum: no larger band can pass
+            break
+        del rest[bisect_left(rest, levels[size - 1])]
+        if top <= median(rest) - gap:
+            best = size
+    return best
+
+
+def _update_ratios(
+    values: Mapping[str, float], band: list[str], rest: list[str]
+) -> dict[str, float]:
+    """Median update ratios of the band and of the rest, when logged and finite."""
+    evidence = {}
+    for name, groups in (("update_ratio_band", band), ("update_ratio_rest", rest)):
+        found = [values.get(UPDATE_RATIO_PREFIX + g, math.nan) for g in groups]
+        found = [v for v in found if math.isfinite(v)]
+        if found:
+            evidence[name] = median(found)
+    return evidence

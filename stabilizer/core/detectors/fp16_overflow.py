@@ -1,0 +1,142 @@
+"""`Fp16Overflow`: the fp16 grad scaler skipping step after step, its scale collapsing."""
+
+from __future__ import annotations
+
+from collections import deque
+from math import isfinite
+from typing import Any, ClassVar
+
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import LOSS_SCALE, SKIPPED
+
+from .base import check_at_least
+
+__all__ = ["Fp16Overflow"]
+
+
+class Fp16Overflow:
+    """An fp16 overflow cascade: the dynamic loss scaler cannot find a scale that works.
+
+    Requires: ``loss_scale``; ``skipped`` (else a falling scale counts as a skipped step).
+    Rule: a skip with ≥ `cascade` skips in a row, scale ÷ 2^`drop_pow` in `window`, or ≤ `floor`.
+
+    A scaler probes: it doubles its scale every N good steps and halves it on an overflow, skipping
+    that step. An isolated skip with the scale holding is therefore healthy and stays silent. So
+    does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
+    fits; skips before the first good step are that calibration, only the floor rule applies. The
+    finding is emitted when the cascade is recognised (the run may never leave it); later skips
+    extend the episode silently, and `quiet` good records in a row close it. The finding starts
+    at the cascade's first skip (that of the run of skips, or, for a fall of the scale, the first
+    after its last top), so an earlier isolated skip in the window is not counted.
+
+    Args:
+        cascade: Consecutive skipped steps that make a cascade.
+        drop_pow: A fall of the scale by 2**drop_pow within `window` records makes a cascade.
+        window: Records over which the fall of the scale is measured.
+        floor: A skipped step at a scale at or below this is a cascade (gradients overflow even
+            unscaled).
+        quiet: Good (unskipped) records in a row that end an episode.
+    """
+
+    name: ClassVar[str] = "fp16_overflow"
+    requires: ClassVar[tuple[str, ...]] = (LOSS_SCALE,)
+
+    def __init__(
+        self,
+        cascade: int = 3,
+        drop_pow: int = 5,
+        window: int = 100,
+        floor: float = 1.0,
+        quiet: int = 50,
+    ) -> None:
+        check_at_least("cascade", cascade, 2)
+        check_at_least("drop_pow", drop_pow, 1)
+        check_at_least("window", window, 2)
+        check_at_least("floor", floor, 0.0)
+        check_at_least("quiet", quiet, 1)
+        self.cascade, self.drop, self.floor, self.quiet = cascade, 2.0**drop_pow, floor, quiet
+        self._window: deque[tuple[int, float, int]] = deque(maxlen=window)  # step, scale, 0/1
+        self._prev: float | None = None  # scale of the previous record
+        self._calibrated = False  # whether a good step has been seen
+        self._run = 0  # consecutive skipped records
+        self._active = False  # whether an episode is open (already reported)
+        self._good = 0  # good records in a row inside an episode
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        values = record.values
+        scale = values.get(LOSS_SCALE)
+        if scale is None or not isfinite(scale):
+            return []
+        flag = values.get(SKIPPED)
+        if flag is not None and not isfinite(flag):
+            flag = None
+        prev, self._prev = self._prev, scale
+        skipped = flag >= 0.5 if flag is not None else prev is not None and scale < prev
+        known = flag is not None or prev is not None  # the first record alone cannot tell
+        if not self._calibrated and known and not skipped:
+            self._calibrated = True
+            self._window.clear()  # the start-up fall is not a cascade
+        self._run = self._run + 1 if skipped else 0
+        self._window.append((record.step, scale, int(skipped)))
+        if self._active:
+            self._extend(skipped)
+            return []
+        begin = self._cascade(scale) if skipped else None
+        return [] if begin is None else [self._open(begin)]
+
+    def _cascade(self, scale: float) -> int | None:
+        """Where in the window the cascade begins (the record before its first skip, or the
+        window's first record), when this skip makes one; else None."""
+        window = self._window
+        if scale <= self.floor or (self._calibrated and self._run >= self.cascade):
+            return max(len(window) - self._run - 1, 0)  # the run of skips ending here
+        if not self._calibrated:
+            return None
+        scales = [s for _, s, _ in window]
+        top = max(scales)
+        if top < self.drop * scale:
+            return None
+        return len(scales) - 1 - scales[::-1].index(top)  # the fall from the last top
+
+    def _open(self, begin: int) -> Finding:
+        entries = list(self._window)[begin:]
+        scales = [s for _, s, _ in entries]
+        skips = [step for step, _, flag in entries if flag]
+        start, end, count = skips[0], skips[-1], len(skips)
+        self._active, self._good = True, 0
+        since = f"{count} skipped steps since step" if count > 1 else "1 skipped step at step"
+        message = (
+            f"fp16 overflow cascade: {since} {start}, loss scale {max(scales):g} -> "
+            f"{min(scales):g}: train in bf16 or run LayerNorm/softmax in fp32"
+        )
+        evidence = {"skips": count, "scale_start": max(scales), "scale_min": min(scales)}
+        remedies = ("upcast_to_fp32", "skip_step")
+        return Finding("fp16_overflow", start, end, Severity.ERROR, message, evidence, (), remedies)
+
+    def _extend(self, skipped: bool) -> None:
+        self._good = 0 if skipped else self._good + 1
+        if self._good >= self.quiet:
+            self._active, self._good = False, 0
+            self._window.clear()  # measure the next fall from the recovered scale
+
+    def finish(self) -> list[Finding]:
+        self._active, self._good = False, 0
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "window": [list(entry) for entry in self._window],
+            "prev": self._prev,
+            "calibrated": self._calibrated,
+            "run": self._run,
+            "active": self._active,
+            "good": self._good,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._window.clear()
+        self._window.extend((int(s), float(v), int(f)) for s, v, f in state["window"])
+        self._prev = None if state["prev"] is None else float(state["prev"])
+        self._calibrated, self._run = bool(state["calibrated"]), int(state["run"])
+        self._active = bool(state["active"])
+        self._good = int(state["good"])

@@ -1,0 +1,195 @@
+"""`NonFinite`: NaN or Inf in the loss or the gradients, reported at the step it appears."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from operator import attrgetter, methodcaller
+from typing import Any, ClassVar
+
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import (
+    GRAD_NORM,
+    GRAD_NORM_PREFIX,
+    LOSS,
+    LOSS_SCALE,
+    NONFINITE_GRADS,
+    NONFINITE_UPDATE,
+    SKIPPED,
+)
+
+from .base import check_at_least
+
+__all__ = ["NonFinite"]
+
+_VALUES = attrgetter("values")
+_GRADS = methodcaller("get", NONFINITE_GRADS)
+_UPDATE = methodcaller("get", NONFINITE_UPDATE)
+
+
+class NonFinite:
+    """A NaN or Inf loss or gradient, and whether the run recovers from it.
+
+    Requires: ``loss``, ``grad_norm``, ``grad_norm/<group>`` or ``nonfinite_grads``;
+    ``nonfinite_update`` where the live guard undid a step that made the weights non-finite.
+    Rule: a NaN/Inf loss or gradient → ERROR at once; CRITICAL after `persistent_after` in a row.
+
+    An episode is a run of consecutive non-finite records. Its first step is reported immediately
+    (zero lag: a live guard must skip that very step) as ``nonfinite_loss`` when the loss is
+    non-finite, else ``nonfinite_grad`` with the non-finite depth groups as location. When the
+    episode reaches `persistent_after` records a CRITICAL finding says the run is not recovering;
+    it is emitted right then, not at the episode's end, because a NaN that persists never ends.
+
+    An fp16 grad scaler overflow (``loss_scale`` present, ``skipped`` = 1, finite loss) is the
+    scaler doing its job: the step was skipped and nothing non-finite reached the weights, so
+    non-finite gradients are left to `Fp16Overflow` there. A non-finite loss is always reported.
+
+    Finite loss and gradients with ``nonfinite_update`` = 1 mean the optimizer itself produced the
+    NaN/Inf (AdamW's ``eps`` underflowing in fp16): ``nonfinite_update``, located at the optimizer.
+
+    Args:
+        persistent_after: Consecutive non-finite records after which the run counts as stuck.
+    """
+
+    name: ClassVar[str] = "nonfinite"
+    requires: ClassVar[tuple[str, ...]] = (LOSS, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS)
+
+    def __init__(self, persistent_after: int = 5) -> None:
+        check_at_least("persistent_after", persistent_after, 2)
+        self.persistent_after = persistent_after
+        self._start: int | None = None  # first step of the open episode
+        self._length = 0  # non-finite records in the open episode
+        self._loss_seen = False  # whether the open episode had a non-finite loss
+        self._optimizer_only = False  # whether only the optimizer went non-finite in it
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        values = record.values
+        if not (LOSS in values or GRAD_NORM in values or NONFINITE_GRADS in values) and not any(
+            key.startswith(GRAD_NORM_PREFIX) for key in values
+        ):
+            return []
+        total = sum(values.values())
+        if (
+            total - total == 0.0
+            and not values.get(NONFINITE_GRADS)
+            and not values.get(NONFINITE_UPDATE)
+        ):
+            # A finite sum means every value is finite: nothing non-finite, no count of them,
+            # and no step the guard had to undo.
+            self._start, self._length, self._loss_seen = None, 0, False
+            return []
+        loss = values.get(LOSS)
+        bad_loss = loss is not None and not math.isfinite(loss)
+        scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
+        groups = () if scaler_skip else _bad_groups(values)
+        if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
+            groups = ("optimizer",)
+        if not (bad_loss or groups):
+            self._start, self._length, self._loss_seen = None, 0, False
+            return []
+        self._length += 1
+        self._loss_seen = self._loss_seen or bad_loss
+        only_optimizer = groups == ("optimizer",)
+        self._optimizer_only = only_optimizer and (self._start is None or self._optimizer_only)
+        if self._start is None:
+            self._start = record.step
+            return [self._first(record.step, loss if bad_loss else None, groups)]
+        if self._length == self.persistent_after:
+            return [self._persistent(record.step)]
+        return []
+
+    def update_many(self, records: Sequence[StepRecord], out: list[tuple[int, Finding]]) -> None:
+        """`update` each record (the replay's fast path): a batch of all-finite records, nearly
+        every batch of a log, only ends the open episode; any other batch goes through `update`.
+
+        When no record counts non-finite gradients or an undone update, a finite sum of every
+        value proves them all finite: C loops over the batch instead of a call per record.
+        """
+        every = list(map(_VALUES, records))
+        total: float
+        try:
+            total = sum(map(sum, map(dict.values, every)))
+        except TypeError:  # values that are not a dict
+            total = math.nan
+        if (
+            total - total == 0.0
+            and not any(map(_GRADS, every))
+            and not any(map(_UPDATE, every))
+            and any(LOSS in values or GRAD_NORM in values for values in every)
+        ):
+            self._start, self._length, self._loss_seen = None, 0, False
+            return
+        for index, record in enumerate(records):  # a batch with a NaN, rare: one at a time
+            found = self.update(record)
+            if found:
+                out += [(index, finding) for finding in found]
+
+    def _first(self, step: int, loss: float | None, groups: tuple[str, ...]) -> Finding:
+        location = tuple(g for g in groups if g != GRAD_NORM)
+        evidence = {"nonfinite_groups": float(len(location))}
+        if loss is not None:
+            evidence["loss"] = loss
+            what, kind = f"loss is {loss}", "nonfinite_loss"
+        elif location == ("optimizer",):
+            what, kind = "the optimizer step made finite weights non-finite", "nonfinite_update"
+        else:
+            where = f" in {', '.join(location)}" if location else ""
+            what, kind = f"gradients are non-finite{where}", "nonfinite_grad"
+        message = (
+            f"{what} at step {step}: skip the step; if it recurs, run LayerNorm/softmax in fp32"
+        )
+        remedies: tuple[str, ...] = ("skip_step", "upcast_to_fp32", "rollback")
+        if kind == "nonfinite_update":
+            message = (
+                f"{what} at step {step} (in fp16, AdamW's eps underflows to 0): skip the step; "
+                "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
+            )
+            remedies = ("skip_step", "mixed_precision")
+        return Finding(kind, step, step, Severity.ERROR, message, evidence, location, remedies)
+
+    def _persistent(self, step: int) -> Finding:
+        assert self._start is not None
+        kind = "nonfinite_loss" if self._loss_seen else "nonfinite_grad"
+        what = "loss" if self._loss_seen else "gradients"
+        advice = "roll back and run LayerNorm/softmax in fp32"
+        remedies: tuple[str, ...] = ("rollback", "upcast_to_fp32")
+        if self._optimizer_only:
+            kind, what = "nonfinite_update", "optimizer updates"
+            advice = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
+            remedies = ("mixed_precision",)
+        message = (
+            f"NaN/Inf {what} persist for {self._length} steps since step {self._start}: "
+            f"the run is not recovering; {advice}"
+        )
+        evidence = {"steps": float(self._length)}
+        return Finding(kind, self._start, step, Severity.CRITICAL, message, evidence, (), remedies)
+
+    def finish(self) -> list[Finding]:
+        self._start, self._length, self._loss_seen = None, 0, False
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "start": self._start,
+            "length": self._length,
+            "loss_seen": self._loss_seen,
+            "optimizer_only": self._optimizer_only,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._start, self._length = state["start"], int(state["length"])
+        self._loss_seen = bool(state["loss_seen"])
+        self._optimizer_only = bool(state.get("optimizer_only", False))
+
+
+def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:
+    """The non-finite gradient signals: ``grad_norm`` and the groups of ``grad_norm/<group>``."""
+    bad = [
+        key.removeprefix(GRAD_NORM_PREFIX)
+        for key, value in values.items()
+        if (key == GRAD_NORM or key.startswith(GRAD_NORM_PREFIX)) and not math.isfinite(value)
+    ]
+    count = values.get(NONFINITE_GRADS)
+    if count is not None and (not math.isfinite(count) or count > 0) and not bad:
+        bad.append(GRAD_NORM)
+    return tuple(bad)

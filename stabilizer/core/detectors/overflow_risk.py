@@ -1,0 +1,116 @@
+"""`OverflowRisk`: activations approaching the fp16 limit, before they overflow."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+from typing import Any, ClassVar
+
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import ACT_ABSMAX_PREFIX
+
+from .base import check_at_least, check_fraction
+
+__all__ = ["FP16_MAX", "OverflowRisk"]
+
+FP16_MAX = 65504.0  # the largest finite float16
+
+
+class OverflowRisk:
+    """A module whose activations approach the fp16 maximum (65504): an overflow in the making.
+
+    Requires: ``act_absmax/<module>`` (max |output| per module, on sampled steps only).
+    Rule: absmax > fraction·65504, or ≥ min_level after `samples` samples each ≥ `growth`× the last.
+
+    Activation statistics are sampled (every N steps), so the records are sparse and the growth rule
+    counts samples of that module, not steps. Reported at once, with the module as location: the
+    remedy (keep that module in fp32, or train in bf16) must land before the overflow does. An Inf
+    absmax has overflowed already and is reported too. An episode ends when the value is back under
+    half the limit and no longer growing; the module can then be reported again.
+
+    Args:
+        fraction: Fraction of the fp16 maximum that counts as too close.
+        growth: Per-sample growth factor that counts as geometric growth.
+        samples: Consecutive growing samples needed.
+        min_level: Growth below this absmax is ignored (small activations double harmlessly).
+    """
+
+    name: ClassVar[str] = "overflow_risk"
+    requires: ClassVar[tuple[str, ...]] = (ACT_ABSMAX_PREFIX,)
+
+    def __init__(
+        self, fraction: float = 0.25, growth: float = 2.0, samples: int = 3, min_level: float = 1e3
+    ) -> None:
+        check_fraction("fraction", fraction)
+        check_at_least("growth", growth, 1.0)
+        check_at_least("samples", samples, 1)
+        check_at_least("min_level", min_level, 0.0)
+        self.limit, self.growth, self.samples, self.min_level = (
+            fraction * FP16_MAX,
+            growth,
+            samples,
+            min_level,
+        )
+        self._history: dict[str, list[float]] = {}  # module -> its last samples + 1 finite values
+        self._open: set[str] = set()  # modules with an open (already reported) episode
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        findings = []
+        for key, value in record.values.items():
+            if not key.startswith(ACT_ABSMAX_PREFIX) or math.isnan(value):
+                continue
+            module = key[len(ACT_ABSMAX_PREFIX) :]
+            finding = self._update_module(record.step, module, abs(value))
+            if finding is not None:
+                findings.append(finding)
+        return findings
+
+    def _update_module(self, step: int, module: str, value: float) -> Finding | None:
+        history = self._history.setdefault(module, [])
+        if math.isfinite(value):
+            history.append(value)
+            del history[: -(self.samples + 1)]
+        growth = _growth(history) if len(history) == self.samples + 1 else 0.0
+        growing = value >= self.min_level and growth >= self.growth
+        if not (value > self.limit or growing):
+            if value < self.limit / 2:
+                self._open.discard(module)
+            return None
+        if module in self._open:
+            return None
+        self._open.add(module)
+        share = f"{value / FP16_MAX:.0%} of the fp16 max" if math.isfinite(value) else "overflowed"
+        trend = f", growing {growth:.1f}x per sample" if growing else ""
+        message = (
+            f"activations of {module} reach {value:.3g} ({share}){trend} at step {step}: "
+            "keep this module in fp32 or train in bf16"
+        )
+        evidence = {"absmax": value, "limit": self.limit, "growth": growth}
+        return Finding(
+            "overflow_risk",
+            step,
+            step,
+            Severity.WARNING,
+            message,
+            evidence,
+            (module,),
+            ("upcast_to_fp32",),
+        )
+
+    def finish(self) -> list[Finding]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "history": {module: list(values) for module, values in self._history.items()},
+            "open": sorted(self._open),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._history = {m: [float(v) for v in values] for m, values in state["history"].items()}
+        self._open = {str(module) for module in state["open"]}
+
+
+def _growth(history: list[float]) -> float:
+    """The smallest ratio between consecutive values (0 when a value is not positive)."""
+    return min(b / a if a > 0 else 0.0 for a, b in pairwise(history))

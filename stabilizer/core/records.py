@@ -1,0 +1,234 @@
+"""The data that flows through the engine: `StepRecord` in, `Finding` out.
+
+Both serialise to one line of strict JSON (the run's JSONL log): non-finite floats are written as
+the strings ``"nan"``, ``"inf"`` and ``"-inf"``, which any JSON parser accepts, and read back as
+floats. Both compare NaN equal to NaN, so a record or finding equals its own round trip and a live
+run's findings equal those of its replay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+__all__ = ["KINDS", "REMEDIES", "Finding", "Severity", "StepRecord"]
+
+KINDS = (
+    "loss_spike",
+    "divergence",
+    "nonfinite_loss",
+    "nonfinite_grad",
+    "grad_spike",
+    "clip_saturation",
+    "fp16_overflow",
+    "overflow_risk",
+    "depth_imbalance",
+    "nonfinite_update",
+    "root_cause",
+    "config_risk",
+    "causal_leak",
+    "remedy_applied",
+)
+"""Known `Finding.kind` values (not enforced: other components may add kinds)."""
+
+REMEDIES = (
+    "clip_gradients",
+    "upcast_to_fp32",
+    "swap_to_pre_ln",
+    "skip_step",
+    "rollback",
+    "scale_lr",
+    "lr_warmup",
+    "mixed_precision",
+)
+"""Known remedy names for `Finding.remedies`."""
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _encode(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _decode(value: Any) -> float:
+    if isinstance(value, str):
+        if value not in _NONFINITE:
+            raise ValueError(f"a value must be a number, 'nan', 'inf' or '-inf', got {value!r}")
+        return _NONFINITE[value]
+    return float(value)
+
+
+def _floats(values: Mapping[str, Any]) -> dict[str, float]:
+    return {str(key): float(value) for key, value in values.items()}
+
+
+def _comparable(values: Mapping[str, float]) -> tuple[tuple[str, float | str], ...]:
+    # NaN != NaN would make a record unequal to itself after a round trip; compare "nan" instead.
+    return tuple(sorted((k, "nan" if math.isnan(v) else v) for k, v in values.items()))
+
+
+def _require(data: Mapping[str, Any], kind: str, keys: tuple[str, ...]) -> None:
+    if data.get("type", kind) != kind:
+        raise ValueError(f"`type` must be {kind!r}, got {data.get('type')!r}")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise ValueError(f"a {kind} dict must have {', '.join(keys)}; missing {', '.join(missing)}")
+
+
+@dataclass(frozen=True, eq=False)
+class StepRecord:
+    """The signals of one optimizer step.
+
+    Args:
+        step: The global optimizer step.
+        values: Plain floats keyed by the names in `stabilizer.core.signals`; any key may
+            be missing.
+    """
+
+    step: int
+    values: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step", int(self.step))
+        object.__setattr__(self, "values", _floats(self.values))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepRecord):
+            return NotImplemented
+        return self.step == other.step and _comparable(self.values) == _comparable(other.values)
+
+    def __hash__(self) -> int:
+        return hash((self.step, _comparable(self.values)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A strict-JSON-able dict: ``{"type": "step", "step": N, "values": {...}}``."""
+        values = {key: _encode(value) for key, value in self.values.items()}
+        return {"type": "step", "step": self.step, "values": values}
+
+    def to_json(self) -> str:
+        """One line of strict JSON (see `to_dict`)."""
+        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+        """The record of a `to_dict` dict (or a parsed `to_json` line).
+
+        Raises:
+            ValueError: ``type`` is not ``"step"``, a key is missing or a value is not a number.
+        """
+        _require(data, "step", ("step", "values"))
+        return cls(int(data["step"]), {k: _decode(v) for k, v in data["values"].items()})
+
+
+class Severity(IntEnum):
+    """How bad a finding is. The values are those of the `logging` levels of the same names."""
+
+    INFO = 20
+    WARNING = 30
+    ERROR = 40
+    CRITICAL = 50
+
+    @classmethod
+    def parse(cls, name: str) -> Severity:
+        """The severity named ``name``, in any case: ``Severity.parse("warning")``.
+
+        Raises:
+            ValueError: ``name`` is not a severity; the message lists the valid names.
+        """
+        try:
+            return cls[name.strip().upper()]
+        except KeyError:
+            valid = ", ".join(member.name.lower() for member in cls)
+            raise ValueError(f"`severity` must be one of {valid}, got {name!r}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class Finding:
+    """One diagnosed episode: what happened, when, how bad, the numbers, and what to do.
+
+    Args:
+        kind: What was found, one of `KINDS` (``"loss_spike"``, ``"nonfinite_loss"``, ...).
+        step: The step the episode started.
+        end_step: The last step the finding covers, or None when not known.
+        severity: How bad it is.
+        message: One line a human can act on.
+        evidence: The numbers behind the decision (baseline, peak, ratio, ...).
+        location: Module or depth-group names, when known.
+        remedies: Suggested remedy names (see `REMEDIES`), most useful first.
+    """
+
+    kind: str
+    step: int
+    end_step: int | None
+    severity: Severity
+    message: str
+    evidence: Mapping[str, float] = field(default_factory=dict)
+    location: tuple[str, ...] = ()
+    remedies: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if "\n" in self.message or "\r" in self.message:
+            raise ValueError(f"`message` must be one line, got {self.message!r}")
+        object.__setattr__(self, "step", int(self.step))
+        if self.end_step is not None:
+            object.__setattr__(self, "end_step", int(self.end_step))
+        object.__setattr__(self, "severity", Severity(self.severity))
+        object.__setattr__(self, "evidence", _floats(self.evidence))
+        object.__setattr__(self, "location", tuple(self.location))
+        object.__setattr__(self, "remedies", tuple(self.remedies))
+
+    def _key(self) -> tuple[Any, ...]:
+        head = (self.kind, self.step, self.end_step, self.severity, self.message)
+        return (*head, _comparable(self.evidence), self.location, self.remedies)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Finding):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A strict-JSON-able dict with ``"type": "finding"``; severity by lower-case name."""
+        return {
+            "type": "finding",
+            "kind": self.kind,
+            "step": self.step,
+            "end_step": self.end_step,
+            "severity": self.severity.name.lower(),
+            "message": self.message,
+            "evidence": {key: _encode(value) for key, value in self.evidence.items()},
+            "location": list(self.location),
+            "remedies": list(self.remedies),
+        }
+
+    def to_json(self) -> str:
+        """One line of strict JSON (see `to_dict`)."""
+        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        """The finding of a `to_dict` dict (or a parsed `to_json` line).
+
+        Raises:
+            ValueError: ``type`` is not ``"finding"``, a key is missing or a value is invalid.
+        """
+        _require(data, "finding", ("kind", "step", "end_step", "severity", "message"))
+        end_step = data["end_step"]
+        return cls(
+            kind=str(data["kind"]),
+            step=int(data["step"]),
+            end_step=None if end_step is None else int(end_step),
+            severity=Severity.parse(str(data["severity"])),
+            message=str(data["message"]),
+            evidence={k: _decode(v) for k, v in data.get("evidence", {}).items()},
+            location=tuple(data.get("location", ())),
+            remedies=tuple(data.get("remedies", ())),
+        )

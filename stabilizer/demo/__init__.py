@@ -1,0 +1,1 @@
+"""The reference decoder-only GPT (model, config), its corpus (data) and the failure scenarios."""

@@ -1,0 +1,239 @@
+"""Preflight: checks run once at fit start, before a step is spent on a run that cannot go well.
+
+`causal_self_check` runs the model twice on one batch; `config_risks` only reads the model and
+the run's settings. Both return `stabilizer.core.records.Finding` lists (kinds ``causal_leak`` and
+``config_risk``) and know nothing of Lightning: the callback gathers the arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from stabilizer.core.records import Finding, Severity
+
+__all__ = ["causal_self_check", "config_risks"]
+
+logger = logging.getLogger(__name__)
+
+LEAK_CONSEQUENCE = "training loss will look excellent and generation will fail"
+
+# Relative tolerance per output dtype: the earlier positions run the same kernels on the same
+# values, so they agree to rounding (in practice bit for bit).
+_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+_NORMS: tuple[type[nn.Module], ...] = (
+    nn.LayerNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
+_ENCODER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+
+
+def causal_self_check(
+    model: nn.Module,
+    input_ids: Tensor,
+    forward: Callable[[Tensor], Tensor] | None = None,
+    *,
+    step: int = 0,
+) -> list[Finding]:
+    """Check that no position's output depends on a later token (a leaking causal mask).
+
+    Runs the model on ``input_ids``, changes the last token of every row, runs it again, and
+    requires every earlier position's output to be unchanged. The model runs in eval mode without
+    gradients; each module's train/eval mode is restored afterwards.
+
+    Args:
+        model: A causal language model.
+        input_ids: Token ids ``(B, T)``, ``T >= 2``, on the model's device.
+        forward: ``input_ids -> logits (B, T, ...)``; by default ``model(input_ids)``, taking the
+            first element of a tuple, the ``"logits"`` of a mapping or the ``.logits`` attribute.
+        step: The step the finding is dated to.
+
+    Returns:
+        One critical ``causal_leak`` finding naming the first position that changed, or nothing.
+
+    Raises:
+        ValueError: ``input_ids`` is not ``(B, T)`` with ``T >= 2``.
+    """
+    if input_ids.dim() != 2 or input_ids.size(1) < 2:
+        raise ValueError(
+            f"`input_ids` must be (B, T) with T >= 2, got shape {tuple(input_ids.shape)}"
+        )
+    run = forward if forward is not None else lambda ids: _logits(model(ids))
+    changed_ids = input_ids.clone()
+    last = changed_ids[:, -1]
+    changed_ids[:, -1] = torch.where(last == 0, torch.ones_like(last), torch.zeros_like(last))
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            before, after = run(input_ids), run(changed_ids)
+    finally:
+        for module, training in modes:
+            module.training = training
+    return _leak(before, after, step)
+
+
+def _logits(out: Any) -> Tensor:
+    if isinstance(out, tuple | list):
+        out = out[0]
+    elif isinstance(out, Mapping):
+        out = out["logits"]
+    elif hasattr(out, "logits"):
+        out = out.logits
+    if not isinstance(out, Tensor):
+        raise TypeError(f"the model's output must hold a logits tensor, got {type(out).__name__}")
+    return out
+
+
+def _leak(before: Tensor, after: Tensor, step: int) -> list[Finding]:
+    T = before.size(1)
+    earlier = before[:, :-1].float(), after[:, :-1].float()  # (B, T - 1, ...) each
+    if not bool(torch.isfinite(earlier[0]).all()):
+        logger.warning("causal self-check skipped: the model's outputs are not finite")
+        return []
+    diff = (earlier[1] - earlier[0]).abs().transpose(0, 1).reshape(T - 1, -1).amax(1)  # (T - 1,)
+    scale = max(1.0, float(earlier[0].abs().amax()))
+    moved = (diff > _RTOL.get(before.dtype, 1e-5) * scale).nonzero().flatten().tolist()
+    if not moved:
+        return []
+    first = int(moved[0])
+    message = (
+        f"changing the last token changed the outputs at position {first} "
+        f"({len(moved)} of {T - 1} earlier positions): the model sees future tokens; "
+        f"{LEAK_CONSEQUENCE}"
+    )
+    evidence = {
+        "first_position": first,
+        "positions_changed": len(moved),
+        "seq_len": T,
+        "max_abs_diff": float(diff.max()),
+    }
+    return [Finding("causal_leak", step, None, Severity.CRITICAL, message, evidence)]
+
+
+def config_risks(
+    model: nn.Module,
+    *,
+    warmup_steps: int | None,
+    precision: str,
+    gradient_clip_val: float | None,
+    seq_len: int | None,
+    max_positions: int | None,
+    step: int = 0,
+) -> list[Finding]:
+    """Settings known to destabilise Transformer training, read before the first step.
+
+    Rules (each ``config_risk``):
+
+    - post-LN blocks (any module with ``norm_position == "post"``, as the reference ``Block``,
+      or PyTorch encoder/decoder layers with ``norm_first=False``) and ``warmup_steps == 0``:
+      warning;
+    - LayerNorm or attention softmax in fp16 (``precision == "16-true"`` or fp16 parameters):
+      warning;
+    - no gradient clipping (``gradient_clip_val`` None or 0): info;
+    - ``seq_len > max_positions``: critical.
+
+    Args:
+        model: The model about to be trained.
+        warmup_steps: Learning-rate warmup steps; None when not known (the post-LN rule is skipped).
+        precision: Lightning's precision string (``"32-true"``, ``"16-mixed"``, ``"16-true"``, ...).
+        gradient_clip_val: The clipping threshold; None or 0 for none.
+        seq_len: Training sequence length; None when not known.
+        max_positions: Longest sequence the model has positions for; None when unbounded.
+        step: The step the findings are dated to.
+
+    Raises:
+        ValueError: A count or threshold is negative (or a length below 1).
+    """
+    _check_non_negative(warmup_steps=warmup_steps, gradient_clip_val=gradient_clip_val)
+    for name, value in (("seq_len", seq_len), ("max_positions", max_positions)):
+        if value is not None and value < 1:
+            raise ValueError(f"`{name}` must be >= 1 or None, got {value}")
+    return [
+        *_post_ln_without_warmup(model, warmup_steps, step),
+        *_fp16_norms(model, precision, step),
+        *_no_clipping(gradient_clip_val, step),
+        *_too_long(seq_len, max_positions, step),
+    ]
+
+
+def _check_non_negative(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 0:
+            raise ValueError(f"`{name}` must be >= 0 or None, got {value}")
+
+
+def _post_ln_without_warmup(model: nn.Module, warmup_steps: int | None, step: int) -> list[Finding]:
+    if warmup_steps != 0:
+        return []
+    post = tuple(
+        name
+        for name, m in model.named_modules()
+        if getattr(m, "norm_position", None) == "post"  # the reference Block, and alike
+        or (isinstance(m, _ENCODER_LAYERS) and not m.norm_first)
+    )
+    if not post:
+        return []
+    message = (
+        f"{len(post)} post-LN blocks and no learning-rate warmup: post-LN gradients near the "
+        "output are large at initialisation, so early steps often diverge"
+    )
+    evidence = {"post_ln_blocks": len(post), "warmup_steps": 0}
+    remedies = ("swap_to_pre_ln", "lr_warmup")
+    return [Finding("config_risk", step, None, Severity.WARNING, message, evidence, post, remedies)]
+
+
+def _fp16_norms(model: nn.Module, precision: str, step: int) -> list[Finding]:
+    true_fp16 = precision == "16-true"
+    norms = [n for n, m in model.named_modules() if isinstance(m, _NORMS) and _fp16(m, true_fp16)]
+    softmax = [
+        n
+        for n, m in model.named_modules()
+        if (getattr(m, "softmax_fp32", None) is False and _fp16(m, true_fp16))
+        or (isinstance(m, nn.MultiheadAttention) and _fp16(m, true_fp16))
+    ]
+    if not norms and not softmax:
+        return []
+    message = (
+        f"{len(norms)} LayerNorms and {len(softmax)} attention softmaxes run in fp16 "
+        f"(precision {precision!r}): variances and scores overflow above 65504"
+    )
+    evidence = {"fp16_norms": len(norms), "fp16_softmax": len(softmax)}
+    location = (*norms, *softmax)
+    remedies = ("upcast_to_fp32",)
+    return [
+        Finding("config_risk", step, None, Severity.WARNING, message, evidence, location, remedies)
+    ]
+
+
+def _fp16(module: nn.Module, true_fp16: bool) -> bool:
+    """Whether ``module`` computes in fp16: under "16-true", or with fp16 parameters."""
+    return true_fp16 or any(p.dtype == torch.float16 for p in module.parameters())
+
+
+def _no_clipping(gradient_clip_val: float | None, step: int) -> list[Finding]:
+    if gradient_clip_val:
+        return []
+    message = "no gradient clipping: one bad batch can take a step as large as its gradient"
+    evidence = {"gradient_clip_val": 0.0}
+    return [
+        Finding(
+            "config_risk", step, None, Severity.INFO, message, evidence, (), ("clip_gradients",)
+        )
+    ]
+
+
+def _too_long(seq_len: int | None, max_positions: int | None, step: int) -> list[Finding]:
+    if seq_len is None or max_positions is None or seq_len <= max_positions:
+        return []
+    message = (
+        f"sequence length {seq_len} exceeds the model's {max_positions} positions: "
+        "the later positions have no embedding (an index error, or garbage with RoPE tables)"
+    )
+    evidence = {"seq_len": seq_len, "max_positions": max_positions}
+    return [Finding("config_risk", step, None, Severity.CRITICAL, message, evidence)]

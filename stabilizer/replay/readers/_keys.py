@@ -1,0 +1,134 @@
+"""Logged metric names → signal keys, shared by the readers of structured logs.
+
+- The monitor's own ``stability/<key>`` tags lose their prefix; ``stability/finding/<kind>``
+  (an output, not a signal) is dropped.
+- Loss, gradient norm, loss scale and learning rate aliases map to `LOSS`, `GRAD_NORM`,
+  `LOSS_SCALE` and `LR`, after dropping a ``train/``, ``train_`` or ``training/`` prefix and a
+  ``_step`` suffix (Lightning's ``on_step`` + ``on_epoch`` logging): ``train/loss_step`` is the
+  loss; ``train/loss_epoch`` (an epoch mean) and ``val/loss`` are not.
+- Lightning's `LearningRateMonitor` tags ``lr-<Optimizer>`` (and ``.../pg1``, the first group)
+  are `LR`. fairseq's ``clip``, the percentage of clipped updates, becomes `CLIPPED` in 0..1.
+- Lightning's ``grad_norm()`` utility logs ``grad_2.0_norm/<parameter>``: the norms of one depth
+  group (`stabilizer.core.groups.depth_group`) combine into ``grad_norm/<group>`` as the square
+  root of the sum of squares; ``grad_2.0_norm_total`` is `GRAD_NORM`. Block groups get two
+  digits unless the index needs three (the reader cannot know the depth of the stack).
+- Any other name passes through unchanged: detectors ignore keys they do not know.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from stabilizer.core.groups import depth_group
+from stabilizer.core.signals import (
+    CLIPPED,
+    GRAD_NORM,
+    LOSS,
+    LOSS_SCALE,
+    LR,
+    group_key,
+    strip_prefix,
+)
+
+__all__ = ["ALIASES", "PCT", "SET", "SUMSQ", "KeyMap"]
+
+SET, SUMSQ, PCT = 0, 1, 2  # how a value lands on its key: as is, squares summed, percent → 0..1
+
+ALIASES: dict[str, str] = {
+    **dict.fromkeys(("loss", "lm loss", "lm_loss", "training_loss", "loss_step"), LOSS),
+    **dict.fromkeys(
+        ("grad_norm", "grad norm", "gnorm", "total_grad_norm", "grad_norm_total"), GRAD_NORM
+    ),
+    **dict.fromkeys(("loss scale", "loss_scale", "scale", "grad_scale"), LOSS_SCALE),
+    **dict.fromkeys(("learning rate", "learning_rate", "lr"), LR),
+    "grad_2.0_norm_total": GRAD_NORM,
+}
+"""Lower-case metric names (without ``train/`` prefixes) that mean a signal key."""
+
+_PARAM_NORM = "grad_2.0_norm/"
+_PREFIXES = ("train/", "train_", "training/")
+
+
+def _lookup(name: str, passthrough: bool) -> tuple[str, int] | None:
+    tag = strip_prefix(name)
+    if tag.startswith("finding/"):
+        return None
+    if tag is not name:  # the monitor's own tags are signal keys already
+        return tag, SET
+    if tag.startswith(_PARAM_NORM):
+        return group_key(depth_group(tag[len(_PARAM_NORM) :])), SUMSQ
+    base = tag.lower()
+    for prefix in _PREFIXES:
+        if base.startswith(prefix):
+            base = base[len(prefix) :]
+            break
+    base = base.removesuffix("_step")
+    if base in ALIASES:
+        return ALIASES[base], SET
+    if base == "clip":
+        return CLIPPED, PCT
+    if base.startswith("lr-") and ("/" not in base or base.endswith("/pg1")):
+        return LR, SET
+    return (tag, SET) if passthrough else None
+
+
+class KeyMap:
+    """Maps the names of one log to signal keys, remembering each name's mapping.
+
+    Args:
+        passthrough: Keep names that are no alias under their own name (else drop them).
+    """
+
+    def __init__(self, passthrough: bool = True) -> None:
+        self.passthrough = passthrough
+        self._cache: dict[str, tuple[str, int] | None] = {}
+        # Names that land as they are (SET) → their key; hot loops rename with it directly.
+        self.names: dict[str, str] = {}
+
+    def lookup(self, name: str) -> tuple[str, int] | None:
+        """``(key, how)`` for a logged name, or None when it is dropped."""
+        found = self._cache.get(name, False)
+        if found is False:
+            found = _lookup(name, self.passthrough)
+            if len(self._cache) > 100_000:  # a log with endless distinct names: bound the cache
+                self._cache.clear()
+            self._cache[name] = found
+        return found  # type: ignore[return-value]
+
+    def values(self, raw: Mapping[str, float]) -> dict[str, float]:
+        """The signal values of one step's logged ``name -> value`` pairs (later pairs win)."""
+        out: dict[str, float] = {}
+        squares: dict[str, float] = {}
+        cache = self._cache
+        for name, value in raw.items():
+            found = cache.get(name) or self.lookup(name)
+            if found is None:
+                continue
+            key, how = found
+            if how == SET:
+                out[key] = value
+            elif how == SUMSQ:
+                squares[key] = squares.get(key, 0.0) + value * value
+            else:
+                out[key] = value / 100.0
+        for key, total in squares.items():
+            out[key] = math.sqrt(total)
+        return out
+
+    def rename(self, pairs: Sequence[tuple[str, str]]) -> dict[str, float]:
+        """`values` of ``(name, number text)`` pairs, the fast way for console logs."""
+        try:
+            names = self.names
+            return {names[name]: float(text) for name, text in pairs}
+        except (KeyError, ValueError):
+            raw: dict[str, float] = {}
+            for name, text in pairs:
+                try:
+                    raw[name] = float(text)
+                except ValueError:
+                    continue
+                found = self.lookup(name)
+                if found is not None and found[1] == SET and len(self.names) < 100_000:
+                    self.names[name] = found[0]
+            return self.values(raw)

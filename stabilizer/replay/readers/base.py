@@ -1,0 +1,211 @@
+"""The reader protocol, the notes readers leave for the user, and the package's one exception.
+
+A reader turns one log format into a stream of `StepRecord`s. Besides the records it leaves
+`Note`s: what the user should know to read the findings right (Megatron losses are interval
+averages; the HF Trainer hides NaN losses), where the run restarted, and what could not be read
+(a truncated event file, an over-long line). A restart — the step goes back, or a resume banner
+such as ``Resuming from checkpoint`` — starts a new *segment*: records keep their logged steps, a
+``restart`` note names the line, and `BaseReader.segment_starts` lists each segment's first step.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import IO, ClassVar, Protocol
+
+from stabilizer.core.records import StepRecord
+
+__all__ = [
+    "MAX_NOTES",
+    "NOTE_KINDS",
+    "BaseReader",
+    "LogReadError",
+    "Note",
+    "Reader",
+    "add_note",
+    "record",
+]
+
+logger = logging.getLogger(__name__)
+
+NOTE_KINDS = ("format", "restart", "skipped", "truncated", "hidden_nan", "source")
+"""`Note.kind` values: a quirk of the format, a restart, input skipped, input cut short, signs of
+hidden NaN losses, and which files were read."""
+
+
+class LogReadError(ValueError):
+    """A log cannot be read at all; the message is one line that names the path and the reason.
+
+    Raised for a missing path, permission denied, an empty file, binary data that is not a log,
+    an unknown format and a directory that holds nothing readable. Damage part-way through a log
+    is not an error: what is readable is read, and a `Note` says where reading stopped.
+    """
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the user should know about a log, left by its reader.
+
+    Args:
+        kind: One of `NOTE_KINDS`.
+        message: One line.
+        line: The 1-based line number it refers to (text logs), when there is one.
+        step: The step it refers to, when there is one.
+    """
+
+    kind: str
+    message: str
+    line: int | None = None
+    step: int | None = None
+
+    def __str__(self) -> str:
+        return self.message if self.line is None else f"line {self.line}: {self.message}"
+
+
+MAX_NOTES = 20
+"""Notes kept per kind in one list; later ones are counted in a single note (restarts: all)."""
+
+
+def add_note(notes: list[Note], note: Note) -> bool:
+    """Append ``note`` unless `MAX_NOTES` of its kind are there; then count it in one more note.
+
+    The count note (``"N more <kind> notes like the above"``) follows the kind's first
+    `MAX_NOTES` and is replaced in place as the count grows: a log of a million over-long lines
+    leaves 21 notes, not a million.
+    ``restart`` notes are never capped: each one is a segment of the run.
+
+    Returns:
+        Whether ``note`` itself was kept.
+    """
+    if note.kind == "restart":
+        notes.append(note)
+        return True
+    same = [i for i, kept in enumerate(notes) if kept.kind == note.kind]
+    if len(same) < MAX_NOTES:
+        notes.append(note)
+        return True
+    for at in reversed(same):  # the count note of the kind, if there is one yet
+        counted = _COUNT.fullmatch(notes[at].message)
+        if counted is not None:
+            more = int(counted[1]) + 1
+            notes[at] = Note(note.kind, f"{more} more {note.kind} notes like the above")
+            return False
+    notes.append(Note(note.kind, f"1 more {note.kind} note like the above"))
+    return False
+
+
+_COUNT = re.compile(r"(\d+) more \w+ notes? like the above")
+
+
+class Reader(Protocol):
+    """What every reader provides (see `BaseReader` for the shared implementation)."""
+
+    format: ClassVar[str]  # the snake_case format name: registry key and CLI value
+    notes: list[Note]
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        """Confidence (0..1) that ``head``, the first decoded lines of a log, is this format."""
+        ...
+
+    def read(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        """The records of a binary stream, in log order, read with bounded memory."""
+        ...
+
+
+_new = object.__new__
+
+
+def record(step: int, values: dict[str, float]) -> StepRecord:
+    """A `StepRecord` built without re-validation: the caller passes an int and plain floats.
+
+    Readers build a million records a second; `StepRecord.__post_init__` would copy each dict.
+    """
+    rec: StepRecord = _new(StepRecord)
+    fields = rec.__dict__  # filled in directly: two stores instead of two __setattr__ calls
+    fields["step"] = step
+    fields["values"] = values
+    return rec
+
+
+class BaseReader:
+    """Notes, segments and error handling shared by the readers; subclasses write `_records`.
+
+    Args:
+        notes: A list to append notes to (shared by several readers); a new list when None.
+    """
+
+    format: ClassVar[str] = ""
+
+    def __init__(self, notes: list[Note] | None = None) -> None:
+        self.notes: list[Note] = [] if notes is None else notes
+        self._first: int | None = None  # step of the first record
+        self._restarts: list[int] = []  # first step of every segment after the first
+
+    @property
+    def segment_starts(self) -> list[int]:
+        """The first step of each segment, in log order (empty before the first record)."""
+        return [] if self._first is None else [self._first, *self._restarts]
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        """Confidence (0..1) that ``head`` is this format; 0 unless a subclass says otherwise."""
+        return 0.0
+
+    def read(
+        self, stream: IO[bytes], *, close: Callable[[], None] | None = None
+    ) -> Generator[StepRecord, None, None]:
+        """The records of ``stream``; I/O damage ends the stream with a note.
+
+        Args:
+            stream: A binary stream at the start of the log (left open).
+            close: Called when the records end, are closed, or fail (`read_log` closes its
+                files so, without a generator layer of its own around this one).
+
+        Raises:
+            LogReadError: The data broke the reader (a bug; reported, never a traceback).
+        """
+        try:
+            records = self._records(stream)
+            first = next(records, None)
+            if first is None:
+                return
+            self._first = first.step
+            yield first
+            yield from records
+        except LogReadError:
+            raise
+        except (OSError, EOFError, zlib.error) as exc:
+            self.note("truncated", f"stopped reading: {exc}")
+        except Exception as exc:  # untrusted input must never escape as a traceback
+            logger.debug("%s reader failed", self.format, exc_info=True)
+            what = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+            raise LogReadError(f"{self.format} reader failed: {what}") from exc
+        finally:
+            if close is not None:
+                close()
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        raise NotImplementedError
+
+    def note(
+        self, kind: str, message: str, line: int | None = None, step: int | None = None
+    ) -> None:
+        """Leave a note for the user (also logged at INFO); see `add_note` for the cap."""
+        note = Note(kind, message, line, step)
+        if add_note(self.notes, note):
+            logger.info("%s: %s", self.format, note)
+
+    def restart(self, step: int, line: int | None, why: str) -> None:
+        """Start a new segment at ``step``: ``why`` says what gave the restart away."""
+        self._restarts.append(step)
+        self.note("restart", f"restart: {why} (segment {len(self._restarts) + 1})", line, step)
+
+    def segment(self, step: int, last: int, banner: str, line: int | None) -> None:
+        """`restart` at ``step``, after a resume ``banner`` or the step went back from ``last``."""
+        why = f"resume banner {banner!r}" if banner else f"step went back from {last} to {step}"
+        self.restart(step, line, why)

@@ -1,0 +1,128 @@
+"""`DeepSpeedReader`: DeepSpeed's fp16 overflow messages and progress lines.
+
+Lines read (with or without the ``[date] [INFO] [file:line:func]`` logging prefix)::
+
+    [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768
+    [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4096, but hysteresis is 2.
+        Reducing hysteresis to 1
+    [deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: ...
+    Grad overflow on iteration: 4
+    [Rank 0] step=100, skipped=2, lr=[0.0001], mom=[(0.9, 0.999)]
+    steps: 100 loss: 2.3456 iter time (s): 0.512 samples/sec: 62.5
+
+An overflow is a skipped step: a record with ``skipped`` 1 and ``loss_scale`` the attempted scale
+(the scale in force, as the live monitor records it); the scale then drops (or, under
+hysteresis, holds). Overflow lines carry no step: DeepSpeed counts skipped steps in its global
+step and reports ``step=N`` every ``steps_per_print`` steps, so the k-th overflow after step P is
+placed at step P + k (a lower bound; ``Grad overflow on iteration: I`` gives it exactly, I + 1).
+Progress lines give ``lr``, ``skipped`` 0 and the last known scale (DeepSpeed does not log its
+scale growing back), so the `fp16_overflow` detector sees good steps between overflows. Other
+ranks' overflow lines are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import IO, ClassVar
+
+from stabilizer.core.records import StepRecord
+from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
+
+from ._lines import resume_banner, text_chunks
+from .base import BaseReader, record
+
+__all__ = ["DeepSpeedReader"]
+
+_NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_OVERFLOW = re.compile(
+    r"overflow! (?:Rank (\d+) )?Skipping step\.(?: Attempted loss scale: " + _NUMBER
+    + r"(?:, reducing to " + _NUMBER + r")?)?",
+    re.IGNORECASE,
+)  # fmt: skip
+_ITERATION = re.compile(r"Grad overflow on iteration:? (\d+)")
+# ``\bstep=`` as a lookbehind after the literal: the same matches, found by a fast literal scan.
+_PROGRESS = re.compile(r"step=(?<!\wstep=)(\d+), skipped=(\d+), lr=\[?" + _NUMBER)
+_LOSS = re.compile(r"steps: (?<!\wsteps: )(\d+) loss: " + _NUMBER)
+_WEAK = re.compile(r"deepspeed|DeepSpeedEngine|\[Rank \d+\]", re.IGNORECASE)
+
+
+class DeepSpeedReader(BaseReader):
+    """Reads DeepSpeed console logs (see the module docstring)."""
+
+    format: ClassVar[str] = "deepspeed"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        for line in head:
+            if _OVERFLOW.search(line) or _PROGRESS.search(line) or _LOSS.search(line):
+                return 0.9
+        return 0.3 if any(_WEAK.search(line) for line in head) else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        last, banner, base, skips = -1, "", 1, _Skips()  # last: the last reported step
+        progress_search, loss_search = _PROGRESS.search, _LOSS.search
+        for lines in text_chunks(stream, self.notes):
+            text = "\n".join(lines)  # a chunk without overflows skips their tests line by line
+            flows = "VERFLOW" in text or "verflow" in text or "overflow on" in text
+            for lineno, line in enumerate(lines, base):
+                if flows and (found := skips.read(line)) is not None:
+                    if isinstance(found, StepRecord):
+                        yield found
+                    continue
+                progress = progress_search(line) or loss_search(line)
+                if progress is None:
+                    if last >= 0 and not banner:
+                        banner = resume_banner(line)
+                    continue
+                step = int(progress[1])
+                if step < last or banner:
+                    self.segment(step, last, banner, lineno)
+                    skips.placed, banner = step, ""
+                values = _values(progress, skips.scale, skips.placed == step)
+                last = step
+                if skips.placed < step:
+                    skips.placed = step
+                yield record(step, values)
+            base += len(lines)
+
+
+class _Skips:
+    """The overflows: where the last was placed, the next one's exact step, the loss scale."""
+
+    __slots__ = ("exact", "placed", "scale")
+
+    def __init__(self) -> None:
+        self.placed = 0  # the last step placed (an overflow, or a progress line)
+        self.exact: int | None = None  # the step of the next overflow, when a line told it
+        self.scale: float | None = None  # the loss scale in force
+
+    def read(self, line: str) -> StepRecord | bool | None:
+        """A record for an overflow line, True for a line that tells the next one's step."""
+        overflow = _OVERFLOW.search(line) if "VERFLOW" in line or "verflow" in line else None
+        if overflow is not None and overflow.group(1) in (None, "0"):
+            exact, placed = self.exact, self.placed
+            self.placed = exact if exact is not None and exact > placed else placed + 1
+            self.exact, attempted, reduced = None, overflow.group(2), overflow.group(3)
+            values = {SKIPPED: 1.0}
+            if attempted is not None:
+                values[LOSS_SCALE] = float(attempted)
+                self.scale = float(reduced) if reduced is not None else float(attempted)
+            return record(self.placed, values)
+        found = _ITERATION.search(line) if "overflow on" in line else None
+        if found is not None:
+            self.exact = int(found.group(1)) + 1
+            return True
+        return None
+
+
+def _values(progress: re.Match[str], scale: float | None, placed: bool) -> dict[str, float]:
+    """The values of a progress line; ``placed``: an overflow was placed at its step."""
+    if progress.re is _LOSS:
+        return {LOSS: float(progress[2])}
+    values = {LR: float(progress[3])}
+    if not placed:  # else the step may have been skipped
+        values[SKIPPED] = 0.0
+    if scale is not None:
+        values[LOSS_SCALE] = scale
+    return values

@@ -1,0 +1,185 @@
+"""`HfTrainerReader`: the log dicts the Hugging Face ``Trainer`` prints to the console.
+
+A line (Python dict syntax, often glued to a tqdm bar)::
+
+    {'loss': 2.5, 'grad_norm': 0.9, 'learning_rate': 0.0001, 'epoch': 0.5}
+
+The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. Numbers may be bare
+``nan``/``inf`` (not Python literals) or wrapped as ``tensor(0.9, ...)`` / ``np.float32(0.9)``.
+The console carries no step: training dicts are numbered 1, 2, ... (times ``logging_steps`` is the
+optimizer step) unless a dict has a ``step``. Eval dicts (``eval_*`` keys) land on the current
+number; the final summary (``train_runtime``, whose ``train_loss`` is the run's mean) is skipped.
+
+The Trainer hides NaN losses by default (``logging_nan_inf_filter=True``): a NaN step's loss is
+replaced by the interval's running mean, and an interval of NaN steps logs a loss of exactly 0.
+`HiddenNan` watches for the traces (NaN/Inf grad norm beside a finite loss, a loss of exactly 0
+after positive ones, the same loss three times running) and leaves a ``hidden_nan`` note.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import IO, ClassVar
+
+from stabilizer.core.records import StepRecord
+from stabilizer.core.signals import GRAD_NORM, LOSS, LR
+
+from ._keys import KeyMap
+from ._lines import resume_banner, text_chunks
+from .base import BaseReader, record
+
+__all__ = ["HfTrainerReader", "HiddenNan"]
+
+_DICT = re.compile(r"\{'\w+': ")
+_PAIR = re.compile(r"'(\w+)': ([^,}]+)")
+_WRAPPED = re.compile(r"'(\w+)': [\w.]+\(([^,)]+)")  # tensor(0.9, device=...), np.float32(0.9)
+# The usual training dict, to its line's end: the pairs `_PAIR` finds, and no wrapped value.
+_USUAL = re.compile(
+    r"\{'loss': ([^,}(]+), 'grad_norm': ([^,}(]+), 'learning_rate': ([^,}(]+), "
+    r"'epoch': ([^,}(]+)\}\Z"
+)
+# `_USUAL` for a whole chunk: a line that is just the usual dict (``'`` in no value, so no
+# ``'eval_`` or ``'train_runtime'`` either: `_usual` would take it) gives its four values, another
+# line four ``""``. float() refuses what `_usual` refuses.
+_USUAL_LINE = re.compile(
+    r"^(?:\{'loss': ([^,}('\n]+), 'grad_norm': ([^,}('\n]+), 'learning_rate': ([^,}('\n]+), "
+    r"'epoch': ([^,}('\n]+)\}$|.*)$",
+    re.MULTILINE,
+)
+_STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
+_WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
+
+
+class HiddenNan:
+    """Notes the traces of NaN losses hidden by ``logging_nan_inf_filter`` (once per kind).
+
+    Args:
+        reader: The reader whose notes get the findings.
+    """
+
+    def __init__(self, reader: BaseReader) -> None:
+        self.reader = reader
+        self._seen: set[str] = set()
+        self._last, self._repeats = math.nan, 0  # the last loss; how often it came again
+        self._positive = False  # a positive loss has been seen
+
+    def check(self, step: int, values: Mapping[str, float], line: int | None) -> None:
+        """Look at one record's ``loss`` and ``grad_norm``."""
+        loss, norm = values.get(LOSS), values.get(GRAD_NORM)
+        if loss is None or not math.isfinite(loss):
+            return
+        if norm is not None and not math.isfinite(norm):
+            self._say("grad", f"grad_norm is {norm} at step {step} while the loss is finite", line)
+        if loss == self._last:
+            self._repeats += 1
+            if self._repeats == 2 and loss != 0.0:
+                what = f"the loss is exactly {loss} three times up to step {step}"
+                self._say("repeat", what, line)
+        else:
+            self._last, self._repeats = loss, 0
+        if loss == 0.0 and self._positive:
+            self._say("zero", f"the loss is exactly 0 at step {step} after positive losses", line)
+        self._positive = self._positive or loss > 0
+
+    def _say(self, kind: str, what: str, line: int | None) -> None:
+        if kind not in self._seen:
+            self._seen.add(kind)
+            why = "the HF Trainer hides NaN losses by default (logging_nan_inf_filter=True)"
+            self.reader.note("hidden_nan", f"{what}: {why}; the loss curve may hide NaN", line)
+
+
+class HfTrainerReader(BaseReader):
+    """Reads the console output of a Hugging Face ``Trainer`` run (see the module docstring)."""
+
+    format: ClassVar[str] = "hf_trainer"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        if any(_STRONG.search(line) for line in head):
+            return 0.9
+        return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        keys, hidden = KeyMap(), HiddenNan(self)
+        count, last, banner, base = 0, -1, "", 1
+        for lines in text_chunks(stream, self.notes):
+            # One regex call a chunk: a line that is the usual dict gives its four values.
+            for lineno, (loss, norm, lr, epoch) in enumerate(
+                _USUAL_LINE.findall("\n".join(lines)), base
+            ):
+                try:
+                    values = {
+                        LOSS: float(loss),
+                        GRAD_NORM: float(norm),
+                        LR: float(lr),
+                        "epoch": float(epoch),
+                    }
+                except ValueError:  # not the usual dict ("" for another line): the general path
+                    parsed = _dict(lines[lineno - base], keys)
+                    if parsed is None:
+                        if last >= 0 and not banner:
+                            banner = resume_banner(lines[lineno - base])
+                        continue
+                    if not parsed:
+                        continue
+                    values, counted, logged = parsed
+                    count += counted
+                    step = count if logged is None else logged
+                else:
+                    count += 1
+                    step = count
+                if step < last or banner or step == 1 == count:
+                    banner = self._mark(step, last, banner, lineno, count)
+                last = step
+                hidden.check(step, values, lineno)
+                yield record(step, values)
+            base += len(lines)
+
+    def _mark(self, step: int, last: int, banner: str, lineno: int, count: int) -> str:
+        """Note the first numbered record and each restart; the banner is used up."""
+        if step == 1 == count:
+            self.note("format", "HF console dicts carry no step: records count log lines")
+        if step < last or banner:
+            self.segment(step, last, banner, lineno)
+        return ""
+
+
+def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | tuple[()] | None:
+    """The values of a line's dict, whether it is counted and its logged step; None for a line
+    with no dict (maybe a resume banner), ``()`` for a dict to skip."""
+    start = line.find("{'")
+    values = None if start < 0 else _usual(line, start)
+    if values is not None:
+        return values, True, None
+    if start < 0 or _DICT.match(line, start) is None:
+        return None
+    return _any(line, start, keys) or ()
+
+
+def _usual(line: str, start: int) -> dict[str, float] | None:
+    """The values of the usual training dict at ``start``, the fast way; else None."""
+    usual = _USUAL.match(line, start)
+    if usual is None or "'train_runtime'" in line or "'eval_" in line:
+        return None
+    loss, norm, lr, epoch = usual.groups()
+    try:
+        return {LOSS: float(loss), GRAD_NORM: float(norm), LR: float(lr), "epoch": float(epoch)}
+    except ValueError:
+        return None
+
+
+def _any(line: str, start: int, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | None:
+    """The values of any dict at ``start``, whether it is counted (no eval) and its logged step
+    (popped off the values), if any; None for a line to skip."""
+    pairs = _PAIR.findall(line, start)
+    if "(" in line:
+        pairs += _WRAPPED.findall(line, start)
+    if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
+        return None
+    values = keys.rename(pairs)
+    logged = values.pop("step") if "'step'" in line and "step" in values else None
+    if logged is not None and not (math.isfinite(logged) and logged == int(logged)):
+        return None  # a step that is no integer: no record to place
+    return values, "'eval_" not in line, None if logged is None else int(logged)
