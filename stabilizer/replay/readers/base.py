@@ -26,6 +26,7 @@ __all__ = [
     "LogReadError",
     "Note",
     "Reader",
+    "Restart",
     "add_note",
     "record",
 ]
@@ -64,6 +65,25 @@ class Note:
 
     def __str__(self) -> str:
         return self.message if self.line is None else f"line {self.line}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A restart of the run, as an item of the record stream, just before its first record.
+
+    The step went back (a run resumed from a checkpoint logs its steps again) or a resume banner
+    (``Resuming from checkpoint ...``) came before the record; `diagnose` splits the run here and
+    nowhere else.
+
+    Args:
+        step: The first step of the new segment.
+        line: The 1-based log line that gave the restart away, when known.
+        why: What gave it away, one line (``"step went back from 2070 to 2010"``).
+    """
+
+    step: int
+    line: int | None
+    why: str
 
 
 MAX_NOTES = 20
