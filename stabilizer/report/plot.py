@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from stabilizer.core.records import Severity
-from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE
+from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE
 from stabilizer.outputs.tensorboard import depth_order
 from stabilizer.replay.diagnose import Diagnosis
-from stabilizer.replay.history import History
+from stabilizer.replay.history import Bin, History
 
 from .episodes import episodes
 from .files import write_file
@@ -34,7 +34,7 @@ _COLOURS = {
     Severity.CRITICAL: "darkred",
 }
 _SEGMENT_COLOURS = ("tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan")
-_STEP_LIMIT = 10**300  # steps beyond it are left out: floats end near 1.8e308
+_LIMIT = 10**300  # steps and values beyond it are left out: floats end near 1.8e308
 _INSTALL = "`--plot` needs matplotlib: pip install 'stabilizer-lightning[plot]'"
 
 
@@ -133,26 +133,45 @@ def _span(first: int, last: int) -> tuple[float, float]:
     return low, max(high, low + max(1.0, abs(low) * 1e-9))
 
 
-def _plottable(diagnosis: Diagnosis) -> tuple[Diagnosis, int]:
-    """``diagnosis`` less what lies at steps no float axis holds; how many bins were left out.
+def _plottable(diagnosis: Diagnosis) -> tuple[Diagnosis, list[str]]:
+    """``diagnosis`` less what no axis can draw, and a note on each kind of thing left out.
 
-    Steps are ints of any size (a log may say ``step=10**400``); matplotlib draws floats.
+    Steps are ints of any size (a log may say ``step=10**400``), and a curve spanning ±1.8e308
+    has no finite range: matplotlib draws floats in range, so those bins and values go.
     """
+    bins, steps_out, values_out = [], 0, 0
+    for one in diagnosis.history.bins:
+        if not _fits(one.first_step, one.last_step):
+            steps_out += 1
+            continue
+        wild = [key for key, entry in one.series.items() if _wild(key, entry)]
+        if wild:
+            values_out += len(wild)
+            series = {
+                k: [math.nan, math.nan, math.nan, e[3]] if k in wild else e
+                for k, e in one.series.items()
+            }
+            one = Bin(one.first_step, one.last_step, one.segment, one.count, series)
+        bins.append(one)
+    found = diagnosis.findings
+    findings = [item for item in found if _fits(item.finding.step, item.finding.end_step)]
+    notes = [f"{steps_out} plot points at steps beyond ±1e300"] if steps_out else []
+    notes += [f"{values_out} plot points with values beyond ±1e300"] if values_out else []
+    if not notes and len(findings) == len(found):
+        return diagnosis, []
     history = diagnosis.history
-    bins = [one for one in history.bins if _fits(one.first_step, one.last_step)]
-    findings = [
-        item for item in diagnosis.findings if _fits(item.finding.step, item.finding.end_step)
-    ]
-    if len(bins) == len(history.bins) and len(findings) == len(diagnosis.findings):
-        return diagnosis, 0
     kept = History(history.capacity)
     kept.bins, kept.width, kept.records = bins, history.width, history.records
-    plottable = replace(diagnosis, history=kept, findings=findings)
-    return plottable, len(history.bins) - len(bins)
+    return replace(diagnosis, history=kept, findings=findings), notes
 
 
 def _fits(*steps: int | None) -> bool:
-    return all(step is None or -_STEP_LIMIT < step < _STEP_LIMIT for step in steps)
+    return all(step is None or -_LIMIT < step < _LIMIT for step in steps)
+
+
+def _wild(key: str, entry: list[float]) -> bool:
+    """A curve's min, max or last beyond `_LIMIT` (the heatmap draws log10 of any norm)."""
+    return not key.startswith(GRAD_NORM_PREFIX) and any(abs(x) > _LIMIT for x in entry[:3])
 
 
 def plot_diagnosis(diagnosis: Diagnosis, path: Path, force: bool = False) -> list[str]:
@@ -171,10 +190,8 @@ def plot_diagnosis(diagnosis: Diagnosis, path: Path, force: bool = False) -> lis
         warnings.simplefilter("always")
         png = _draw(diagnosis)
     write_file(path, png, force)
-    notes = [f"note: plot: {message}" for message in dict.fromkeys(str(w.message) for w in caught)]
-    if left_out:
-        notes.append(f"note: {left_out} plot points at steps beyond ±1e300 are left out of {path}")
-    return notes
+    notes = [f"note: {what} are left out of {path}" for what in left_out]
+    return notes + [f"note: plot: {text}" for text in dict.fromkeys(str(w.message) for w in caught)]
 
 
 def _draw(diagnosis: Diagnosis) -> bytes:

@@ -234,11 +234,13 @@ def _size(raw: IO[bytes]) -> int | None:
 
 
 def is_binary(head: bytes) -> bool:
-    """Whether ``head`` looks like binary data rather than text (UTF-8 or UTF-16)."""
+    """Whether ``head`` looks like binary data rather than text (UTF-8 or UTF-16).
+
+    Control characters and undecodable bytes count against it, NULs do not: a log that a crash
+    left with blocks of NULs in it (pages the file system had not written yet) is still a log.
+    """
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         return False
-    if b"\x00" in head:
-        return True
-    text = head.decode("utf-8", "replace")
+    text = head.replace(b"\x00", b"").decode("utf-8", "replace")
     odd = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\x1b\x08\x0c"))
     return odd > max(8, len(text) // 20)
