@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -31,9 +32,11 @@ from stabilizer.report import (
 )
 from stabilizer.report.inputs import Wrap
 from stabilizer.report.session import (
+    OutputError,
+    Outputs,
     diagnose_input,
     needs_progress,
-    prepare_outputs,
+    plan_outputs,
     progress_bar,
     warnings_as_lines,
 )
@@ -201,7 +204,13 @@ _SEVERITIES = [severity.name.lower() for severity in Severity]
     "tb_dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Write the replayed signals, the heatmap and the findings as TensorBoard events in "
-    "this directory (with several PATHs: one run per PATH inside it).",
+    "this new or empty directory (with several PATHs: one run per PATH inside it).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing --plot file; write --tensorboard into a directory that is not "
+    "empty, replacing an earlier replay there.",
 )
 @click.option(
     "--fail-on",
@@ -219,6 +228,7 @@ def diagnose(
     markdown: bool,
     plot: Path | None,
     tb_dir: Path | None,
+    force: bool,
     fail_on: str,
 ) -> None:
     """Diagnose finished runs from their logs: what went wrong, when, where, and what to do.
@@ -228,43 +238,84 @@ def diagnose(
     metrics.csv, TensorBoard event files, and the console logs of Megatron-LM, DeepSpeed, the
     Hugging Face Trainer, fairseq, nanoGPT and modded-nanogpt. Each PATH is diagnosed on its own.
 
-    Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error
-    or an unreadable input (the worst over all PATHs).
+    Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error,
+    an unreadable input or an output that cannot be written (the worst over all PATHs).
     """
     if as_json and markdown:
         raise click.UsageError("--json and --markdown exclude each other")
     if paths.count("-") > 1:
         raise click.UsageError("- (standard input) can be given only once")
-    problem = prepare_outputs(plot, tb_dir)
-    if problem:
-        _fail(problem)
+    try:
+        plans = plan_outputs(paths, plot, tb_dir, force)
+    except OutputError as exc:
+        _fail(str(exc))
         ctx.exit(2)
     severity = Severity.parse(fail_on)
-    outcomes: list[Diagnosis | Failure] = []
-    with warnings_as_lines(sys.stderr, "stabilizer diagnose"):
-        for index, path in enumerate(paths, 1):
-            with contextlib.ExitStack() as stack:
-                progress = _progress(path, stack) if needs_progress(path) else None
-                outcome, messages = diagnose_input(
-                    path, format_, index, len(paths), plot=plot, tb_dir=tb_dir, wrap=progress
-                )
-            outcomes.append(outcome)
-            if isinstance(outcome, Failure):
-                _fail(outcome.message)
-            elif not as_json:
-                render = render_markdown if markdown else render_text
-                click.echo(("\n" if index > 1 else "") + render(outcome, severity))
-            for message in messages:
-                click.echo(f"stabilizer diagnose: {message}", err=True)
-    if as_json:
-        click.echo(json.dumps(report_dict(outcomes, severity), indent=2, allow_nan=False))
-    elif len(paths) > 1:
-        click.echo("\n" + render_overall(outcomes, severity))
+    render = None if as_json else render_markdown if markdown else render_text
+    try:
+        outcomes = _diagnose_all(paths, format_, plans, render, severity)
+        if as_json:
+            _say(json.dumps(report_dict(outcomes, severity), indent=2, allow_nan=False))
+        elif len(paths) > 1:
+            _say("\n" + render_overall(outcomes, severity))
+    except _StdoutFailed as exc:
+        _fail(f"cannot write to standard output ({exc})")
+        _silence_stdout()
+        ctx.exit(2)
     ctx.exit(max(exit_code(outcome, severity) for outcome in outcomes))
 
 
+def _diagnose_all(
+    paths: tuple[str, ...],
+    format_: str,
+    plans: list[Outputs],
+    render: Callable[[Diagnosis, Severity], str] | None,
+    severity: Severity,
+) -> list[Diagnosis | Failure]:
+    """Diagnose each input in turn, printing its report (unless ``render`` is None: JSON)."""
+    outcomes: list[Diagnosis | Failure] = []
+    with warnings_as_lines(sys.stderr, "stabilizer diagnose"):
+        for index, (path, outputs) in enumerate(zip(paths, plans, strict=True), 1):
+            with contextlib.ExitStack() as stack:
+                progress = _progress(path, stack) if needs_progress(path) else None
+                outcome, messages = diagnose_input(path, format_, outputs, progress)
+            outcomes.append(outcome)
+            if isinstance(outcome, Failure):
+                _fail(outcome.message)
+            elif render is not None:
+                _say(("\n" if index > 1 else "") + render(outcome, severity))
+            for message in messages:
+                _tell(f"stabilizer diagnose: {message}")
+    return outcomes
+
+
+class _StdoutFailed(Exception):
+    """Standard output cannot be written (a full disk, a closed pipe); the message says why."""
+
+
+def _say(text: str) -> None:
+    """Print ``text`` on standard output."""
+    try:
+        click.echo(text)
+    except OSError as exc:
+        raise _StdoutFailed(exc.strerror or str(exc)) from None
+
+
+def _silence_stdout() -> None:
+    """Point standard output at the null device: Python flushes it on exit, which would fail
+    again, with a traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _tell(line: str) -> None:
+    """Print ``line`` on standard error; if even that fails, there is no one left to tell."""
+    with contextlib.suppress(OSError):
+        click.echo(line, err=True)
+
+
 def _fail(message: str) -> None:
-    click.echo(f"stabilizer diagnose: error: {message}", err=True)
+    _tell(f"stabilizer diagnose: error: {message}")
 
 
 def _stderr_is_terminal() -> bool:

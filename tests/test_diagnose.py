@@ -190,11 +190,12 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_outputs_of_several_inputs_are_numbered() -> None:
-    assert session.output_path(Path("run.png"), 1, 1, "a.log") == Path("run.png")
-    assert session.output_path(Path("out/run.png"), 2, 3, "a.log") == Path("out/run-2.png")
-    assert session.output_path(Path("tb"), 1, 2, "x/train.log.gz") == Path("tb/1-train.log")
-    assert session.output_path(Path("tb"), 2, 2, "-") == Path("tb/2-stdin")
-    assert session.output_path(None, 2, 2, "-") is None
+    assert session.plot_path(Path("run.png"), 1, 1) == Path("run.png")
+    assert session.plot_path(Path("out/run.png"), 2, 3) == Path("out/run-2.png")
+    assert session.plot_path(Path("noext"), 2, 3) == Path("noext-2")
+    assert session.run_dir(Path("tb"), 1, 2, "x/train.log.gz") == Path("tb/1-train.log")
+    assert session.run_dir(Path("tb.d"), 2, 2, "-") == Path("tb.d/2-stdin")
+    assert session.plot_path(None, 2, 2) is None
 
 
 def test_plot_without_matplotlib_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,8 +3,7 @@
 Every function returns a `Summary` proto built with TensorBoard's own compiled protos, so this
 module needs neither torch nor Lightning (nor PIL: the heatmap is encoded as PNG with zlib).
 Hand a summary to any `SummaryWriter`, the small protocol that both torch's
-``SummaryWriter._get_file_writer()`` and `EventWriter` (here, over TensorBoard's own
-``EventFileWriter``) satisfy:
+``SummaryWriter._get_file_writer()`` and `EventWriter` (`stabilizer.outputs.event_file`) satisfy:
 
     writer.add_summary(custom_scalars_layout(), 0)  # once per run
     writer.add_summary(scalar_summary(record.values), record.step)
@@ -18,19 +17,16 @@ from __future__ import annotations
 
 import re
 import struct
-import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import Protocol
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.plugins.text import metadata as text_metadata
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from stabilizer.core.records import Finding
 from stabilizer.core.signals import (
@@ -48,6 +44,8 @@ from stabilizer.core.signals import (
     UPDATE_RATIO_PREFIX,
     block_index,
 )
+
+from .event_file import EventWriter
 
 __all__ = [
     "FINDINGS_TAG",
@@ -88,43 +86,6 @@ class SummaryWriter(Protocol):
 
     def add_summary(self, summary: Summary, global_step: int | None = None) -> None:
         """Write ``summary`` as an event at ``global_step``."""
-
-
-class EventWriter:
-    """A `SummaryWriter` over TensorBoard's ``EventFileWriter``, for writing without torch.
-
-    Use it as a context manager, or call `close` to flush the file.
-
-    Args:
-        logdir: The run directory; created when missing. A new event file is opened in it.
-    """
-
-    def __init__(self, logdir: str) -> None:
-        self._writer = EventFileWriter(logdir)
-
-    def add_summary(self, summary: Summary, global_step: int | None = None) -> None:
-        """Write ``summary`` as an event at ``global_step`` (0 when None), stamped now."""
-        event = event_pb2.Event(wall_time=time.time(), step=global_step or 0, summary=summary)
-        self._writer.add_event(event)
-
-    def flush(self) -> None:
-        """Write the pending events to disk."""
-        self._writer.flush()
-
-    def close(self) -> None:
-        """Flush and close the event file."""
-        self._writer.close()
-
-    def __enter__(self) -> EventWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def scalar_summary(values: Mapping[str, float]) -> Summary:

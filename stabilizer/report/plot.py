@@ -9,16 +9,21 @@ bin draws its min-max band and its last value; each segment of a restarted run i
 
 from __future__ import annotations
 
+import io
 import math
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stabilizer.core.records import Severity
-from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE
+from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE
 from stabilizer.outputs.tensorboard import depth_order
 from stabilizer.replay.diagnose import Diagnosis
+from stabilizer.replay.history import Bin, History
 
 from .episodes import episodes
+from .files import write_file
 
 __all__ = ["PlotUnavailable", "plot_diagnosis", "require_matplotlib"]
 
@@ -29,6 +34,7 @@ _COLOURS = {
     Severity.CRITICAL: "darkred",
 }
 _SEGMENT_COLOURS = ("tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan")
+_LIMIT = 10**300  # steps and values beyond it are left out: floats end near 1.8e308
 _INSTALL = "`--plot` needs matplotlib: pip install 'stabilizer-lightning[plot]'"
 
 
@@ -63,7 +69,7 @@ def _curve(ax: Any, diagnosis: Diagnosis, key: str, log: bool) -> bool:
         ]
         if not rows:
             continue
-        steps, lows, highs, lasts = (list(column) for column in zip(*rows, strict=True))
+        steps, lows, highs, lasts = (list(map(float, column)) for column in zip(*rows, strict=True))
         colour = _SEGMENT_COLOURS[(segment.index - 1) % len(_SEGMENT_COLOURS)]
         label = f"segment {segment.index}" if len(diagnosis.segments) > 1 else None
         ax.fill_between(steps, lows, highs, color=colour, alpha=0.25, linewidth=0)
@@ -78,13 +84,14 @@ def _episodes(ax: Any, diagnosis: Diagnosis) -> None:
     """Shade each episode's steps and number it as the timeline does."""
     for episode in episodes(diagnosis):
         colour = _COLOURS.get(episode.worst.severity, "tab:gray")
-        end = episode.end if episode.end is not None else episode.start
-        if end > episode.start:
-            ax.axvspan(episode.start, end, color=colour, alpha=0.2, linewidth=0)
+        start = float(episode.start)
+        end = float(episode.end) if episode.end is not None else start
+        if end > start:
+            ax.axvspan(start, end, color=colour, alpha=0.2, linewidth=0)
         else:
-            ax.axvline(episode.start, color=colour, alpha=0.6, linewidth=1.5)
+            ax.axvline(start, color=colour, alpha=0.6, linewidth=1.5)
         ax.text(  # staggered, so that episodes that start together stay readable
-            episode.start, 0.98 - 0.09 * (episode.number % 3), f"#{episode.number}",
+            start, 0.98 - 0.09 * (episode.number % 3), f"#{episode.number}",
             color=colour, fontsize=8, va="top",
             transform=ax.get_xaxis_transform(),
         )  # fmt: skip
@@ -92,7 +99,7 @@ def _episodes(ax: Any, diagnosis: Diagnosis) -> None:
 
 def _nonfinite_marks(ax: Any, diagnosis: Diagnosis) -> None:
     series = diagnosis.history.series(LOSS)
-    steps = [step for step, bad in zip(series.steps, series.nonfinite, strict=True) if bad]
+    steps = [float(step) for step, bad in zip(series.steps, series.nonfinite, strict=True) if bad]
     if steps:
         ax.scatter(
             steps, [0.02] * len(steps), marker="^", color="red", s=12, label="NaN/Inf loss",
@@ -111,7 +118,7 @@ def _heatmap(fig: Any, ax: Any, diagnosis: Diagnosis, groups: list[str]) -> None
     logged[np.isnan(values)] = np.nan
     image = ax.imshow(
         np.ma.masked_invalid(logged), aspect="auto", interpolation="nearest",
-        extent=(steps[0], max(steps[-1], steps[0] + 1), len(groups) - 0.5, -0.5),
+        extent=(*_span(steps[0], steps[-1]), len(groups) - 0.5, -0.5),
         cmap=colormaps["viridis"].with_extremes(bad="red"),
     )  # fmt: skip
     step = max(1, len(groups) // 16)
@@ -120,14 +127,75 @@ def _heatmap(fig: Any, ax: Any, diagnosis: Diagnosis, groups: list[str]) -> None
     fig.colorbar(image, ax=ax, label="log10 grad norm", pad=0.01)
 
 
-def plot_diagnosis(diagnosis: Diagnosis, path: Path) -> None:
-    """Draw the diagnosis and save it as a PNG at ``path``.
+def _span(first: int, last: int) -> tuple[float, float]:
+    """``first`` to ``last`` as floats, widened when they are one point (at any magnitude)."""
+    low, high = float(first), float(last)
+    return low, max(high, low + max(1.0, abs(low) * 1e-9))
+
+
+def _plottable(diagnosis: Diagnosis) -> tuple[Diagnosis, list[str]]:
+    """``diagnosis`` less what no axis can draw, and a note on each kind of thing left out.
+
+    Steps are ints of any size (a log may say ``step=10**400``), and a curve spanning ±1.8e308
+    has no finite range: matplotlib draws floats in range, so those bins and values go.
+    """
+    bins, steps_out, values_out = [], 0, 0
+    for one in diagnosis.history.bins:
+        if not _fits(one.first_step, one.last_step):
+            steps_out += 1
+            continue
+        wild = [key for key, entry in one.series.items() if _wild(key, entry)]
+        if wild:
+            values_out += len(wild)
+            series = {
+                k: [math.nan, math.nan, math.nan, e[3]] if k in wild else e
+                for k, e in one.series.items()
+            }
+            one = Bin(one.first_step, one.last_step, one.segment, one.count, series)
+        bins.append(one)
+    found = diagnosis.findings
+    findings = [item for item in found if _fits(item.finding.step, item.finding.end_step)]
+    notes = [f"{steps_out} plot points at steps beyond ±1e300"] if steps_out else []
+    notes += [f"{values_out} plot points with values beyond ±1e300"] if values_out else []
+    if not notes and len(findings) == len(found):
+        return diagnosis, []
+    history = diagnosis.history
+    kept = History(history.capacity)
+    kept.bins, kept.width, kept.records = bins, history.width, history.records
+    return replace(diagnosis, history=kept, findings=findings), notes
+
+
+def _fits(*steps: int | None) -> bool:
+    return all(step is None or -_LIMIT < step < _LIMIT for step in steps)
+
+
+def _wild(key: str, entry: list[float]) -> bool:
+    """A curve's min, max or last beyond `_LIMIT` (the heatmap draws log10 of any norm)."""
+    return not key.startswith(GRAD_NORM_PREFIX) and any(abs(x) > _LIMIT for x in entry[:3])
+
+
+def plot_diagnosis(diagnosis: Diagnosis, path: Path, force: bool = False) -> list[str]:
+    """Draw the diagnosis and save it as a PNG at ``path`` (see `stabilizer.report.files`).
+
+    Returns:
+        Notes on what the picture leaves out, and matplotlib's warnings, one line each.
 
     Raises:
         PlotUnavailable: matplotlib is not installed.
-        OSError: ``path`` cannot be written.
+        OSError: ``path`` cannot be written, or exists and ``force`` is off.
     """
     require_matplotlib()
+    diagnosis, left_out = _plottable(diagnosis)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        png = _draw(diagnosis)
+    write_file(path, png, force)
+    notes = [f"note: {what} are left out of {path}" for what in left_out]
+    return notes + [f"note: plot: {text}" for text in dict.fromkeys(str(w.message) for w in caught)]
+
+
+def _draw(diagnosis: Diagnosis) -> bytes:
+    """The PNG image of the diagnosis."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -153,4 +221,6 @@ def plot_diagnosis(diagnosis: Diagnosis, path: Path) -> None:
     axes[-1].set_xlabel("step")
     name = "standard input" if diagnosis.path == "-" else diagnosis.path
     fig.suptitle(f"{name} ({diagnosis.format}, {diagnosis.records} records)", fontsize=10)
-    fig.savefig(path, dpi=100, format="png")
+    image = io.BytesIO()
+    fig.savefig(image, dpi=100, format="png")
+    return image.getvalue()

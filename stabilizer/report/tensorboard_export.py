@@ -3,15 +3,25 @@
 While the log streams, every record is written as ``stability/<key>`` scalars at its step (as
 the live monitor logs them); at the end come the custom-scalars layout, the per-layer gradient
 norm heatmap (from the bounded history, when per-layer norms were logged) and the findings table
-as text. Written with `stabilizer.outputs.tensorboard.EventWriter`: no torch needed.
+as text. Written with `stabilizer.outputs.event_file.EventWriter`, one event file per input,
+opened once; no torch needed.
+
+The file's name ends in `REPLAY_SUFFIX`, so that a later ``stabilizer diagnose`` of a run
+directory that holds the original run's event files too reads those and not this copy.
+TensorBoard stores steps as int64 and scalars as float32: a record at a step outside int64 is
+left out, a finite value beyond float32 becomes ±inf, and `TensorBoardExport.finish` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from stabilizer.core.records import StepRecord
 from stabilizer.outputs.tensorboard import (
@@ -25,57 +35,107 @@ from stabilizer.outputs.tensorboard import (
     scalar_summary,
 )
 from stabilizer.replay.diagnose import Diagnosis
+from stabilizer.replay.readers import REPLAY_SUFFIX
 
-__all__ = ["FINDINGS_TAG", "HEATMAP_TAG", "TensorBoardExport"]
+from .files import OutputError
+
+__all__ = ["FINDINGS_TAG", "HEATMAP_TAG", "REPLAY_SUFFIX", "TensorBoardExport"]
+
+_INT64 = 1 << 63
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class TensorBoardExport:
     """Writes the records of one diagnosis, then its summaries, into one TensorBoard run.
 
-    Use it as a `RecordSink` of `diagnose`, then call `finish` with the diagnosis; or `close`
-    it (also as a context manager) to stop without the summaries. The event file is created with
-    the first record, so a log that cannot be read leaves no file behind.
+    Use it as a `RecordSink` of `diagnose`, inside a ``with`` block, then call `finish` with
+    the diagnosis. The event file is created with the first record, so a log that cannot be read
+    leaves no file behind; leaving the block on an error removes the unfinished file.
 
     Args:
         logdir: The run directory; created when missing.
+        replace: Once this export is complete, remove the earlier exports in ``logdir``
+            (``--force``): the new one replaces them, it is not merged with them.
     """
 
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
+    def __init__(self, logdir: Path, replace: bool = False) -> None:
+        self.logdir, self.replace = logdir, replace
         self._opened: EventWriter | None = None  # opened with the first record: no empty file
-        self._last = 0  # last step written
-
-    @property
-    def _writer(self) -> EventWriter:
-        if self._opened is None:
-            self._opened = EventWriter(str(self.logdir))
-        return self._opened
+        self._last: int | None = None  # last step written
+        self._steps_out = 0  # records at steps TensorBoard cannot store
+        self._values_out = 0  # finite values beyond float32
 
     def record(self, record: StepRecord) -> None:
         """Write one record's values as ``stability/<key>`` scalars at its step."""
-        if record.values:
-            self._writer.add_summary(scalar_summary(record.values), record.step)
-        self._last = record.step
+        step, values = record.step, record.values
+        if not -_INT64 <= step < _INT64:
+            self._steps_out += 1
+            return
+        if values:
+            self._values_out += sum(
+                _FLOAT32_MAX < abs(value) < math.inf for value in values.values()
+            )
+            self._write(scalar_summary(values), step)
+        self._last = step
 
-    def finish(self, diagnosis: Diagnosis) -> None:
-        """Write the layout, the heatmap and the findings text; close the event file."""
+    def finish(self, diagnosis: Diagnosis) -> list[str]:
+        """Write the layout, the heatmap and the findings text; close the event file.
+
+        Returns:
+            Notes on what TensorBoard could not store as it was (one line each).
+        """
+        at = self._last or 0
+        self._write(custom_scalars_layout(), 0)
+        groups = depth_order(diagnosis.history.groups())
+        if groups:
+            _, rows = diagnosis.history.matrix(groups)
+            self._write(heatmap_summary(np.asarray(rows, dtype=np.float64)), at)
+        self._write(findings_text([item.finding for item in diagnosis.findings]), at)
+        self.close()
+        if self.replace:
+            self._remove_earlier()
+        return self._notes()
+
+    def _write(self, summary: Summary, step: int) -> None:
         try:
-            self._writer.add_summary(custom_scalars_layout(), 0)
-            groups = depth_order(diagnosis.history.groups())
-            if groups:
-                _, rows = diagnosis.history.matrix(groups)
-                matrix = np.asarray(rows, dtype=np.float64)
-                self._writer.add_summary(heatmap_summary(matrix), self._last)
-            findings = [item.finding for item in diagnosis.findings]
-            self._writer.add_summary(findings_text(findings), self._last)
-        finally:
-            self.close()
+            if self._opened is None:
+                self._opened = EventWriter(str(self.logdir), REPLAY_SUFFIX)
+            self._opened.add_summary(summary, step)
+        except OSError as exc:
+            raise OutputError(f"{self.logdir}: cannot write ({exc.strerror or exc})") from None
+
+    def _notes(self) -> list[str]:
+        notes = []
+        if self._steps_out:
+            notes.append(
+                f"note: {self._steps_out} records at steps outside TensorBoard's int64 range "
+                f"are left out of {self.logdir}"
+            )
+        if self._values_out:
+            notes.append(
+                f"note: {self._values_out} values beyond float32's range (±3.4e38) are ±inf "
+                f"in {self.logdir}"
+            )
+        return notes
+
+    def _remove_earlier(self) -> None:
+        """Remove the other exports of the run directory (this one replaces them)."""
+        with os.scandir(self.logdir) as entries:
+            for entry in entries:
+                earlier = entry.name.endswith(REPLAY_SUFFIX) and "tfevents" in entry.name
+                if earlier and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        if self._path != entry.path:
+                            os.unlink(entry.path)
+
+    @property
+    def _path(self) -> str:
+        return "" if self._opened is None else self._opened.path
 
     def close(self) -> None:
         """Flush and close the event file (if one was opened)."""
         if self._opened is not None:
             self._opened.close()
-            self._opened = None
 
     def __enter__(self) -> TensorBoardExport:
         return self
@@ -87,3 +147,6 @@ class TensorBoardExport:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        if exc is not None and self._path:  # an unfinished export is no export
+            with contextlib.suppress(OSError):
+                os.unlink(self._path)

@@ -50,7 +50,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ._lines import MAX_LINE, text_lines
-from ._source import Source, find_logs, is_binary, open_source
+from ._source import REPLAY_SUFFIX, Source, find_logs, is_binary, open_source
 from ._stream import LogStream
 from .base import (
     MAX_NOTES,
@@ -80,6 +80,7 @@ __all__ = [
     "MAX_NOTES",
     "NOTE_KINDS",
     "READERS",
+    "REPLAY_SUFFIX",
     "BaseReader",
     "DeepSpeedReader",
     "FairseqReader",
@@ -215,7 +216,7 @@ def _open_all(files: list[str | Path], notes: list[Note]) -> list[Source]:
             if len(files) > 1 and Path(file).stat().st_size == 0:
                 add_note(notes, Note("source", f"{file}: empty event file skipped"))
                 continue
-            sources.append(open_source(file))
+            sources.append(open_source(file, notes))
     except LogReadError:
         _close(sources)
         raise

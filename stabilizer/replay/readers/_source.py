@@ -1,4 +1,4 @@
-"""Opening logs: files, ``-`` for stdin, gzip, and run directories; binary or text.
+"""Opening logs: files, named pipes, ``-`` for stdin, gzip; binary or text.
 
 Every failure to open becomes a `LogReadError` with a one-line message. The first `HEAD` bytes
 are read for detection and then served again, so stdin and gzip streams need no seeking.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import select
 import stat
 import sys
 import zlib
@@ -16,18 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .base import LogReadError, Note
+from ._rundir import KINDS, REPLAY_SUFFIX, find_logs
+from .base import LogReadError, Note, add_note
 
-__all__ = ["HEAD", "KINDS", "Source", "find_logs", "is_binary", "open_source"]
+__all__ = [
+    "HEAD",
+    "KINDS",
+    "PIPE_WAIT",
+    "REPLAY_SUFFIX",
+    "Source",
+    "find_logs",
+    "is_binary",
+    "open_source",
+]
 
 HEAD = 1 << 16  # bytes read for detection
-
-KINDS = (  # what a directory may hold, most complete first: (format, file name pattern)
-    ("jsonl", "stability.jsonl"),
-    ("tensorboard", "events.out.tfevents.*"),
-    ("lightning_csv", "metrics.csv"),
-    ("hf_trainer_state", "trainer_state.json"),
-)
+PIPE_WAIT = 10.0  # seconds a named pipe may keep its first bytes waiting before it is refused
 
 
 @dataclass
@@ -60,11 +65,22 @@ class _Replay(io.RawIOBase):
     """``head`` again, then the rest of ``stream``; closes ``stream`` only if it ``owns`` it.
 
     ``position`` counts the bytes taken from ``stream``, ``head`` (read from it before) included.
+    A read that fails (an I/O error, damaged gzip data) ends the stream there, with a note in
+    ``notes``: the readers read a chunk ahead, so an error raised to them would cost the chunk
+    before it.
     """
 
-    def __init__(self, head: bytes, stream: IO[bytes], owns: bool = True) -> None:
+    def __init__(
+        self,
+        head: bytes,
+        stream: IO[bytes] | io.RawIOBase,
+        owns: bool = True,
+        notes: list[Note] | None = None,
+    ) -> None:
         self._head, self._stream, self._owns = memoryview(head), stream, owns
         self._read = getattr(stream, "read1", stream.read)  # a pipe: what is there, no waiting
+        self._notes = [] if notes is None else notes
+        self._stopped = False
         self.position = len(head)
 
     def readable(self) -> bool:
@@ -75,7 +91,16 @@ class _Replay(io.RawIOBase):
             size = min(len(buffer), len(self._head))
             buffer[:size], self._head = self._head[:size], self._head[size:]
             return size
-        data = self._read(len(buffer))
+        if self._stopped:
+            return 0
+        try:
+            data = self._read(len(buffer))
+        except (OSError, EOFError, zlib.error) as exc:
+            self._stopped = True
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            message = f"{why} after {self.position} bytes: read up to there"
+            add_note(self._notes, Note("truncated", message))
+            return 0
         size = len(data)
         buffer[:size] = data
         self.position += size
@@ -87,30 +112,25 @@ class _Replay(io.RawIOBase):
         super().close()
 
 
-def open_source(path: str | Path) -> Source:
-    """Open a file (gzip is recognised by its magic bytes) or ``-`` (stdin, never closed).
+def open_source(path: str | Path, notes: list[Note] | None = None) -> Source:
+    """Open a file (gzip is recognised by its magic bytes), a pipe, or ``-`` (stdin, never closed).
+
+    A file that fails part-way (an I/O error; gzip data cut short or with a bad CRC) reads up to
+    the failure, which ends it with a ``truncated`` note in ``notes``.
 
     Raises:
-        LogReadError: The path is missing, unreadable, a corrupt gzip, or empty.
+        LogReadError: The path is missing, unreadable, not a regular file or a pipe, a pipe
+            with no writer, a corrupt gzip from its first bytes, or empty.
     """
     name = str(path)
-    try:
-        raw: IO[bytes] = sys.stdin.buffer if name == "-" else open(path, "rb")  # noqa: SIM115
-    except FileNotFoundError:
-        raise LogReadError(f"{name}: no such file or directory") from None
-    except PermissionError:
-        raise LogReadError(f"{name}: permission denied") from None
-    except OSError as exc:
-        raise LogReadError(f"{name}: cannot open ({exc.strerror or exc})") from None
+    raw = sys.stdin.buffer if name == "-" else _open_file(name)
     owns = name != "-"
     try:
         head = raw.read(HEAD)
-        counter = _Replay(head, raw, owns)
+        counter = _Replay(head, raw, owns, notes)
         stream: IO[bytes] = io.BufferedReader(counter, buffer_size=_BUFFER)
         if head.startswith(b"\x1f\x8b"):
-            unpacked: IO[bytes] = gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[assignment]
-            head = unpacked.read(HEAD)
-            stream = _buffered(head, unpacked)
+            head, stream = _gunzip(stream, notes)
     except (OSError, EOFError, zlib.error) as exc:
         _drop(raw, owns)
         raise LogReadError(f"{name}: cannot read ({exc})") from None
@@ -120,11 +140,83 @@ def open_source(path: str | Path) -> Source:
     return Source(name, head, stream, counter, _size(raw))
 
 
+def _open_file(name: str) -> IO[bytes]:
+    """A regular file or a pipe that has data (waiting up to `PIPE_WAIT`); nothing else."""
+    try:  # non-blocking: opening a FIFO with no writer would otherwise wait forever
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise LogReadError(f"{name}: no such file or directory") from None
+    except PermissionError:
+        raise LogReadError(f"{name}: permission denied") from None
+    except OSError as exc:
+        raise LogReadError(f"{name}: cannot open ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a device or a socket"
+        raise LogReadError(f"{name}: {kind}, not a log file")
+    if stat.S_ISFIFO(mode):
+        if not select.select([fd], [], [], PIPE_WAIT)[0]:
+            os.close(fd)
+            raise LogReadError(f"{name}: a pipe that nothing was written to in {PIPE_WAIT:g} s")
+        os.set_blocking(fd, True)  # a writer is there: from now on, wait for it as stdin does
+    return os.fdopen(fd, "rb")
+
+
+def _gunzip(stream: IO[bytes], notes: list[Note] | None) -> tuple[bytes, IO[bytes]]:
+    """The first `HEAD` unpacked bytes and a stream of all of them, from their start.
+
+    Read a piece at a time, so that damage within the first `HEAD` bytes keeps what came before
+    it: the stream then ends there, with a note.
+    """
+    unpacked = gzip.GzipFile(fileobj=stream, mode="rb")
+    pieces: list[bytes] = []
+    size, damage = 0, None
+    try:
+        while size < HEAD and (piece := unpacked.read1(HEAD - size)):
+            pieces.append(piece)
+            size += len(piece)
+    except (OSError, EOFError, zlib.error) as exc:
+        if not pieces:
+            raise
+        damage = exc
+    head = b"".join(pieces)
+    replay = _Replay(head, _Gunzipped(unpacked, damage), notes=notes)
+    return head, io.BufferedReader(replay, buffer_size=_BUFFER)
+
+
+class _Gunzipped(io.RawIOBase):
+    """The rest of an unpacking gzip stream; damage raises an `OSError` that names it.
+
+    Args:
+        unpacked: The gzip stream.
+        damage: The error that has already stopped the unpacking, if any.
+    """
+
+    def __init__(self, unpacked: gzip.GzipFile, damage: BaseException | None = None) -> None:
+        self._unpacked, self._damage = unpacked, damage
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = b""
+        if self._damage is None:
+            try:
+                data = self._unpacked.read1(len(buffer))
+            except (OSError, EOFError, zlib.error) as exc:
+                self._damage = exc
+        if self._damage is not None:
+            raise OSError(f"damaged gzip data ({self._damage})")
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._unpacked.close()
+        super().close()
+
+
 _BUFFER = 1 << 16
-
-
-def _buffered(head: bytes, stream: IO[bytes]) -> IO[bytes]:
-    return io.BufferedReader(_Replay(head, stream), buffer_size=_BUFFER)
 
 
 def _drop(raw: IO[bytes], owns: bool) -> None:
@@ -142,51 +234,13 @@ def _size(raw: IO[bytes]) -> int | None:
 
 
 def is_binary(head: bytes) -> bool:
-    """Whether ``head`` looks like binary data rather than text (UTF-8 or UTF-16)."""
+    """Whether ``head`` looks like binary data rather than text (UTF-8 or UTF-16).
+
+    Control characters and undecodable bytes count against it, NULs do not: a log that a crash
+    left with blocks of NULs in it (pages the file system had not written yet) is still a log.
+    """
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         return False
-    if b"\x00" in head:
-        return True
-    text = head.decode("utf-8", "replace")
+    text = head.replace(b"\x00", b"").decode("utf-8", "replace")
     odd = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\x1b\x08\x0c"))
     return odd > max(8, len(text) // 20)
-
-
-def find_logs(directory: Path, format: str, notes: list[Note]) -> tuple[str, list[Path]]:
-    """The format and files of the log in a run directory (the newest run when there are several).
-
-    Raises:
-        LogReadError: Nothing readable in ``directory``.
-    """
-    kinds = [kind for kind in KINDS if format in ("auto", kind[0])]
-    if not kinds:
-        valid = ", ".join(kind for kind, _ in KINDS)
-        raise LogReadError(f"{directory}: a directory reads as {valid}, not {format}: pass a file")
-    for kind, pattern in kinds:
-        found = sorted(p for p in _walk(directory, pattern) if p.is_file())
-        if not found:
-            continue
-        runs = sorted({p.parent for p in found}, key=_mtime)
-        if len(runs) > 1:
-            why = f"{len(runs)} runs in {directory}: reading the newest, {runs[-1]}"
-            notes.append(Note("source", why))
-        files = [p for p in found if p.parent == runs[-1]]
-        notes.append(Note("source", f"reading {kind}: {', '.join(p.name for p in files)}"))
-        return kind, files
-    looked = ", ".join(pattern for _, pattern in kinds)
-    raise LogReadError(f"{directory}: nothing readable in this directory (looked for {looked})")
-
-
-def _walk(directory: Path, pattern: str, depth: int = 4) -> list[Path]:
-    """Files matching ``pattern`` up to ``depth`` levels down, hidden directories skipped."""
-    found = list(directory.glob(pattern))
-    if depth > 0:
-        for child in sorted(directory.iterdir()) if os.access(directory, os.R_OK) else []:
-            if child.is_dir() and not child.name.startswith("."):
-                found += _walk(child, pattern, depth - 1)
-    return found
-
-
-def _mtime(directory: Path) -> tuple[float, str]:
-    times = [p.stat().st_mtime for p in directory.iterdir() if p.is_file()]
-    return (max(times, default=0.0), str(directory))

@@ -59,8 +59,10 @@ def frames(stream: IO[bytes], notes: list[Note], verify: bool = False) -> Iterat
     """
     buf, base, need = b"", 0, 12  # base: file offset of buf[0]; need: bytes for the next step
     checked: set[bytes] = set()
+    # One read of the file at a time: a read that fails part-way keeps what came before it.
+    read = getattr(stream, "read1", stream.read)
     while True:
-        more = stream.read(max(_CHUNK, need - len(buf)))
+        more = read(max(_CHUNK, need - len(buf)))
         if not more:
             if buf:
                 _stop(notes, "truncated record", base)
