@@ -58,7 +58,7 @@ _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|[nN]a[nN]|[iI]nf(?:inity)?)"
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"]?"  # one word or two
-    r"(\s*[:=]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
+    r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
     r"(" + _NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
 )
 _COUNTERS = ("global_step", "step", "num_updates", "update", "iteration", "iter", "batch", "s")
@@ -74,6 +74,7 @@ _EPOCH = re.compile(
 )
 _AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
+_LEADING = re.compile(r"\s*(\d+)\s*\|\s")  # "420 | loss 4.06 | lr 9e-04"
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
 _OVERFLOW = re.compile(
     r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
@@ -88,6 +89,7 @@ _ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + _NUM + ")")
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _HINT = re.compile(r"(?<![a-z])(?:loss|norm|lr|step|iter|iteration|epoch|batch)(?![a-z]).*\d")
+_Values = dict[str, float]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
 
@@ -123,12 +125,12 @@ class UniversalReader(BaseReader):
             if ("overflow" in low or "loss scale" in low) and _OVERFLOW.search(low):
                 yield from join.overflow(lineno, _overflow(low))
                 continue
-            step = steps.of(low)
+            step, where = steps.of(low)
             values = _values(line)
-            if step is None and not (values and SIGNALS.intersection(values)):
+            if step is None and not _known(values):
                 join.other(line)
                 continue
-            yield from join.line(lineno, line, step, values)
+            yield from join.line(lineno, line, (step, where), values)
         yield from join.end()
 
 
@@ -139,26 +141,36 @@ class _Steps:
         self.epoch: int | None = None  # the last epoch printed
         self.first: int | None = None  # the first epoch's number: 0 or 1
 
-    def of(self, low: str) -> int | None:
-        """The step of a lower-cased line, or None."""
+    def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
+        """The step of a lower-cased line (or None), and all the counters it prints."""
         epoch = _EPOCH.search(low) if "epoch" in low else None
         if epoch is not None:
             self.epoch = int(epoch[1])
             if self.first is None:
                 self.first = 0 if self.epoch == 0 else 1
         if "step" in low or "iter" in low or "update" in low or "batch" in low or "s:" in low:
-            named = _STEP.findall(low)
-            if named:
-                _, count, total = min(named, key=lambda found: _COUNTERS.index(found[0]))
-                return self._on(int(count), total, epoch is not None)
-            ranged = _RANGE.search(low)
-            if ranged is not None:
-                return int(ranged[1])
+            named = sorted(_STEP.findall(low), key=lambda found: _COUNTERS.index(found[0]))
+            if named:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
+                _, count, total = named[0]
+                step = self._on(int(count), total, epoch is not None)
+                return step, (step, *(int(found[1]) for found in named[1:]))
+        found = self._count(low, epoch)
+        return found, () if found is None else (found,)
+
+    def _count(self, low: str, epoch: re.Match[str] | None) -> int | None:
+        """The step of a line without a named counter: a count, else its epoch."""
+        ranged = _RANGE.search(low) if "batch" in low else None
+        if ranged is not None:
+            return int(ranged[1])
+        count = None
         if "/" in low:
             count = epoch and _AFTER_EPOCH.match(low, epoch.end())
             count = count or _BAR.search(low) or _BRACKET.search(low)
-            if count:
-                return self._on(int(count[1]), count[2], True)
+        if count:
+            return self._on(int(count[1]), count[2], True)
+        leading = _LEADING.match(low)
+        if leading is not None:
+            return int(leading[1])
         return None if epoch is None else int(epoch[1])
 
     def _on(self, count: int, total: str, in_epoch: bool) -> int:
@@ -169,15 +181,28 @@ class _Steps:
 
 
 def _values(line: str) -> dict[str, float]:
-    """The metrics of a line by key (later ones win); ``loss_*`` parts add up to a lacking loss."""
+    """The metrics of a line by key; of two names for one key the first wins (``Loss: 0.31,
+    ..., LM Loss: 1.08`` in StyleTTS2 is its loss, then a part of it)."""
     values: dict[str, float] = {}
     for name, sep, text in _PAIR.findall(line):
         key = key_of(name)
-        if key is None or (key not in SIGNALS and ":" not in sep and "=" not in sep):
-            continue  # a counter, or an unknown name with a blank after it: "line 132"
-        values[key] = float(text)
+        if key is None or key in values:
+            continue
+        if key in SIGNALS or ":" in sep or "=" in sep or "\uff1a" in sep:
+            values[key] = float(text)  # (an unknown name needs a colon: not "line 132")
+    return values
+
+
+def _known(values: dict[str, float]) -> set[str]:
+    """The keys of ``values`` that make a line a record without a step: signals, loss parts."""
+    return {key for key in values if key in SIGNALS or key.startswith("loss_")}
+
+
+def _total(values: dict[str, float]) -> dict[str, float]:
+    """A record's values, with the sum of its ``loss_*`` parts as its loss if it has none:
+    Detectron2 and mmdet add their parts so."""
     if LOSS not in values:
-        parts = [value for key, value in values.items() if key.lower().startswith("loss_")]
+        parts = [v for key, v in values.items() if key.startswith("loss_") and key not in SIGNALS]
         if parts:
             values[LOSS] = sum(parts)
     return values
@@ -194,6 +219,7 @@ class _Pending:
     """The record being put together from the lines of one step."""
 
     step: int | None
+    where: tuple[int, ...]  # every counter its first line printed
     values: dict[str, float]
     text: str  # the line (joined with the lines it wraps onto)
     start: int  # its first line number
@@ -219,33 +245,33 @@ class _Joiner:
             self.banner = resume_banner(line)
 
     def line(
-        self, lineno: int, line: str, step: int | None, values: dict[str, float]
+        self, lineno: int, line: str, at: tuple[int | None, tuple[int, ...]], values: _Values
     ) -> Iterator[StepRecord | Restart]:
         """A line with a step or a metric: it joins the pending record or starts the next one."""
-        pend = self.pending
+        pend, (step, where) = self.pending, at
         if pend is not None and not pend.overflow:
-            if step is not None and step == pend.step:
+            if step is not None and where == pend.where:  # the same step again: later wins
                 pend.values.update(values)
                 pend.end = lineno
                 return
             if step is None and lineno == pend.end + 1 and _wraps(pend, values, line):
-                pend.text += line
+                pend.text += line  # re-read joined: "| learning" + " rate: 4.475E-05 |"
                 pend.values = {**pend.values, **_values(pend.text)}
                 pend.end = lineno
                 return
         yield from self._finish()
-        self.pending = _Pending(step, values, line, lineno, lineno, banner=self.banner)
+        self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
         self.banner = ""
 
-    def overflow(self, lineno: int, values: dict[str, float]) -> Iterator[StepRecord | Restart]:
+    def overflow(self, lineno: int, values: _Values) -> Iterator[StepRecord | Restart]:
         """An overflow line: one more line of the pending overflow, or a new one."""
         pend, scale = self.pending, values.get(LOSS_SCALE)
         same = scale is None or (pend is not None and pend.values.get(LOSS_SCALE, scale) == scale)
         if pend is not None and pend.overflow and same:
-            pend.values.update(values)  # no new scale, or the same: the same overflow
+            pend.values.update(values)  # no scale named, or the pending one's: the same overflow
             return
         yield from self._finish()
-        self.pending = _Pending(None, values, "", lineno, lineno, overflow=True)
+        self.pending = _Pending(None, (), values, "", lineno, lineno, overflow=True)
 
     def end(self) -> Iterator[StepRecord | Restart]:
         """The records still held when the lines end."""
@@ -257,7 +283,7 @@ class _Joiner:
         if pend is None or not pend.values:
             return
         if pend.step is None:
-            if pend.overflow or pend.values != self.previous:
+            if pend.overflow or pend.values != self.previous:  # (a NaN is equal to nothing)
                 self.held.append(pend.values)
                 self.previous = pend.values
             if len(self.held) >= MAX_HELD:
@@ -265,31 +291,29 @@ class _Joiner:
             return
         back = self.logged is not None and pend.step < self.logged
         yield from self._place(None if back or pend.banner else pend.step)
-        if back or pend.banner:
-            why = f"resume banner {pend.banner!r}" if pend.banner else ""
-            yield Restart(
-                pend.step, pend.start, why or f"step went back from {self.logged} to {pend.step}"
-            )
+        if pend.banner:
+            yield Restart(pend.step, pend.start, f"resume banner {pend.banner!r}")
+        elif back:
+            why = f"step went back from {self.logged} to {pend.step}"
+            yield Restart(pend.step, pend.start, why)
         self.logged = self.last = pend.step
         self.previous = pend.values
-        yield StepRecord(pend.step, pend.values)
+        yield StepRecord(pend.step, _total(pend.values))
 
     def _place(self, before: int | None) -> Iterator[StepRecord]:
-        """The held records, just before step ``before`` or (None) after the last record."""
+        """The held records: just before step ``before``, or (None) after the last record."""
         held, self.held = self.held, []
-        after = 1 if self.last is None else self.last + 1
-        start = (
-            after if before is None else max(before - len(held), 0 if self.last is None else after)
-        )
+        after = 1 if self.last is None else self.last + 1  # (1: a position in the log)
+        start = after if before is None else max(before - len(held), after if self.last else 0)
         for offset, values in enumerate(held):
             step = start + offset if before is None else min(start + offset, before)
             self.last = step
-            yield StepRecord(step, values)
+            yield StepRecord(step, _total(values))
 
 
-def _wraps(pend: _Pending, values: dict[str, float], line: str) -> bool:
+def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
     """Whether a line without a step continues the pending record's line (see the module doc)."""
-    known = SIGNALS.intersection(values)
+    known = _known(values)
     return bool(known) and not known.intersection(pend.values) and not _HEADER.search(line)
 
 
