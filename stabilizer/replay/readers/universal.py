@@ -127,9 +127,12 @@ class UniversalReader(BaseReader):
                 continue
             step, where = steps.of(low)
             values = _values(line)
-            if step is None and not _known(values):
-                join.other(line)
-                continue
+            if not _known(values):
+                if step is None:
+                    join.other(line)
+                    continue
+                if steps.weak:  # "begin training epoch 1": no record, but one may follow
+                    values = {}
             yield from join.line(lineno, line, (step, where), values)
         yield from join.end()
 
@@ -140,10 +143,11 @@ class _Steps:
     def __init__(self) -> None:
         self.epoch: int | None = None  # the last epoch printed
         self.first: int | None = None  # the first epoch's number: 0 or 1
+        self.weak = False  # whether the last line's step is only its epoch
 
     def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
         """The step of a lower-cased line (or None), and all the counters it prints."""
-        epoch = _EPOCH.search(low) if "epoch" in low else None
+        epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
         if epoch is not None:
             self.epoch = int(epoch[1])
             if self.first is None:
@@ -171,6 +175,7 @@ class _Steps:
         leading = _LEADING.match(low)
         if leading is not None:
             return int(leading[1])
+        self.weak = epoch is not None
         return None if epoch is None else int(epoch[1])
 
     def _on(self, count: int, total: str, in_epoch: bool) -> int:
@@ -188,8 +193,8 @@ def _values(line: str) -> dict[str, float]:
         key = key_of(name)
         if key is None or key in values:
             continue
-        if key in SIGNALS or ":" in sep or "=" in sep or "\uff1a" in sep:
-            values[key] = float(text)  # (an unknown name needs a colon: not "line 132")
+        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a":
+            values[key] = float(text)  # others need "=" or ": ", not "line 132", "(trainer:581)"
     return values
 
 
