@@ -245,8 +245,8 @@ class _Joiner:
     banner: str = ""  # a resume banner seen since the last record
 
     def other(self, line: str) -> None:
-        """A line that is no record: it may be a resume banner."""
-        if self.logged is not None and not self.banner:
+        """A line that is no record: after a record, it may be a resume banner."""
+        if (self.logged is not None or self.pending is not None) and not self.banner:
             self.banner = resume_banner(line)
 
     def line(
