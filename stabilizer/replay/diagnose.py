@@ -187,9 +187,8 @@ class _Run:
         """Count a run of records of ``segment`` (its steps ``steps``, not going back), and hand
         it to the engine, the history and the sinks."""
         self._count(segment, run, steps)
-        found = self.engine.observe_many(run)
-        if found:
-            self._keep(found)
+        for record in run:
+            self._keep(self.engine.observe(record))
         self.history.add_many(run, segment.index)
         for sink in self.sinks:
             for record in run:
