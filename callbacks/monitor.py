@@ -427,8 +427,5 @@ def _scalar(value: torch.Tensor | None, like: torch.Tensor, default: float) -> t
 
 
 def format_finding(f: Finding) -> str:
-    """One line for a human: step range, severity, kind, location, message, remedies."""
-    where = f" [{', '.join(f.location)}]" if f.location else ""
-    span = f"step {f.step}" if f.end_step in (None, f.step) else f"steps {f.step}-{f.end_step}"
-    fix = f" -> try: {', '.join(f.remedies)}" if f.remedies else ""
-    return f"{span} {f.severity.name.lower()} {f.kind}{where}: {f.message}{fix}"
+    """One line for a human: `Finding.__str__`."""
+    return str(f)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -13,12 +12,7 @@ from typing import Any, ClassVar
 import pytest
 from detectors.streams import (
     eventful,
-    falling_loss,
-    noisy,
-    records,
 )  # pytest puts tests/ on sys.path (no tests/__init__.py)
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from stabilizer.core.detectors import DETECTORS, LossSpike, NonFinite
 from stabilizer.core.engine import Engine
@@ -249,90 +243,3 @@ def test_detection_core_imports_neither_torch_nor_lightning() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def _one_by_one(engine: Engine, stream: list[StepRecord]) -> list[Finding]:
-    found: list[Finding] = []
-    for record in stream:
-        found += engine.observe(record)
-    return found + engine.finish()
-
-
-def _in_batches(engine: Engine, stream: list[StepRecord], cuts: list[int]) -> list[Finding]:
-    found: list[Finding] = []
-    bounds = [0, *sorted({min(c, len(stream)) for c in cuts}), len(stream)]
-    for start, end in itertools.pairwise(bounds):
-        found += engine.observe_many(stream[start:end])
-    return found + engine.finish()
-
-
-NAMES = [
-    "loss", "grad_norm", "loss_scale", "skipped", "clipped", "lr", "nonfinite_grads",
-    "nonfinite_update", "grad_norm/block_00", "grad_norm/block_01", "act_absmax/blocks.0.mlp",
-]  # fmt: skip
-VALUES = [2.5, 2.6, 9.0, 0.0, 1.0, 1e-5, 65536.0, 1e308, -1.0, math.nan, math.inf, -math.inf]
-FINITE = [2.5] * 12 + [2.6] * 12 + [1.0] * 6 + [30.0, 0.0, math.nan]  # rare NaN: clean batches
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    rows=st.lists(
-        st.dictionaries(
-            st.sampled_from(NAMES),
-            st.sampled_from(VALUES) | st.floats(0.1, 10.0) | st.sampled_from(FINITE),
-        )
-        | st.fixed_dictionaries({"loss": st.sampled_from(FINITE)}),
-        max_size=300,
-    ),
-    cuts=st.lists(st.integers(0, 300), max_size=20),
-)
-def test_observe_many_equals_observe_one_by_one(
-    rows: list[dict[str, float]], cuts: list[int]
-) -> None:
-    stream = [StepRecord(step, values) for step, values in enumerate(rows)]
-    one, many = Engine(signal_grace=5), Engine(signal_grace=5)
-    expected = _one_by_one(one, stream)
-    assert _in_batches(many, stream, cuts) == expected
-    assert many.findings == one.findings
-    assert many.state_dict() == one.state_dict()
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_replay_in_batches_equals_observe_on_an_eventful_stream(seed: int) -> None:
-    stream = eventful(2500, seed)
-    expected = _one_by_one(Engine(), stream)
-    assert {f.kind for f in expected} >= {"loss_spike", "nonfinite_loss", "grad_spike"}
-    assert Engine().replay(stream) == expected
-    assert _in_batches(Engine(), stream, [1, 2, 3, 150, 151, 700, 1900]) == expected
-
-
-def test_observe_many_keeps_the_calls_and_failures_of_observe() -> None:
-    script = {5: [_finding("loss_spike", 5, Severity.WARNING)]}
-    stream = [*_losses(10), StepRecord(10, {"lr": 1.0}), *_losses(10, start=11)]
-    one = [Scripted(script), NeedsScale(), Raising(script), ReturnsNone()]
-    many = [Scripted(script), NeedsScale(), Raising(script), ReturnsNone()]
-    expected = _one_by_one(Engine(one, signal_grace=2), stream)
-    engine = Engine(many, signal_grace=2)
-    assert _in_batches(engine, stream, [4]) == expected
-    assert [d.seen for d in many] == [d.seen for d in one]
-    assert engine.disabled == {"raising", "returns_none"}
-
-
-def test_a_clean_batch_ends_a_nan_episode_as_observe_does() -> None:
-    losses = [math.nan if step in (9, 20, 21, 40) else 2.5 for step in range(50)]
-    stream = [StepRecord(step, {"loss": loss}) for step, loss in enumerate(losses)]
-    expected = _one_by_one(Engine(signal_grace=1), stream)
-    assert [f.step for f in expected] == [9, 20, 40]
-    assert _in_batches(Engine(signal_grace=1), stream, [10, 20, 30]) == expected
-
-
-def test_batches_find_the_spikes_of_a_loss_only_stream() -> None:
-    # Every record has a loss (the tracker's shortcut takes whole stretches), spikes here and there.
-    losses = noisy(falling_loss(3000), 0.03)
-    for step in (400, 1210, 2222, 2223):
-        losses[step] *= 4.0
-    stream = records("loss", losses)
-    expected = _one_by_one(Engine(signal_grace=1), stream)
-    assert [f.step for f in expected if f.kind == "loss_spike"] == [400, 1210, 2222]
-    assert Engine(signal_grace=1).replay(stream) == expected
-    assert _in_batches(Engine(signal_grace=1), stream, [7, 401, 1000, 1209, 2223]) == expected

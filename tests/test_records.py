@@ -159,3 +159,36 @@ def test_severity_orders_and_matches_logging_levels() -> None:
         logging.ERROR,
         logging.CRITICAL,
     ]
+
+
+@pytest.mark.parametrize(
+    ("finding", "line"),
+    [
+        pytest.param(
+            Finding("nonfinite_loss", 7, 7, Severity.ERROR, "loss is nan at step 7"),
+            "step 7 error nonfinite_loss: loss is nan at step 7",
+            id="one-step",
+        ),
+        pytest.param(
+            Finding("loss_spike", 200, None, Severity.WARNING, "up", remedies=("rollback",)),
+            "step 200 warning loss_spike: up -> try: rollback",
+            id="no-end",
+        ),
+        pytest.param(
+            Finding(
+                "depth_imbalance",
+                104,
+                153,
+                Severity.WARNING,
+                "starved",
+                location=("block_00", "block_01"),
+                remedies=("swap_to_pre_ln", "scale_lr"),
+            ),
+            "steps 104-153 warning depth_imbalance [block_00, block_01]: starved "
+            "-> try: swap_to_pre_ln, scale_lr",
+            id="range-location-remedies",
+        ),
+    ],
+)
+def test_finding_str_is_one_line_for_a_human(finding: Finding, line: str) -> None:
+    assert str(finding) == line

@@ -7,14 +7,15 @@ import gzip
 import io
 import json
 import math
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from stabilizer.core.records import KINDS, REMEDIES, Finding, Severity, StepRecord
-from stabilizer.replay import diagnose as diagnosis_module
-from stabilizer.replay.readers import LogReadError, Note, read_log
+from stabilizer.replay.diagnose import MAX_KEYS
+from stabilizer.replay.readers import Item, LogReadError, Note, read_log
 from stabilizer.report import (
     ADVICE,
     REMEDY_TEXT,
@@ -352,42 +353,78 @@ def test_diagnose_a_restarted_tensorboard_run(tmp_path: Path) -> None:
     ]
 
 
-EXAMPLES = Path(__file__).parents[1] / "examples" / "logs"
-LOGS = sorted(
-    p for p in [*FIXTURES.iterdir(), *EXAMPLES.iterdir()] if p.suffix not in (".py", ".md")
-)
+def test_diagnose_a_tensorboard_session_start(tmp_path: Path) -> None:
+    """A ``session_log`` START after records splits the run, though the steps go on."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-
-def _picture(diagnosis: Diagnosis) -> object:
-    history = diagnosis.history
-    bins = [
-        (b.first_step, b.last_step, b.segment, b.count, sorted(b.series.items()))
-        for b in history.bins
+    writer = EventFileWriter(str(tmp_path))
+    for step in range(200):
+        if step == 120:
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            writer.add_event(event_pb2.Event(wall_time=1.0, step=step, session_log=start))
+        value = summary_pb2.Summary.Value(tag="loss", simple_value=2.0 + 0.01 * (step % 3))
+        writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+    diagnosis = diagnose(str(tmp_path))
+    assert [(s.first_step, s.last_step, s.records) for s in diagnosis.segments] == [
+        (0, 119, 120),
+        (120, 199, 80),
     ]
-    findings = [(segment, finding.to_dict()) for segment, finding in diagnosis.findings]
-    return diagnosis.segments, findings, bins, history.width, diagnosis.notes
+    assert diagnosis.segments[1].why == (
+        "restart: a new session started (session_log START) (segment 2)"
+    )
 
 
-def _one_at_a_time(self: diagnosis_module._Run, records: list[StepRecord], visible: int) -> None:
-    self.visible = visible
-    for record in records:
-        self.observe(record)
+def test_summary_step_range_is_lowest_to_highest(tmp_path: Path) -> None:
+    """Regression: the summary gave the first segment's first step to the last one's last step
+    (``steps 1–-9223372036854775809``)."""
+    steps = [*range(1, 11), -(2**63) - 1, 5, 6, 7]
+    log = tmp_path / "stability.jsonl"
+    log.write_text(_jsonl(steps, [2.0] * len(steps)))
+    diagnosis = diagnose(str(log))
+    assert diagnosis.steps == (-(2**63) - 1, 10)
+    assert render_text(diagnosis).splitlines()[2] == ("records   14, steps -9223372036854775809–10")
+    log.write_text(_jsonl([*range(1, 11), 5, 6, 7], [2.0] * 13))
+    assert diagnose(str(log)).steps == (1, 10)
 
 
-@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
-def test_diagnose_in_batches_equals_one_record_at_a_time(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    batched = [_picture(diagnose(str(path), bins=8))]
-    monkeypatch.setattr(diagnosis_module, "_BATCH", 3)
-    batched.append(_picture(diagnose(str(path), bins=8)))
-    monkeypatch.setattr(diagnosis_module, "_BATCH", 1)
-    monkeypatch.setattr(diagnosis_module._Run, "observe_many", _one_at_a_time)
-    assert batched == [_picture(diagnose(str(path), bins=8))] * 2
+def test_a_log_of_ever_new_keys_keeps_the_first_max_keys(tmp_path: Path) -> None:
+    """Regression (#15): records each carrying 200 new ``grad_norm/*`` keys made every later
+    record cost every key seen (10,000 records: 133 s, 648 MB). The first `MAX_KEYS` distinct
+    keys are kept, with one note; memory is bounded."""
+    log = tmp_path / "stability.jsonl"
+    with log.open("w") as out:
+        for step in range(600):
+            values = {"loss": 2.0, **{f"grad_norm/g{step}_{k}": 1.0 for k in range(200)}}
+            out.write(StepRecord(step, values).to_json() + "\n")
+    tracemalloc.start()
+    try:
+        diagnosis = diagnose(str(log))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert diagnosis.records == 600
+    assert len(diagnosis.history.keys()) == MAX_KEYS  # loss and the first 4095 norms
+    assert sum(len(one.series) for one in diagnosis.history.bins) < 2 * MAX_KEYS
+    (note,) = [n for n in diagnosis.notes if "distinct keys" in n.message]
+    assert note == Note(
+        "skipped", f"more than {MAX_KEYS} distinct keys: later new keys are dropped", None, 20
+    )
+    assert peak < 64 << 20
+
+
+def test_history_time_goes_with_each_records_keys() -> None:
+    """A record is folded into the bin it lands in only: bins hold the keys of their records."""
+    history = History(capacity=8)
+    for step in range(64):
+        history.add(step, 1, {"loss": 1.0, f"grad_norm/g{step}": 1.0, "ignored": 1.0})
+    assert history.width == 8 and len(history.bins) == 8
+    assert [len(one.series) for one in history.bins] == [9] * 8  # loss and its 8 records' norms
 
 
 def test_records_read_before_a_reader_gives_up_are_diagnosed() -> None:
-    def failing(records: Iterator[StepRecord]) -> Iterator[StepRecord]:
+    def failing(records: Iterator[Item]) -> Iterator[Item]:
         for count, record in enumerate(records):
             if count == 30:
                 raise LogReadError("nanogpt reader failed: boom")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from itertools import chain, islice
-from operator import attrgetter
 from typing import Any
 
 from stabilizer.core.detectors.base import check_at_least
@@ -18,20 +16,11 @@ from stabilizer.core.detectors.base import check_at_least
 from .detectors import Detector, default_detectors
 from .records import Finding, StepRecord
 
-__all__ = ["REPLAY_BATCH", "Engine"]
+__all__ = ["Engine"]
 
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
-
-
-REPLAY_BATCH = 1024
-"""Records `Engine.replay` takes from its stream at a time for `Engine.observe_many`."""
-
-_VALUES = attrgetter("values")
-_MAX_ROUTES = 1024  # key sets remembered; past that the memo starts over
-
-_Route = tuple[Detector, ...]
 
 
 def _has_signals(requires: Sequence[str], values: Collection[str]) -> bool:
@@ -49,19 +38,13 @@ def _order(finding: Finding) -> tuple[Any, ...]:
     return (finding.step, -finding.severity, finding.kind, finding.location, finding.message)
 
 
-def _indexed_order(item: tuple[int, Finding]) -> tuple[Any, ...]:
-    return (item[0], *_order(item[1]))
-
-
 class Engine:
     """Feeds step records to detectors and collects their findings.
 
     A record that holds none of a detector's `requires` keys is not passed to it (detectors treat
-    such records as no-ops anyway); which detectors a record goes to is worked out once per tuple
-    of keys, as the records of one log mostly share theirs (so `detectors` is not to be changed
-    after construction). A detector whose signals have not appeared after `signal_grace` records
-    is logged once at INFO; it keeps waiting, so sparse signals (activation statistics sampled
-    every 500 steps) still reach it when they come.
+    such records as no-ops anyway). A detector whose signals have not appeared after
+    `signal_grace` records is logged once at INFO; it keeps waiting, so sparse signals (activation
+    statistics sampled every 500 steps) still reach it when they come.
 
     Args:
         detectors: The detectors to run, with unique names; None runs `default_detectors()`.
@@ -88,8 +71,6 @@ class Engine:
         self._noted: set[str] = set()  # detectors logged as lacking their signals
         self._disabled: set[str] = set()  # detectors that raised
         self._findings: list[Finding] = []
-        self._routes: dict[tuple[str, ...], _Route] = {}  # record keys -> detectors to run
-        self._waiting = True  # whether an enabled detector is neither seen nor noted
 
     @property
     def findings(self) -> list[Finding]:
@@ -104,109 +85,14 @@ class Engine:
     def observe(self, record: StepRecord) -> list[Finding]:
         """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
         self._records += 1
-        keys = tuple(record.values)
-        route = self._routes.get(keys)
-        if route is None:
-            route = self._route(keys)
-        if self._waiting:
-            return self._emit(self._observe_waiting(record, route))
         found: list[Finding] = []
-        for detector in route:
-            try:
-                result = detector.update(record)
-            except Exception:
-                self._disable(detector, "raised", exc_info=True)
-                continue
-            if result.__class__ is not list or result:
-                found += self._checked(detector, result)
-        return self._emit(found) if found else found
-
-    def observe_many(self, records: Sequence[StepRecord]) -> list[Finding]:
-        """`observe` each record in turn; the same findings in the same order, faster.
-
-        The replay feed's fast path: the records go to each detector whose signals any of them
-        holds as one run, through the detector's `update_many` where it has one (see `Detector`;
-        it treats records without its signals as no-ops) and otherwise through a loop inside the
-        engine that calls `update` with the records that hold its signals, instead of one
-        `observe` frame and one `update` call per record and detector. A detector that raises
-        part-way keeps the findings it made before, as with `observe`.
-        """
-        early: list[Finding] = []  # the warm-up's, one record at a time (emitted by `observe`)
-        count, start = len(records), 0
-        while start < count and self._waiting:
-            early += self.observe(records[start])
-            start += 1
-        if start == count:
-            return early
-        run = records[start:] if start else records
-        self._records += len(run)
-        every = list(map(tuple, map(_VALUES, run)))  # each record's keys
-        shapes = None if every.count(every[0]) == len(every) else every  # None: all the same
-        keys = every[0] if shapes is None else tuple(set(chain.from_iterable(set(shapes))))
-        route = self._routes.get(keys)
-        if route is None:
-            route = self._route(keys)
-        found: list[tuple[int, Finding]] = []
-        for detector in route:
-            self._update_run(detector, run, found, shapes)
-        if not found:
-            return early
-        found.sort(key=_indexed_order)
-        findings = [finding for _, finding in found]
-        self._findings += findings
-        return early + findings
-
-    def _update_run(
-        self,
-        detector: Detector,
-        run: Sequence[StepRecord],
-        found: list[tuple[int, Finding]],
-        shapes: list[tuple[str, ...]] | None,
-    ) -> None:
-        """Feed ``run`` to ``detector``; append its ``(index, finding)`` pairs to ``found``.
-
-        ``shapes``: each record's keys when they differ within the run (None: they do not, and
-        the route says they hold the detector's signals).
-        """
-        out: list[tuple[int, Finding]] = []
-        many = getattr(detector, "update_many", None)
-        try:
-            if many is not None:
-                many(run, out)
-            else:
-                self._update_each(detector, run, shapes, out)
-        except Exception:
-            self._disable(detector, "raised", exc_info=True)
-        if out:
-            results = [finding for _, finding in out]
-            if many is not None and self._checked(detector, results) is not results:
-                return
-            found += out
-
-    def _update_each(
-        self,
-        detector: Detector,
-        run: Sequence[StepRecord],
-        shapes: list[tuple[str, ...]] | None,
-        out: list[tuple[int, Finding]],
-    ) -> None:
-        """`update` with each record of ``run`` that holds the detector's signals, as `observe`
-        calls it; its findings go to ``out``."""
-        update = detector.update
-        holds: dict[tuple[str, ...], bool] = {}  # record keys -> whether signals
-        for index, record in enumerate(run):
-            if shapes is not None:
-                keys = shapes[index]
-                signals = holds.get(keys)
-                if signals is None:
-                    signals = holds[keys] = _has_signals(detector.requires, keys)
-                if not signals:  # as with `observe`: not passed
-                    continue
-            result = update(record)
-            if result.__class__ is not list or result:
-                out += [(index, finding) for finding in self._checked(detector, result)]
-                if detector.name in self._disabled:
-                    return
+        for detector in self._enabled():
+            if _has_signals(detector.requires, record.values):
+                self._seen.add(detector.name)
+                found += self._run(detector, detector.update, record)
+            elif detector.name not in self._seen and detector.name not in self._noted:
+                self._note_missing(detector)
+        return self._emit(found)
 
     def finish(self) -> list[Finding]:
         """End of stream: let every detector close its open episodes; return their findings."""
@@ -218,9 +104,8 @@ class Engine:
     def replay(self, records: Iterable[StepRecord]) -> list[Finding]:
         """Observe every record, then `finish`; return all findings of the stream."""
         found: list[Finding] = []
-        stream = iter(records)
-        while batch := list(islice(stream, REPLAY_BATCH)):
-            found += self.observe_many(batch)
+        for record in records:
+            found += self.observe(record)
         return found + self.finish()
 
     def state_dict(self) -> dict[str, Any]:
@@ -254,7 +139,6 @@ class Engine:
         self._seen, self._noted = set(state["seen"]), set(state["noted"])
         self._disabled = set(state["disabled"])
         self._findings = [Finding.from_dict(data) for data in state["findings"]]
-        self._forget_routes()
         saved = state["detectors"]
         for detector in self._enabled():
             if detector.name in saved:
@@ -265,36 +149,6 @@ class Engine:
 
     def _enabled(self) -> list[Detector]:
         return [d for d in self.detectors if d.name not in self._disabled]
-
-    def _route(self, keys: tuple[str, ...]) -> _Route:
-        """The enabled detectors whose signals ``keys`` hold, now marked seen; memoised."""
-        if len(self._routes) >= _MAX_ROUTES:
-            self._routes.clear()
-        found = set(keys)
-        route = tuple(d for d in self._enabled() if _has_signals(d.requires, found))
-        self._seen.update(detector.name for detector in route)
-        self._routes[keys] = route
-        return route
-
-    def _forget_routes(self) -> None:
-        """Drop the memo: the enabled or seen detectors changed."""
-        self._routes.clear()
-        self._recount()
-
-    def _recount(self) -> None:
-        done = self._seen | self._noted
-        self._waiting = any(d.name not in done for d in self._enabled())
-
-    def _observe_waiting(self, record: StepRecord, route: _Route) -> list[Finding]:
-        """`observe` while some detector has neither shown its signals nor been noted idle."""
-        found: list[Finding] = []
-        for detector in self._enabled():
-            if detector in route:
-                found += self._run(detector, detector.update, record)
-            elif detector.name not in self._seen and detector.name not in self._noted:
-                self._note_missing(detector)
-        self._recount()
-        return found
 
     def _note_missing(self, detector: Detector) -> None:
         if self._records >= self.signal_grace:
@@ -330,7 +184,6 @@ class Engine:
 
     def _disable(self, detector: Detector, why: str, exc_info: bool = False) -> None:
         self._disabled.add(detector.name)
-        self._forget_routes()
         logger.warning(
             "detector %r %s; it is disabled for the rest of the run",
             detector.name,

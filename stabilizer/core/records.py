@@ -183,6 +183,18 @@ class Finding:
         object.__setattr__(self, "location", tuple(self.location))
         object.__setattr__(self, "remedies", tuple(self.remedies))
 
+    def __str__(self) -> str:
+        """One line for a human: step range, severity, kind, location, message, remedies.
+
+        ``steps 200-203 warning loss_spike: loss spiked ... -> try: clip_gradients, rollback``
+        """
+        span = f"steps {self.step}-{self.end_step}"
+        if self.end_step in (None, self.step):
+            span = f"step {self.step}"
+        where = f" [{', '.join(self.location)}]" if self.location else ""
+        fix = f" -> try: {', '.join(self.remedies)}" if self.remedies else ""
+        return f"{span} {self.severity.name.lower()} {self.kind}{where}: {self.message}{fix}"
+
     def _key(self) -> tuple[Any, ...]:
         head = (self.kind, self.step, self.end_step, self.severity, self.message)
         return (*head, _comparable(self.evidence), self.location, self.remedies)

@@ -4,19 +4,24 @@ Records go straight from the reader to the engine; besides the findings only cou
 `History` and the notes are kept, so memory does not grow with the log.
 
 Restarts. A run that was stopped and resumed from a checkpoint logs its steps again from the
-checkpoint's step (or prints a resume banner); the readers mark each such restart with a
-``restart`` note, and the run splits into *segments*. Each segment gets a fresh `Engine`: the
-resumed process started with fresh detector state too (unless it restored the monitor's own), so a
-fresh engine is the honest model, and an episode cannot straddle a restart (the end of a segment
-closes its open episodes, as the end of a log does). The price: each segment starts with the
-detectors' warm-up (20 records for the spike detectors). Findings keep the segment they came from.
+checkpoint's step (or prints a resume banner); the readers put a `Restart` item in the stream just
+before the first record after it, and the run splits there, and nowhere else, into *segments*.
+Each segment gets a fresh `Engine`: the resumed process started with fresh detector state too
+(unless it restored the monitor's own), so a fresh engine is the honest model, and an episode
+cannot straddle a restart (the end of a segment closes its open episodes, as the end of a log
+does). The price: each segment starts with the detectors' warm-up (20 records for the spike
+detectors). Findings keep the segment they came from.
+
+Keys. A log could name a new metric on every line; each distinct key costs memory in the engine
+and the history. The first `MAX_KEYS` distinct keys of a log are kept, later new ones dropped
+with one note.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import NamedTuple, Protocol
 
 from stabilizer.core.engine import Engine
@@ -24,9 +29,10 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS
 
 from .history import History
-from .readers import LogReadError, Note, read_log
+from .readers import Item, LogReadError, Note, Restart, read_log
 
 __all__ = [
+    "MAX_KEYS",
     "Diagnosis",
     "Failure",
     "Located",
@@ -36,6 +42,9 @@ __all__ = [
     "exit_code",
     "severity_counts",
 ]
+
+MAX_KEYS = 4096
+"""Distinct value keys kept per log; later new keys are dropped, with one note."""
 
 
 class RecordSink(Protocol):
@@ -100,10 +109,15 @@ class Diagnosis:
 
     @property
     def steps(self) -> tuple[int, int] | None:
-        """The first and last step logged (None when nothing was read)."""
+        """The lowest and the highest step logged (None when nothing was read).
+
+        Steps go on within a segment (a restart starts a new one), so these are the lowest first
+        step and the highest last step of the segments.
+        """
         if not self.segments:
             return None
-        return self.segments[0].first_step, self.segments[-1].last_step
+        low = min(segment.first_step for segment in self.segments)
+        return low, max(segment.last_step for segment in self.segments)
 
     def worst(self) -> Severity | None:
         """The worst severity found, or None without findings."""
@@ -133,112 +147,59 @@ def exit_code(outcome: Diagnosis | Failure, fail_on: Severity) -> int:
     return int(any(item.finding.severity >= fail_on for item in outcome.findings))
 
 
-class _Run:
-    """The state of one streaming diagnosis: segments, the current engine, the history."""
+class _Replay:
+    """The state of one streaming diagnosis: the segment and engine of now, the keys seen."""
 
     def __init__(self, diagnosis: Diagnosis, sinks: Sequence[RecordSink]) -> None:
         self.diagnosis, self.sinks = diagnosis, sinks
-        self.notes, self.history = diagnosis.notes, diagnosis.history  # hot-path lookups
         self.engine = Engine()
         self.segment: Segment | None = None
-        self.noted = 0  # notes already scanned for restarts
-        self.visible = 0  # notes left before the current batch's first record
-        self.restarts: list[Note] = []  # restart notes whose segment has not begun yet
+        self.restart: Restart | None = None  # the restart the next record starts a segment at
+        self.keys: set[str] = set()  # the value keys kept (at most `MAX_KEYS`)
 
-    def observe(self, record: StepRecord) -> None:
-        step, segment = record.step, self.segment
-        if segment is None:
-            segment = self._begin(step, None)
-        elif self.restarts or step < segment.last_step or self.visible > self.noted:
-            segment = self._maybe_restart(step, segment)
-        self._feed(segment, [record], [step])
-
-    def observe_many(self, records: list[StepRecord], visible: int) -> None:
-        """`observe` each record in turn; segments, findings and history come out the same.
-
-        ``records`` come from `_batches`: a note that came with a record (a restart) makes it
-        the first of its batch, and ``visible`` is the number of notes left by then. That record,
-        and each record whose step goes back, goes through `observe` (which starts segments);
-        the runs between go to the engine and the history whole.
-        """
-        self.visible = visible
-        start, count = 0, len(records)
-        every = list(map(_STEP, records))
-        ordered = every == sorted(every)  # no step goes back within the batch
-        while start < count:
-            segment = self.segment
-            if (
-                segment is None
-                or self.restarts
-                or self.visible > self.noted
-                or every[start] < segment.last_step  # the step goes back here: a new segment
-            ):
-                self.observe(records[start])
-                start += 1
-                continue
-            end = count
-            if not ordered:  # up to where it goes back next
-                end = next((i for i in range(start + 1, count) if every[i] < every[i - 1]), count)
-            run = records[start:end] if start or end < count else records
-            self._feed(segment, run, every[start:end])
-            start += len(run)
-
-    def _feed(self, segment: Segment, run: list[StepRecord], steps: list[int]) -> None:
-        """Count a run of records of ``segment`` (its steps ``steps``, not going back), and hand
-        it to the engine, the history and the sinks."""
-        self._count(segment, run, steps)
-        found = self.engine.observe_many(run)
-        if found:
-            self._keep(found)
-        self.history.add_many(run, segment.index)
-        for sink in self.sinks:
-            for record in run:
-                sink.record(record)
-
-    @staticmethod
-    def _count(segment: Segment, run: list[StepRecord], steps: list[int]) -> None:
-        """`_feed`'s counts: records, last step, non-finite losses."""
-        segment.records += len(run)
-        segment.last_step = steps[-1]
-        losses = [loss for record in run if (loss := record.values.get(LOSS)) is not None]
-        total = sum(losses)
-        if total - total == 0.0:  # all finite (a finite sum has no NaN or Inf in it)
-            if losses:
-                segment.nonfinite_since = None
+    def observe(self, item: Item) -> None:
+        """Take the next item of the stream: a record, or a restart before the next one."""
+        if isinstance(item, Restart):
+            if self.segment is not None:  # (a restart before any record starts nothing)
+                self.restart = item
             return
-        for step, record in zip(steps, run, strict=True):
-            loss = record.values.get(LOSS)
-            if loss is None:
-                continue
-            if loss - loss == 0.0:
-                segment.nonfinite_since = None
-            else:
-                segment.nonfinite += 1
-                if segment.nonfinite_since is None:
-                    segment.nonfinite_since = step
+        if self.segment is None or self.restart is not None:
+            self._begin(item.step, self.restart)
+            self.restart = None
+        record = self._capped(item)
+        segment = self.segment
+        assert segment is not None
+        _count(segment, record)
+        self._keep(self.engine.observe(record))
+        self.diagnosis.history.add(record.step, segment.index, record.values)
+        for sink in self.sinks:
+            sink.record(record)
 
-    def _maybe_restart(self, step: int, segment: Segment) -> Segment:
-        notes = self.diagnosis.notes
-        self.restarts += [n for n in notes[self.noted : self.visible] if n.kind == "restart"]
-        self.noted = max(self.noted, self.visible)
-        pending = self.restarts[0] if self.restarts else None
-        if pending is not None and (step == pending.step or step < segment.last_step):
-            return self._begin(step, self.restarts.pop(0))
-        if step < segment.last_step:  # a restart the reader did not note
-            why = f"restart: step went back from {segment.last_step} to {step}"
-            return self._begin(step, Note("restart", why, None, step))
-        return segment
+    def _capped(self, record: StepRecord) -> StepRecord:
+        """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once)."""
+        new = [key for key in record.values if key not in self.keys]
+        if not new:
+            return record
+        room = MAX_KEYS - len(self.keys)
+        self.keys.update(new[:room])
+        if len(new) <= room:
+            return record
+        if room > 0:  # the first record over the cap
+            message = f"more than {MAX_KEYS} distinct keys: later new keys are dropped"
+            self.diagnosis.notes.append(Note("skipped", message, None, record.step))
+        return StepRecord(record.step, {k: v for k, v in record.values.items() if k in self.keys})
 
-    def _begin(self, step: int, note: Note | None) -> Segment:
+    def _begin(self, step: int, restart: Restart | None) -> None:
         if self.segment is not None:
             self.finish()
             self.engine = Engine()
-        why, line = ("", None) if note is None else (note.message, note.line)
-        self.segment = Segment(len(self.diagnosis.segments) + 1, step, step, why=why, line=line)
+        index = len(self.diagnosis.segments) + 1
+        why, line = ("", None) if restart is None else (_why(restart, index), restart.line)
+        self.segment = Segment(index, step, step, why=why, line=line)
         self.diagnosis.segments.append(self.segment)
-        return self.segment
 
     def finish(self) -> None:
+        """End the segment of now: its detectors close their open episodes."""
         self._keep(self.engine.finish())
 
     def keep_live(self, stored: list[Finding]) -> None:
@@ -260,12 +221,32 @@ class _Run:
             self.diagnosis.findings += [Located(index, finding) for finding in findings]
 
 
+def _why(restart: Restart, index: int) -> str:
+    """A segment's restart as the reports show it."""
+    return f"restart: {restart.why} (segment {index})"
+
+
+def _count(segment: Segment, record: StepRecord) -> None:
+    """Count ``record`` in ``segment``: records, last step, non-finite losses."""
+    segment.records += 1
+    segment.last_step = record.step
+    loss = record.values.get(LOSS)
+    if loss is None:
+        return
+    if math.isfinite(loss):
+        segment.nonfinite_since = None
+        return
+    segment.nonfinite += 1
+    if segment.nonfinite_since is None:
+        segment.nonfinite_since = record.step
+
+
 def diagnose(
     path: str,
     format: str = "auto",
     *,
     sinks: Sequence[RecordSink] = (),
-    wrap: Callable[[Iterator[StepRecord]], Iterable[StepRecord]] | None = None,
+    wrap: Callable[[Iterator[Item]], Iterable[Item]] | None = None,
     bins: int = 512,
 ) -> Diagnosis:
     """Read one log and run every record through the detectors (a fresh engine per segment).
@@ -274,65 +255,26 @@ def diagnose(
         path: A log file (plain or gzip), a run directory, or ``-`` for stdin.
         format: A reader name, or ``"auto"`` to detect it.
         sinks: Objects that get every record as it passes (see `RecordSink`).
-        wrap: Wraps the record stream (a `LogStream`), for example in a progress bar.
+        wrap: Wraps the item stream (a `LogStream`), for example in a progress bar.
         bins: Bins of the downsampled history kept for plots.
 
     Raises:
         LogReadError: The log cannot be read, or holds no step record at all.
     """
     notes: list[Note] = []
-    records = read_log(path, format, notes=notes)
-    found = records.format
-    diagnosis = Diagnosis(path, found, notes, history=History(bins))
-    run = _Run(diagnosis, sinks)
+    stream = read_log(path, format, notes=notes)
+    diagnosis = Diagnosis(path, stream.format, notes, history=History(bins))
+    replay = _Replay(diagnosis, sinks)
     try:
-        for batch, visible in _batches(wrap(records) if wrap is not None else records, notes):
-            run.observe_many(batch, visible)
+        for item in wrap(stream) if wrap is not None else stream:
+            replay.observe(item)
     except LogReadError as exc:  # a reader gave up part-way: report what came before
-        if run.segment is None:
+        if replay.segment is None:
             raise
         notes.append(Note("truncated", f"stopped reading: {exc}"))
-    if run.segment is None:
+    if replay.segment is None:
         name = "standard input" if path == "-" else path
-        raise LogReadError(f"{name}: no training steps found in this {found} log")
-    run.finish()
-    run.keep_live(records.findings)
+        raise LogReadError(f"{name}: no training steps found in this {stream.format} log")
+    replay.finish()
+    replay.keep_live(stream.findings)
     return diagnosis
-
-
-_BATCH = 1024  # records handed on at a time
-_STEP = attrgetter("step")
-
-
-def _batches(
-    records: Iterable[StepRecord], notes: list[Note]
-) -> Iterator[tuple[list[StepRecord], int]]:
-    """``records`` in lists of up to `_BATCH`, each with the number of notes left by the time
-    its first record came; a record that came with a new note starts a list.
-
-    A reader leaves a restart note just before the record that starts the new segment, so
-    `_Run.observe_many` meets that note together with its record, first in a batch.
-    """
-    batch: list[StepRecord] = []
-    append, noted, visible = batch.append, len(notes), len(notes)
-    try:
-        for record in records:
-            if len(notes) != noted:
-                if batch:
-                    yield batch, visible
-                    batch = []
-                    append = batch.append
-                noted = len(notes)
-            if not batch:
-                visible = noted
-            append(record)
-            if len(batch) == _BATCH:
-                yield batch, visible
-                batch = []
-                append = batch.append
-    except LogReadError:  # the reader gave up: what it read before still counts
-        if batch:
-            yield batch, visible
-        raise
-    if batch:
-        yield batch, visible

@@ -10,20 +10,15 @@ depends on the number of bins and series, never on the length of the log.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import attrgetter
 
-from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, LR
 
 __all__ = ["TRACKED", "Bin", "History", "Series"]
 
 TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR})
 """Signal keys kept, besides every per-group gradient norm (``grad_norm/<group>``)."""
-
-_VALUES = attrgetter("values")
 
 
 @dataclass
@@ -102,50 +97,22 @@ class History:
         self.records = 0
 
     def add(self, step: int, segment: int, values: Mapping[str, float]) -> None:
-        """Fold one record into the history (a new segment starts a new bin)."""
-        self.add_many([StepRecord(step, values)], segment)
+        """Fold one record into the history (a new segment starts a new bin).
 
-    def add_many(self, records: Sequence[StepRecord], segment: int) -> None:
-        """`add` each record of one segment in turn (the hot path of a diagnosis).
-
-        Records go into the bins a bin's worth at a time, each kept series folded with list
-        comprehensions and `min`/`max` instead of a loop of comparisons.
+        Time and memory go with the record's keys, not with every key seen before.
         """
-        self.records += len(records)
-        every = list(map(_VALUES, records))
-        names = set(chain.from_iterable(every))
-        tracked = sorted(k for k in names if k in TRACKED or k.startswith(GRAD_NORM_PREFIX))
-        index, count = 0, len(records)
-        while index < count:
-            current = self.bins[-1] if self.bins else None
-            if current is None or current.count >= self.width or current.segment != segment:
-                if len(self.bins) == self.capacity:
-                    self._compact()
-                step = records[index].step
-                current = Bin(step, step, segment)
-                self.bins.append(current)
-            end = min(count, index + self.width - current.count)
-            stretch = every[index:end] if index or end < count else every
-            current.count += end - index
-            current.last_step = records[end - 1].step
-            series = current.series
-            for key in tracked:
-                got = [value for values in stretch if (value := values.get(key)) is not None]
-                if not got:
-                    continue
-                finite = [value for value in got if value - value == 0.0]
-                entry = series.get(key)
-                if entry is None:
-                    entry = series[key] = [math.nan, math.nan, math.nan, 0.0]
-                if finite:
-                    low, high = min(finite), max(finite)
-                    if not low >= entry[0]:  # also when entry[0] is NaN
-                        entry[0] = low
-                    if not high <= entry[1]:
-                        entry[1] = high
-                    entry[2] = finite[-1]
-                entry[3] += len(got) - len(finite)
-            index = end
+        self.records += 1
+        current = self.bins[-1] if self.bins else None
+        if current is None or current.count >= self.width or current.segment != segment:
+            if len(self.bins) == self.capacity:
+                self._compact()
+            current = Bin(step, step, segment)
+            self.bins.append(current)
+        current.count += 1
+        current.last_step = step
+        for key, value in values.items():
+            if key in TRACKED or key.startswith(GRAD_NORM_PREFIX):
+                current.add(key, value)
 
     def _compact(self) -> None:
         merged = []

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import click
 
-from stabilizer.core.records import StepRecord
-from stabilizer.replay.readers import LogStream
+from stabilizer.replay.readers import Item, LogStream
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
@@ -22,8 +21,8 @@ __all__ = ["STDIN", "Wrap", "progress_bar"]
 STDIN = "-"
 _BATCH = 4096  # records between two updates of a progress bar
 
-Wrap = Callable[[Iterator[StepRecord]], Iterable[StepRecord]]
-"""Wraps a record stream on its way to the engine (a progress bar)."""
+Wrap = Callable[[Iterator[Item]], Iterable[Item]]
+"""Wraps a stream of records (and restarts) on its way to the engine (a progress bar)."""
 
 
 def progress_bar(label: str, stack: contextlib.ExitStack, file: TextIO) -> Wrap:
@@ -33,7 +32,7 @@ def progress_bar(label: str, stack: contextlib.ExitStack, file: TextIO) -> Wrap:
     otherwise (a pipe) it counts records.
     """
 
-    def wrap(records: Iterator[StepRecord]) -> Iterable[StepRecord]:
+    def wrap(records: Iterator[Item]) -> Iterable[Item]:
         if isinstance(records, LogStream) and records.total_bytes is not None:
             sized = click.progressbar(
                 length=records.total_bytes, label=label, file=file, show_percent=True
@@ -47,8 +46,8 @@ def progress_bar(label: str, stack: contextlib.ExitStack, file: TextIO) -> Wrap:
     return wrap
 
 
-def _by_bytes(stream: LogStream, bar: ProgressBar[int]) -> Iterator[StepRecord]:
-    """The records of ``stream``; every `_BATCH` of them moves ``bar`` to the bytes read."""
+def _by_bytes(stream: LogStream, bar: ProgressBar[int]) -> Iterator[Item]:
+    """The items of ``stream``; every `_BATCH` of them moves ``bar`` to the bytes read."""
     shown = 0
     for count, record in enumerate(stream, 1):
         if not count % _BATCH:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.replay.readers import READERS, Note, read_log
+from stabilizer.replay.readers import READERS, Item, Note, Restart, read_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
@@ -37,6 +37,7 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "modded_nanogpt_failing.log": ("modded_nanogpt", ("nonfinite_loss",)),
     "generic_healthy.log": ("generic", ()),
     "generic_failing.log": ("generic", ("divergence",)),
+    "nanogpt_resumed.log": ("nanogpt", ()),
 }
 
 
@@ -44,15 +45,34 @@ def fixture(name: str) -> Path:
     return FIXTURES / name
 
 
+def items(name: str, notes: list[Note] | None = None) -> list[Item]:
+    """Every item (records, restarts) of a fixture, read with format detection."""
+    return list(read_log(fixture(name), notes=notes))
+
+
 def records(name: str, notes: list[Note] | None = None) -> list[StepRecord]:
     """Every record of a fixture, read with format detection."""
-    return list(read_log(fixture(name), notes=notes))
+    return only_records(items(name, notes))
+
+
+def parse_items(format: str, text: str | bytes, notes: list[Note] | None = None) -> list[Item]:
+    """The items (records, restarts) one reader makes of ``text``."""
+    data = text.encode() if isinstance(text, str) else text
+    return list(READERS[format](notes).read(io.BytesIO(data)))
 
 
 def parse(format: str, text: str | bytes, notes: list[Note] | None = None) -> list[StepRecord]:
     """The records one reader makes of ``text``."""
-    data = text.encode() if isinstance(text, str) else text
-    return list(READERS[format](notes).read(io.BytesIO(data)))
+    return only_records(parse_items(format, text, notes))
+
+
+def only_records(found: list[Item]) -> list[StepRecord]:
+    return [item for item in found if isinstance(item, StepRecord)]
+
+
+def restarts(found: list[Item]) -> list[tuple[int, int | None, str]]:
+    """``(step, line, why)`` of each `Restart` among ``found``."""
+    return [(item.step, item.line, item.why) for item in found if isinstance(item, Restart)]
 
 
 def findings(recs: list[StepRecord]) -> list[Finding]:

@@ -1,4 +1,4 @@
-"""`LogStream`, what `read_log` returns: format, bytes, segments, findings, notes; and the
+"""`LogStream`, what `read_log` returns: format, bytes, restarts, findings, notes; and the
 bugs it fixed: stdin closed by `read_log`, notes without bound."""
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from stabilizer.replay.readers import (
     LogReadError,
     LogStream,
     Note,
+    Restart,
     _lines,
     add_note,
     read_log,
 )
 
 
-def test_stream_tells_format_path_bytes_and_segments(tmp_path: Path) -> None:
+def test_stream_tells_format_path_bytes_and_restarts(tmp_path: Path) -> None:
     path = tmp_path / "train.log"
     lines = [f"iter {s}: loss 2.0, time 1ms, mfu 1%" for s in (*range(10), *range(5, 10))]
     path.write_text("\n".join(lines) + "\n")
@@ -36,11 +37,11 @@ def test_stream_tells_format_path_bytes_and_segments(tmp_path: Path) -> None:
         str(path),
         path.stat().st_size,
     )
-    assert stream.segment_starts == [] and stream.findings == []
-    assert len(list(stream)) == 15
+    assert stream.findings == []
+    found = list(stream)
+    assert len(found) == 16 and found[10] == Restart(5, 11, "step went back from 9 to 5")
     assert stream.bytes_read == path.stat().st_size
-    assert stream.segment_starts == [0, 5]
-    assert [n.kind for n in stream.notes] == ["restart"]
+    assert stream.notes == []
 
 
 def test_bytes_read_of_gzip_counts_the_compressed_file(tmp_path: Path) -> None:
@@ -56,8 +57,7 @@ def test_stream_of_a_run_directory_and_its_notes() -> None:
     notes: list[Note] = []
     stream = read_log(fixture("tensorboard_healthy"), notes=notes)
     assert stream.format == "tensorboard" and stream.notes is notes
-    assert list(stream) == records("tensorboard_healthy")
-    assert stream.segment_starts == [0]
+    assert list(stream) == records("tensorboard_healthy")  # no restart
 
 
 def test_stream_exposes_the_monitors_own_findings(tmp_path: Path) -> None:
@@ -103,13 +103,11 @@ def test_notes_are_capped_per_kind() -> None:
     notes: list[Note] = [Note("source", "reading x")]
     kept = [add_note(notes, Note("skipped", f"line {i} skipped", i)) for i in range(1, 1001)]
     add_note(notes, Note("format", "a quirk"))
-    for step in range(50):
-        add_note(notes, Note("restart", "restart", None, step))
     assert kept == [True] * MAX_NOTES + [False] * (1000 - MAX_NOTES)
     skipped = [n for n in notes if n.kind == "skipped"]
     assert len(skipped) == MAX_NOTES + 1
     assert skipped[-1].message == f"{1000 - MAX_NOTES} more skipped notes like the above"
-    assert sum(n.kind == "restart" for n in notes) == 50  # every segment keeps its note
+    assert [n.kind for n in notes].count("format") == 1
 
 
 def test_over_long_lines_leave_bounded_notes(monkeypatch: pytest.MonkeyPatch) -> None:

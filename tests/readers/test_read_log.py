@@ -9,16 +9,22 @@ import shutil
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from reader_cases import CASES, fixture, records
+from reader_cases import CASES, fixture, items, records, restarts
 
 from stabilizer.core.records import StepRecord
-from stabilizer.replay.readers import READERS, LogReadError, Note, detect_format, read_log
+from stabilizer.replay.readers import (
+    READERS,
+    Item,
+    LogReadError,
+    Note,
+    Restart,
+    detect_format,
+    read_log,
+)
 from stabilizer.replay.readers._lines import text_lines
-from stabilizer.replay.readers.base import record
 
 
 @pytest.mark.parametrize("name", CASES, ids=str)
@@ -38,11 +44,6 @@ def test_every_format_is_registered_once() -> None:
         "hf_trainer_state", "fairseq", "nanogpt", "modded_nanogpt", "generic",
     ]  # fmt: skip
     assert all(cls.format == name for name, cls in READERS.items())
-
-
-def test_fast_record_equals_a_validated_one() -> None:
-    fast = record(3, {"loss": 2.5})
-    assert fast == StepRecord(3, {"loss": 2.5}) and hash(fast) == hash(StepRecord(3, {"loss": 2.5}))
 
 
 def test_explicit_format_skips_detection() -> None:
@@ -196,32 +197,43 @@ FAIRSEQ = (
 )
 
 
+def test_a_resumed_run_has_its_restart_in_the_stream() -> None:
+    """The resumed fixture: a crash at iteration 380, resumed from the iteration-250 checkpoint;
+    the `Restart` comes just before the resumed process's first record."""
+    found = items("nanogpt_resumed.log")
+    (at,) = [i for i, item in enumerate(found) if isinstance(item, Restart)]
+    assert found[at] == Restart(250, 398, "resume banner 'Resuming training from out'")
+    before, after = found[at - 1], found[at + 1]
+    assert isinstance(before, StepRecord) and isinstance(after, StepRecord)
+    assert before.step == 379 and after.step == 250 and "val_loss" in after.values
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_a_restart_note_comes_with_the_record_it_starts(name: str) -> None:
-    """The reader contract the report relies on: a restart note is left after the records before
-    it and before its own, so it is new when its record is handed out (fixtures)."""
-    notes_come_with_their_records(read_log(fixture(name)))
+def test_a_restart_comes_just_before_the_record_it_starts(name: str) -> None:
+    """The reader contract `diagnose` relies on, for every fixture (one of them resumed)."""
+    restart_comes_with_its_record(items(name))
 
 
 @pytest.mark.parametrize(("format", "line"), [("megatron", MEGATRON), ("fairseq", FAIRSEQ)])
-def test_restart_notes_come_with_their_records_within_a_run(
-    format: str, line: str, tmp_path: Path
-) -> None:
-    """Restarts in the middle of a run of usual lines (read as one batch by the fast paths)."""
+def test_restarts_within_a_run(format: str, line: str, tmp_path: Path) -> None:
     steps = [*range(1, 400), *range(200, 500), *range(450, 900)]
     lines = [line.format(step) for step in steps]
     lines.insert(len(lines) - 300, "Resuming training from checkpoint at iteration 600")
     path = tmp_path / "run.log"
     path.write_text("\n".join(lines) + "\n")
-    stream = read_log(path, format)
-    notes_come_with_their_records(stream)
-    assert [n.step for n in stream.notes if n.kind == "restart"] == [200, 450, 600]
+    found = list(read_log(path, format))
+    restart_comes_with_its_record(found)
+    assert restarts(found) == [
+        (200, 400, "step went back from 399 to 200"),
+        (450, 700, "step went back from 499 to 450"),
+        (600, 851, "resume banner 'Resuming training from checkpoint at iteration 600'"),
+    ]
 
 
-def notes_come_with_their_records(stream: Iterator[StepRecord]) -> None:
-    notes: list[Note] = stream.notes  # type: ignore[attr-defined]
-    seen = 0
-    for rec in stream:
-        new = [n for n in notes[seen:] if n.kind == "restart"]
-        seen = len(notes)
-        assert all(n.step == rec.step for n in new), (rec.step, new)
+def restart_comes_with_its_record(found: list[Item]) -> None:
+    """Each `Restart` is followed by a record of its step, and never comes first."""
+    for at, item in enumerate(found):
+        if isinstance(item, Restart):
+            assert at > 0 and isinstance(found[at - 1], StepRecord), at
+            following = found[at + 1]
+            assert isinstance(following, StepRecord) and following.step == item.step, at

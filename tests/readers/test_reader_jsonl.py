@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from reader_cases import findings, kinds, parse, records, serious
+from reader_cases import findings, kinds, parse, parse_items, records, restarts, serious
 
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.replay.readers import JsonlReader, Note
@@ -54,9 +54,16 @@ def test_flat_metric_lines_and_junk() -> None:
 
 def test_step_going_back_is_a_restart() -> None:
     lines = [StepRecord(s, {"loss": 1.0}).to_json() for s in (1, 2, 3, 2, 3)]
-    reader = JsonlReader()
-    import io
+    notes: list[Note] = []
+    found = parse_items("jsonl", "\n".join(lines), notes)
+    assert [getattr(item, "step", None) for item in found] == [1, 2, 3, 2, 2, 3]
+    assert restarts(found) == [(2, 4, "step went back from 3 to 2")]
+    assert not notes
 
-    assert [r.step for r in reader.read(io.BytesIO("\n".join(lines).encode()))] == [1, 2, 3, 2, 3]
-    assert reader.segment_starts == [1, 2]
-    assert [(n.kind, n.line, n.step) for n in reader.notes] == [("restart", 4, 2)]
+
+def test_an_array_written_an_entry_a_line_reads() -> None:
+    """Text after a line's object (an array's comma) does not hide the object."""
+    text = '[\n{"step": 1, "loss": 2.5},\n{"step": 2, "loss": 2.4}\n]\n'
+    notes: list[Note] = []
+    assert [r.step for r in parse("jsonl", text, notes)] == [1, 2]
+    assert [n.message for n in notes] == ["2 line(s) not JSON records: skipped"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from reader_cases import findings, kinds, parse, records, serious
+from reader_cases import findings, kinds, parse, parse_items, records, restarts, serious
 
 from stabilizer.replay.readers import Note
 
@@ -56,5 +56,16 @@ def test_failing_fixture() -> None:
 def test_step_back_and_garbage_rows() -> None:
     notes: list[Note] = []
     text = "step,loss\n1,2.0\n2,x\n\n3,2.0,9\n1,2.0\n"
-    assert [r.step for r in parse("lightning_csv", text, notes)] == [1, 3, 1]
-    assert [n.kind for n in notes] == ["restart"]
+    found = parse_items("lightning_csv", text, notes)
+    assert [getattr(item, "step", None) for item in found] == [1, 3, 1, 1]
+    assert restarts(found) == [(1, 6, "step went back from 3 to 1")]
+    assert not notes
+
+
+def test_csv_header_changing_within_a_step_merges_by_name() -> None:
+    text = "step,train_loss_step,lr-AdamW\n1,2.0,0.1\nstep,loss\n1,3.0\n2,4.0\nstep,loss\n3,5.0\n"
+    assert [(r.step, r.values) for r in parse("lightning_csv", text)] == [
+        (1, {"loss": 3.0, "lr": 0.1}),
+        (2, {"loss": 4.0}),
+        (3, {"loss": 5.0}),
+    ]

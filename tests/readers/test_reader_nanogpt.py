@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from reader_cases import findings, kinds, parse, records, serious
+from reader_cases import findings, kinds, parse, parse_items, records, restarts, serious
 
 from stabilizer.core.records import StepRecord
-from stabilizer.replay.readers import NanoGptReader, Note
+from stabilizer.replay.readers import Note
 
 
 def test_nanogpt_lines() -> None:
@@ -35,15 +35,20 @@ def test_nanogpt_resume_and_step_back_make_segments() -> None:
         "Resuming training from out\niter 20: loss 3.0, time 1ms, mfu 1%\n"
         "iter 30: loss 3.0, time 1ms, mfu 1%\niter 5: loss 3.0, time 1ms, mfu 1%\n"
     )
-    reader = NanoGptReader()
-    import io
-
-    assert [r.step for r in reader.read(io.BytesIO(text.encode()))] == [10, 20, 20, 30, 5]
-    assert reader.segment_starts == [10, 20, 5]
-    assert [str(n) for n in reader.notes] == [
-        "line 4: restart: resume banner 'Resuming training from out' (segment 2)",
-        "line 6: restart: step went back from 30 to 5 (segment 3)",
+    notes: list[Note] = []
+    found = parse_items("nanogpt", text, notes)
+    assert [getattr(item, "step", None) for item in found] == [10, 20, 20, 20, 30, 5, 5]
+    assert restarts(found) == [
+        (20, 4, "resume banner 'Resuming training from out'"),
+        (5, 6, "step went back from 30 to 5"),
     ]
+    assert not notes
+
+
+def test_nanogpt_resumed_fixture() -> None:
+    recs = records("nanogpt_resumed.log")
+    assert len(recs) == 734 and recs[0].step == 0 and recs[-1].step == 599
+    assert not serious(findings(recs))
 
 
 def test_modded_nanms_is_a_timer_artefact() -> None:

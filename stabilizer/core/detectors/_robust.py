@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
-from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -13,9 +11,7 @@ from .base import check_at_least
 
 __all__ = [
     "MAD_TO_SIGMA",
-    "Bar",
     "Classify",
-    "MaySpike",
     "RobustWindow",
     "SpikeTracker",
     "exp10",
@@ -24,8 +20,6 @@ __all__ = [
 ]
 
 MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally distributed data
-
-_LARGEST = sys.float_info.max
 
 
 def finite(values: Mapping[str, float], key: str) -> float | None:
@@ -90,19 +84,11 @@ class RobustWindow:
 
 
 def _sigma(ordered: Sequence[float], med: float) -> float:
-    # Deviations of a sorted list fall, then rise: two runs, which sorted() merges in one pass.
     return MAD_TO_SIGMA * _middle(sorted([abs(v - med) for v in ordered]))
 
 
 Classify = Callable[[float, float, float], "float | None"]
 """``(value, median, sigma) -> recovery limit`` when the value is a spike, else None."""
-
-MaySpike = Callable[[float, float], bool]
-"""``(value, median) -> False`` only when `Classify` returns None whatever sigma is."""
-
-Bar = Callable[[float], float]
-"""``low -> bar``: no value at or under ``bar`` is a spike while the median is ``low`` or more,
-whatever sigma is (so the bar must rise with ``low``, and be at least ``low``)."""
 
 
 class SpikeTracker:
@@ -113,23 +99,10 @@ class SpikeTracker:
     baseline. Inside, it extends the episode (start, last, peak, peak_step, baseline, limit) until
     a value falls back under the limit (``"recovered"``) or the episode outlasts
     ``recovery_window`` steps (``"stuck"``: the baseline restarts from the new level).
-
-    Cost: deciding a value exactly takes a sort of the window. Most values need no decision: each
-    push moves any order statistic of a full window down by at most one place, so the median
-    after ``p`` pushes is at least the median's sorted neighbour ``p`` places down in the window
-    of the last sort, and no value under ``bar`` of that is a spike. Values under it join the
-    baseline at the cost of an append, for `slack` pushes; the others, and the next value after
-    them, are decided exactly (sigma only when ``may_spike`` says the value could be a spike).
-    The callables are bound methods of the detector that owns the tracker; ``bar`` and ``left``
-    are read by their `update`, which does the append itself (no call) when it can.
     """
 
     def __init__(
-        self,
-        window: int,
-        min_history: int,
-        recovery_window: int,
-        rules: tuple[Classify, MaySpike, Bar],
+        self, window: int, min_history: int, recovery_window: int, classify: Classify
     ) -> None:
         check_at_least("window", window, 2)
         check_at_least("min_history", min_history, 2)
@@ -137,23 +110,22 @@ class SpikeTracker:
             raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
         check_at_least("recovery_window", recovery_window, 1)
         self.window = RobustWindow(window)
-        self.values = self.window.values  # the baseline (always this deque)
         self.min_history, self.recovery_window = min_history, recovery_window
-        self.classify, self.may_spike, self.bar_of = rules
-        self.most = (window - 1) // 2 + 1  # pushes a bar can hold for (the median's rank + 1)
-        self.slack = 1  # pushes the next bar is to hold for: doubled when one held, else halved
-        self.bar, self.left = -math.inf, 0  # pushes left under the bar (0 during an episode)
+        self.classify = classify
         self.episode: dict[str, Any] | None = None
 
     def observe(self, step: int, value: float) -> tuple[str, dict[str, Any]] | None:
         """Feed one value; ``(outcome, episode)`` when an episode ends, else None."""
         episode = self.episode
         if episode is None:
-            if self.left and value <= self.bar:  # `absorb`, inlined in the detectors
-                self.left -= 1
-                self.values.append(value)
-            else:
-                self._decide(step, value)
+            if len(self.window) >= self.min_history:
+                med, sigma = self.window.stats()
+                limit = self.classify(value, med, sigma)
+                if limit is not None:
+                    self.episode = {"start": step, "last": step, "peak": value, "peak_step": step}
+                    self.episode.update(baseline=med, limit=limit)
+                    return None
+            self.window.push(value)
             return None
         if value <= episode["limit"]:
             self.episode = None
@@ -169,32 +141,6 @@ class SpikeTracker:
         self.window.push(value)
         return "stuck", episode
 
-    def _decide(self, step: int, value: float) -> None:
-        """`observe` outside an episode, from the sorted window; then a new bar."""
-        values = self.window.values
-        ordered = sorted(values)
-        slack = self.slack  # (any slack is exact; this one keeps the sorts rare and the bar high)
-        self.slack = max(slack // 2, 1) if self.left else min(2 * slack, self.most)
-        self.left = 0
-        if len(ordered) >= self.min_history:
-            med = _middle(ordered)
-            if value > med and self.may_spike(value, med):  # a spike lies above the median
-                limit = self.classify(value, med, _sigma(ordered, med))
-                if limit is not None:
-                    self.episode = {"start": step, "last": step, "peak": value, "peak_step": step}
-                    self.episode.update(baseline=med, limit=limit)
-                    return
-        if len(values) == values.maxlen:
-            del ordered[bisect_left(ordered, values[0])]
-        values.append(value)
-        insort(ordered, value)
-        count = len(ordered)
-        if count == values.maxlen:
-            down = self.slack - 1  # the bar holds for pushes 0 .. slack - 1 from now
-            lo, hi = (count - 1) // 2 - down, count // 2 - down
-            low = ordered[hi] if count % 2 else 0.5 * ordered[lo] + 0.5 * ordered[hi]
-            self.bar, self.left = min(self.bar_of(low), _LARGEST), self.slack  # inf stays out
-
     def close(self) -> dict[str, Any] | None:
         """End of stream: the open episode, if any, now closed."""
         episode, self.episode = self.episode, None
@@ -209,4 +155,3 @@ class SpikeTracker:
         """Restore from `state`."""
         self.window.load(state["window"])
         self.episode = None if state["episode"] is None else dict(state["episode"])
-        self.left = 0

@@ -15,13 +15,6 @@ Reporting rules every detector follows:
 - A record that lacks a detector's signals is a no-op: no counter moves. Missing keys, NaN and Inf
   never raise.
 - `finish` closes an episode still open when the stream ends.
-
-A detector may also have ``update_many(records, out)``: `update` of each record in turn, each
-finding appended to ``out`` as ``(index in records, finding)``; records without the detector's
-signals are among them, and are no-ops. The engine's replay path (`Engine.observe_many`) calls
-it with a batch of records (without it, the engine calls `update` with each record that holds the
-signals). It exists for speed: replaying a log of a million records is mostly per-record calls,
-and most records change nothing.
 """
 
 from __future__ import annotations

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import GRAD_NORM_PREFIX, UPDATE_RATIO_PREFIX, block_index
 
-from ._levels import BlockLevels
 from ._robust import exp10, median
 from .base import check_at_least
 
 __all__ = ["DepthImbalance"]
+
+_BLOCKS = GRAD_NORM_PREFIX + "block_"  # the keys of per-block norms
 
 
 class DepthImbalance:
@@ -52,24 +52,16 @@ class DepthImbalance:
         check_at_least("min_blocks", min_blocks, 4)
         self.ratio, self.gap, self.patience = ratio, math.log10(ratio), patience
         self.alpha, self.min_blocks = alpha, min_blocks
-        self._blocks = BlockLevels(alpha)
+        self._ema: dict[str, float] = {}  # block group -> EMA of log10 norm, as they appeared
         self._streak: dict[str, list[int]] = {}  # side -> [first step, records] of a band
         self._open: set[str] = set()  # sides whose episode was reported
 
     def update(self, record: StepRecord) -> list[Finding]:
-        if not self._blocks.update(record.values) or len(self._blocks.order) < self.min_blocks:
+        if not self._smooth(record.values) or len(self._ema) < self.min_blocks:
             return []
-        return self._check(record)
-
-    def _check(self, record: StepRecord) -> list[Finding]:
-        levels, ordered = self._blocks.levels, self._blocks.order
+        ordered = sorted(self._ema, key=lambda group: block_index(group) or 0)
+        levels = [self._ema[group] for group in ordered]
         findings: list[Finding] = []
-        ceiling = max(levels) - self.gap if self._blocks.finite else math.nan
-        if levels[0] > ceiling and levels[-1] > ceiling:  # _band stops at block 1 on both sides
-            if self._streak or self._open:
-                self._streak.clear()
-                self._open.clear()
-            return findings
         for side, groups, side_levels in (
             ("input", ordered, levels),
             ("output", ordered[::-1], levels[::-1]),
@@ -78,6 +70,21 @@ class DepthImbalance:
             if finding is not None:
                 findings.append(finding)
         return findings
+
+    def _smooth(self, values: Mapping[str, float]) -> bool:
+        """Move each block's EMA towards the record's finite positive norm; whether any was."""
+        updated = False
+        for key, value in values.items():
+            group = key[len(GRAD_NORM_PREFIX) :]
+            if not key.startswith(_BLOCKS) or block_index(group) is None:
+                continue
+            if not 0.0 < value < math.inf:
+                continue
+            level = math.log10(value)
+            old = self._ema.get(group)
+            self._ema[group] = level if old is None else old + self.alpha * (level - old)
+            updated = True
+        return updated
 
     def _check_side(
         self, record: StepRecord, side: str, groups: list[str], levels: list[float]
@@ -93,7 +100,7 @@ class DepthImbalance:
             return None
         self._open.add(side)
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
-        ema = self._blocks.state()
+        ema = self._ema
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
@@ -116,24 +123,22 @@ class DepthImbalance:
 
     def state_dict(self) -> dict[str, Any]:
         streak = {side: list(value) for side, value in self._streak.items()}
-        return {"ema": self._blocks.state(), "streak": streak, "open": sorted(self._open)}
+        return {"ema": dict(self._ema), "streak": streak, "open": sorted(self._open)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._blocks.load({str(g): float(v) for g, v in state["ema"].items()})
+        self._ema = {str(g): float(v) for g, v in state["ema"].items()}
         self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
         self._open = {str(side) for side in state["open"]}
 
 
 def _band(levels: Sequence[float], gap: float) -> int:
     """Size of the largest prefix whose levels all lie ≥ gap below the median of the rest (≥ 2)."""
-    rest, ceiling = sorted(levels), max(levels) - gap
-    best, top = 0, -math.inf
+    best, ceiling = 0, max(levels) - gap
     for size in range(1, len(levels) - 1):
-        top = max(top, levels[size - 1])
+        top = max(levels[:size])
         if top > ceiling:  # the rest's median is at most the maximum: no larger band can pass
             break
-        del rest[bisect_left(rest, levels[size - 1])]
-        if top <= median(rest) - gap:
+        if top <= median(levels[size:]) - gap:
             best = size
     return best
 

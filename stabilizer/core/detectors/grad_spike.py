@@ -60,8 +60,7 @@ class GradSpike:
         clip_window: int = 100,
         clip_fraction: float = 0.5,
     ) -> None:
-        rules = (self._classify, self._may_spike, self._bar)
-        self._tracker = SpikeTracker(window, min_history, recovery_window, rules)
+        self._tracker = SpikeTracker(window, min_history, recovery_window, self._classify)
         for arg, value, low in (("k", k, 0.0), ("sigma_floor", sigma_floor, 0.0)):
             check_at_least(arg, value, low)
         check_at_least("min_ratio", min_ratio, 1.0)
@@ -78,16 +77,6 @@ class GradSpike:
         spike = x > med + self.k * band and x >= med + self.min_jump
         return med + self.recover_k * band if spike else None
 
-    def _may_spike(self, x: float, med: float) -> bool:
-        # band >= sigma_floor and rounding is monotonic: under that bar, no sigma can make a spike.
-        return not x <= med + self.k * self.sigma_floor and x >= med + self.min_jump
-
-    def _bar(self, low: float) -> float:
-        # With the median at `low` or more, x under either bar above is no spike.
-        keep = low + self.k * self.sigma_floor
-        jump = math.nextafter(low + self.min_jump, -math.inf)
-        return max(low, jump, keep)  # keep is NaN when k is inf and sigma_floor 0: max skips it
-
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
         clips = CLIPPED in values or CLIP_VAL in values
@@ -95,12 +84,7 @@ class GradSpike:
         norm = values.get(GRAD_NORM)
         if norm is None or not 0.0 < norm < math.inf:
             return findings
-        level, tracker = math.log10(norm), self._tracker
-        if tracker.left and level <= tracker.bar:  # tracker.observe's shortcut, inlined
-            tracker.left -= 1  # (the hot path)
-            tracker.values.append(level)
-            return findings
-        ended = tracker.observe(record.step, level)
+        ended = self._tracker.observe(record.step, math.log10(norm))
         if ended is not None:
             lasting = f"still up after {self.recovery_window} steps"
             recovered = ended[0] == "recovered"

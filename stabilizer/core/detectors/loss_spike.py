@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from math import isfinite
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS
@@ -14,18 +12,6 @@ from ._robust import SpikeTracker
 from .base import check_at_least
 
 __all__ = ["LossSpike"]
-
-_LOWEST = -math.inf
-
-
-def _under(values: list[float | None], bar: float) -> bool:
-    """Whether every value is a finite number at most ``bar``, in C loops: their sum is finite
-    (a NaN or an Inf would make it NaN or Inf; a huge sum is only a false no)."""
-    if None in values:
-        return False
-    numbers = cast("list[float]", values)
-    total = sum(numbers)
-    return total - total == 0.0 and max(numbers) <= bar
 
 
 class LossSpike:
@@ -79,8 +65,7 @@ class LossSpike:
         recover_k: float = 3.0,
         recovery_window: int = 100,
     ) -> None:
-        rules = (self._classify, self._may_spike, self._bar)
-        self._tracker = SpikeTracker(window, min_history, recovery_window, rules)
+        self._tracker = SpikeTracker(window, min_history, recovery_window, self._classify)
         for arg, value in (("k", k), ("rel_floor", rel_floor), ("min_jump", min_jump)):
             check_at_least(arg, value, 0.0)
         check_at_least("min_ratio", min_ratio, 1.0)
@@ -95,30 +80,11 @@ class LossSpike:
         jumped = loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
         return med + self.recover_k * band if loss > med + self.k * band and jumped else None
 
-    def _may_spike(self, loss: float, med: float) -> bool:
-        # band >= rel_floor·|med|: under that floor's bar, or without a jump, no sigma spikes.
-        if loss <= med + self.k * (self.rel_floor * abs(med)):
-            return False
-        return loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
-
-    def _bar(self, low: float) -> float:
-        # Both tests of _may_spike rise with a median from 0 up, which is at `low` or more.
-        if not low > 0:
-            return low  # a spike lies above the median
-        keep = low + self.k * (self.rel_floor * low)
-        jump = math.nextafter(min(low + self.min_jump, self.min_ratio * low), -math.inf)
-        return max(low, jump, keep)  # keep is NaN when k is inf and rel_floor 0: max skips it
-
     def update(self, record: StepRecord) -> list[Finding]:
         loss = record.values.get(LOSS)
         if loss is None:
             return []
-        tracker = self._tracker
-        if tracker.left and _LOWEST < loss <= tracker.bar:  # tracker.observe's shortcut, inlined
-            tracker.left -= 1  # (the hot path; the comparisons keep NaN and Inf out)
-            tracker.values.append(loss)
-            return []
-        ended = tracker.observe(record.step, loss) if isfinite(loss) else None
+        ended = self._tracker.observe(record.step, loss) if isfinite(loss) else None
         if ended is None:
             return []
         outcome, episode = ended
@@ -133,32 +99,6 @@ class LossSpike:
         evidence.update(level=loss, ratio=_ratio(loss, base))
         head = ("divergence", start, record.step, Severity.ERROR, message, evidence, ())
         return [Finding(*head, ("rollback", "scale_lr", "clip_gradients"))]
-
-    def update_many(self, records: Sequence[StepRecord], out: list[tuple[int, Finding]]) -> None:
-        """`update` each record (the replay's fast path): most losses take the tracker's
-        shortcut (`SpikeTracker`'s ``bar`` and ``left``), here a stretch at a time without a
-        call; the others go through `update`."""
-        tracker = self._tracker
-        losses = [record.values.get(LOSS) for record in records]
-        index, count = 0, len(records)
-        while index < count:
-            left = tracker.left
-            if left:
-                bar, end, stop = tracker.bar, index, min(count, index + left)
-                if _under(losses[index:stop], bar):
-                    end = stop  # all of it, tested in C
-                while end < stop and (loss := losses[end]) is not None and _LOWEST < loss <= bar:
-                    end += 1
-                if end > index:
-                    tracker.values.extend(losses[index:end])  # type: ignore[arg-type]
-                    tracker.left = left - (end - index)
-                    index = end
-                    continue
-            if losses[index] is not None:
-                found = self.update(records[index])
-                if found:
-                    out += [(index, finding) for finding in found]
-            index += 1
 
     def _spike(self, episode: dict[str, Any], recovery_steps: int | None) -> Finding:
         base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from operator import attrgetter, methodcaller
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from stabilizer.core.records import Finding, Severity, StepRecord
@@ -21,10 +20,6 @@ from stabilizer.core.signals import (
 from .base import check_at_least
 
 __all__ = ["NonFinite"]
-
-_VALUES = attrgetter("values")
-_GRADS = methodcaller("get", NONFINITE_GRADS)
-_UPDATE = methodcaller("get", NONFINITE_UPDATE)
 
 
 class NonFinite:
@@ -68,16 +63,6 @@ class NonFinite:
             key.startswith(GRAD_NORM_PREFIX) for key in values
         ):
             return []
-        total = sum(values.values())
-        if (
-            total - total == 0.0
-            and not values.get(NONFINITE_GRADS)
-            and not values.get(NONFINITE_UPDATE)
-        ):
-            # A finite sum means every value is finite: nothing non-finite, no count of them,
-            # and no step the guard had to undo.
-            self._start, self._length, self._loss_seen = None, 0, False
-            return []
         loss = values.get(LOSS)
         bad_loss = loss is not None and not math.isfinite(loss)
         scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
@@ -97,32 +82,6 @@ class NonFinite:
         if self._length == self.persistent_after:
             return [self._persistent(record.step)]
         return []
-
-    def update_many(self, records: Sequence[StepRecord], out: list[tuple[int, Finding]]) -> None:
-        """`update` each record (the replay's fast path): a batch of all-finite records, nearly
-        every batch of a log, only ends the open episode; any other batch goes through `update`.
-
-        When no record counts non-finite gradients or an undone update, a finite sum of every
-        value proves them all finite: C loops over the batch instead of a call per record.
-        """
-        every = list(map(_VALUES, records))
-        total: float
-        try:
-            total = sum(map(sum, map(dict.values, every)))
-        except TypeError:  # values that are not a dict
-            total = math.nan
-        if (
-            total - total == 0.0
-            and not any(map(_GRADS, every))
-            and not any(map(_UPDATE, every))
-            and any(LOSS in values or GRAD_NORM in values for values in every)
-        ):
-            self._start, self._length, self._loss_seen = None, 0, False
-            return
-        for index, record in enumerate(records):  # a batch with a NaN, rare: one at a time
-            found = self.update(record)
-            if found:
-                out += [(index, finding) for finding in found]
 
     def _first(self, step: int, loss: float | None, groups: tuple[str, ...]) -> Finding:
         location = tuple(g for g in groups if g != GRAD_NORM)

@@ -1,11 +1,14 @@
 """Log readers: the replay feed. Any supported log in, `StepRecord`s out, for the same `Engine`.
 
-    from stabilizer.core.engine import Engine
-    from stabilizer.replay.readers import read_log
+    from stabilizer.replay.readers import Restart, read_log
 
     stream = read_log("runs/gpt/version_3")
-    findings = Engine().replay(stream)
-    print(stream.format, stream.segment_starts, stream.notes)
+    for item in stream:
+        if isinstance(item, Restart):  # the run restarted here: a new segment
+            print(f"restart at step {item.step}: {item.why}")
+        else:
+            print(item.step, item.values)
+    print(stream.format, stream.notes)
 
 `read_log` takes a file, a ``.gz`` file (recognised by its magic bytes), ``-`` for stdin, or a
 run directory, in which it looks (up to four levels down) for ``stability.jsonl``, then TensorBoard
@@ -13,12 +16,13 @@ event files (all files of the newest run directory, merged by step), then ``metr
 ``trainer_state.json``. The format is detected from the first lines (`detect_format`) unless
 given. Records stream: memory stays bounded whatever the size of the log.
 
-`read_log` returns a `LogStream`: iterate it for the records; it also tells the format it read,
-the bytes read so far, the segments, the monitor's own findings (``stability.jsonl``) and the notes.
+`read_log` returns a `LogStream`: iterate it for its items, `StepRecord`s and `Restart`s; it
+also tells the format it read, the bytes read so far, the monitor's own findings
+(``stability.jsonl``) and the notes.
 
 What the user should know comes back as `Note`s (in ``notes``, and logged at INFO): format quirks
-(Megatron losses are interval averages; the HF Trainer hides NaN losses), restarts (segments),
-skipped and truncated input. Damage part-way through is read up to the damage. A log that cannot
+(Megatron losses are interval averages; the HF Trainer hides NaN losses), skipped and truncated
+input. Damage part-way through is read up to the damage. A log that cannot
 be read at all raises `LogReadError` (a `ValueError`) with a one-line message.
 
 Registered formats, one reader module each: jsonl, lightning_csv, tensorboard, megatron,
@@ -27,9 +31,8 @@ deepspeed, hf_trainer, hf_trainer_state, fairseq, nanogpt, modded_nanogpt, gener
 Conventions shared by every reader:
 
 - Records come in log order with the steps as logged. A restart (the step goes back, or a resume
-  banner) is a new *segment*: a ``restart`` note, and the segment's first step in
-  `BaseReader.segment_starts`. Steps are not renumbered, so the engine sees the replayed steps
-  again, as the run did.
+  banner) starts a new *segment*: a `Restart` item comes just before the segment's first record.
+  Steps are not renumbered, so the engine sees the replayed steps again, as the run did.
 - Duplicate steps: where a format writes one step in several rows or events (Lightning CSV rows,
   TensorBoard events, ``log_history`` entries) those next to each other merge into one record,
   the later value winning per key; console lines each stay a record of their own (an eval line
@@ -37,8 +40,7 @@ Conventions shared by every reader:
 - Names map to signal keys through shared aliases (see `_keys`); structured formats pass other
   numeric names through unchanged (detectors ignore them), console readers keep what they parse.
 - Lines are read with bounded memory; one over `MAX_LINE` characters is skipped with a note.
-- Notes are bounded too: `MAX_NOTES` of a kind, then one note that counts the rest (restart
-  notes excepted: one per segment).
+- Notes are bounded too: `MAX_NOTES` of a kind, then one note that counts the rest.
 """
 
 from __future__ import annotations
@@ -50,7 +52,17 @@ from pathlib import Path
 from ._lines import MAX_LINE, text_lines
 from ._source import REPLAY_SUFFIX, Source, find_logs, is_binary, open_source
 from ._stream import LogStream
-from .base import MAX_NOTES, NOTE_KINDS, BaseReader, LogReadError, Note, Reader, add_note
+from .base import (
+    MAX_NOTES,
+    NOTE_KINDS,
+    BaseReader,
+    Item,
+    LogReadError,
+    Note,
+    Reader,
+    Restart,
+    add_note,
+)
 from .deepspeed import DeepSpeedReader
 from .fairseq import FairseqReader
 from .generic import GenericReader
@@ -75,6 +87,7 @@ __all__ = [
     "GenericReader",
     "HfTrainerReader",
     "HfTrainerStateReader",
+    "Item",
     "JsonlReader",
     "LightningCsvReader",
     "LogReadError",
@@ -84,6 +97,7 @@ __all__ = [
     "NanoGptReader",
     "Note",
     "Reader",
+    "Restart",
     "TensorBoardReader",
     "detect_format",
     "read_log",
@@ -158,18 +172,18 @@ def _meaningful(line: str) -> bool:
 def read_log(
     path: str | Path, format: str = "auto", *, notes: list[Note] | None = None
 ) -> LogStream:
-    """The step records of a log, streamed (see the module docstring), as a `LogStream`.
+    """The items of a log, streamed (see the module docstring), as a `LogStream`.
 
-    Opening and detection happen at once (errors raise here); reading happens as the records are
+    Opening and detection happen at once (errors raise here); reading happens as the items are
     consumed, and the files are closed when the stream is exhausted, closed or discarded. The
     stream tells the format read (``.format``), the bytes read so far (``.bytes_read`` of
-    ``.total_bytes``), the segments so far (``.segment_starts``), the monitor's findings in a
-    ``stability.jsonl`` (``.findings``) and the notes (``.notes``).
+    ``.total_bytes``), the monitor's findings in a ``stability.jsonl`` (``.findings``) and the
+    notes (``.notes``).
 
     Args:
         path: A log file, a ``.gz`` file, ``-`` for stdin, or a run directory.
         format: A name of `READERS`, or ``"auto"`` to detect it.
-        notes: A list that collects the `Note`s of the reading (restarts, quirks, damage).
+        notes: A list that collects the `Note`s of the reading (quirks, damage).
 
     Raises:
         LogReadError: The path is missing or unreadable, empty, binary garbage, of an unknown

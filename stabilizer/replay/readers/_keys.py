@@ -83,26 +83,21 @@ class KeyMap:
     def __init__(self, passthrough: bool = True) -> None:
         self.passthrough = passthrough
         self._cache: dict[str, tuple[str, int] | None] = {}
-        # Names that land as they are (SET) → their key; hot loops rename with it directly.
-        self.names: dict[str, str] = {}
 
     def lookup(self, name: str) -> tuple[str, int] | None:
         """``(key, how)`` for a logged name, or None when it is dropped."""
-        found = self._cache.get(name, False)
-        if found is False:
-            found = _lookup(name, self.passthrough)
+        if name not in self._cache:
             if len(self._cache) > 100_000:  # a log with endless distinct names: bound the cache
                 self._cache.clear()
-            self._cache[name] = found
-        return found  # type: ignore[return-value]
+            self._cache[name] = _lookup(name, self.passthrough)
+        return self._cache[name]
 
     def values(self, raw: Mapping[str, float]) -> dict[str, float]:
         """The signal values of one step's logged ``name -> value`` pairs (later pairs win)."""
         out: dict[str, float] = {}
         squares: dict[str, float] = {}
-        cache = self._cache
         for name, value in raw.items():
-            found = cache.get(name) or self.lookup(name)
+            found = self.lookup(name)
             if found is None:
                 continue
             key, how = found
@@ -117,18 +112,12 @@ class KeyMap:
         return out
 
     def rename(self, pairs: Sequence[tuple[str, str]]) -> dict[str, float]:
-        """`values` of ``(name, number text)`` pairs, the fast way for console logs."""
-        try:
-            names = self.names
-            return {names[name]: float(text) for name, text in pairs}
-        except (KeyError, ValueError):
-            raw: dict[str, float] = {}
-            for name, text in pairs:
-                try:
-                    raw[name] = float(text)
-                except ValueError:
-                    continue
-                found = self.lookup(name)
-                if found is not None and found[1] == SET and len(self.names) < 100_000:
-                    self.names[name] = found[0]
-            return self.values(raw)
+        """`values` of ``(name, number text)`` pairs of a console line (texts that are no number
+        are left out)."""
+        raw: dict[str, float] = {}
+        for name, text in pairs:
+            try:
+                raw[name] = float(text)
+            except ValueError:
+                continue
+        return self.values(raw)

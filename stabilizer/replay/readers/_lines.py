@@ -1,4 +1,4 @@
-"""Decoded lines out of a byte stream, with bounded memory, for the console-log readers.
+"""Decoded lines out of a byte stream, with bounded memory, and where a console log's run restarts.
 
 Console logs are messy: tqdm redraws its bar with ``\\r`` (one "line" may hold thousands of
 redraws), colour codes wrap words in ANSI escapes, and a stray binary blob may have no newline for
@@ -7,9 +7,8 @@ bytes become U+FFFD), split at ``\\n``, ``\\r\\n`` *and* lone ``\\r``, ANSI esca
 longer than `MAX_LINE` characters is skipped with a note and yielded as ``""``, so line numbers
 stay right. Line numbers count ``\\r``-separated progress-bar fragments as lines.
 
-`text_chunks` hands the lines out a list per chunk (the readers' hot loops iterate plain lists);
-`text_lines` one at a time. `resume_banner` tells most lines that are no banner without its
-case-blind regex.
+`Segments` tells a console reader where the run restarts: the step went back, or a resume banner
+(`RESUME`) came between two records.
 """
 
 from __future__ import annotations
@@ -19,19 +18,9 @@ import re
 from collections.abc import Iterator
 from typing import IO
 
-from .base import Note, add_note
+from .base import Note, Restart, add_note
 
-__all__ = [
-    "CHUNK",
-    "MAX_LINE",
-    "RESUME",
-    "encoding_of",
-    "labels",
-    "pick",
-    "resume_banner",
-    "text_chunks",
-    "text_lines",
-]
+__all__ = ["CHUNK", "MAX_LINE", "RESUME", "Segments", "encoding_of", "resume_banner", "text_lines"]
 
 CHUNK = 1 << 20  # bytes decoded at a time
 MAX_LINE = 1 << 20  # characters; longer lines are skipped
@@ -50,48 +39,36 @@ RESUME = re.compile(
 """A resume banner (Lightning, HF, Megatron, DeepSpeed, fairseq, nanoGPT): starts a segment."""
 
 
-Labels = tuple[tuple[str, str, int], ...]
-
-
-def labels(pairs: dict[str, str]) -> Labels:
-    """``{label: key}`` prepared for `pick`."""
-    return tuple((label, key, len(label)) for label, key in pairs.items())
-
-
-def pick(line: str, start: int, wanted: Labels, stop: str) -> dict[str, float]:
-    """The number after each wanted label of ``line`` (from ``start`` on, up to ``stop``), by key.
-
-    ``str.find`` per label: several times faster than a regex alternation over a long line.
-    """
-    values, find = {}, line.find
-    for label, key, size in wanted:
-        at = find(label, start)
-        if at >= 0:
-            end = find(stop, at + size)
-            try:
-                values[key] = float(line[at + size : end] if end >= 0 else line[at + size :])
-            except ValueError:
-                continue
-    return values
-
-
 def resume_banner(line: str) -> str:
-    """The line (cut to 80 characters) if it is a resume banner, else ``""``.
-
-    An ASCII line without "resum", "load", "restor" or "continuing" (in any case) is no banner,
-    and is told so without the slow case-blind regex (non-ASCII lines may hold letters that
-    IGNORECASE folds to ASCII ones, such as ``ſ`` for ``s``: the regex decides).
-    """
-    if line.isascii():
-        low = line.lower()
-        if (
-            "resum" not in low
-            and "load" not in low
-            and "restor" not in low
-            and "continuing" not in low
-        ):
-            return ""
+    """The line (cut to 80 characters) if it is a resume banner, else ``""``."""
     return line.strip()[:80] if RESUME.search(line) else ""
+
+
+class Segments:
+    """Where a log's run restarts, told record by record.
+
+    A reader hands over each record's step (`restart`) and yields the `Restart` it returns, if
+    any, just before the record; it hands over each line that is no record (`other`), in which a
+    resume banner is looked for once a record was read.
+    """
+
+    def __init__(self) -> None:
+        self.last: int | None = None  # the step of the last record
+        self.banner = ""  # a resume banner seen since the last record
+
+    def other(self, line: str) -> None:
+        """Look for a resume banner in a line that holds no record."""
+        if self.last is not None and not self.banner:
+            self.banner = resume_banner(line)
+
+    def restart(self, step: int, line: int | None) -> Restart | None:
+        """The `Restart` that comes before a record of ``step`` (at log ``line``), if any."""
+        last, banner = self.last, self.banner
+        self.last, self.banner = step, ""
+        if last is None or not (step < last or banner):
+            return None
+        why = f"resume banner {banner!r}" if banner else f"step went back from {last} to {step}"
+        return Restart(step, line, why)
 
 
 def encoding_of(head: bytes) -> str:
@@ -109,15 +86,6 @@ def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> I
         notes: Over-long lines are reported here.
         limit: Lines longer than this many characters are skipped.
     """
-    for lines in text_chunks(stream, notes, limit):
-        yield from lines
-
-
-def text_chunks(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> Iterator[list[str]]:
-    """`text_lines` a list at a time (one per chunk read): the hot loops of readers iterate lists.
-
-    Line ``n`` (1-based) of the log is the ``n``-th line over all the lists.
-    """
     read = getattr(stream, "read1", stream.read)
     raw = read(CHUNK)
     decoder = codecs.getincrementaldecoder(encoding_of(raw))("replace")
@@ -131,9 +99,7 @@ def text_chunks(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> 
             text, skipping = _after_break(text)
             if skipping:
                 continue
-        data = tail + text
-        if "\x1b" in data:
-            data = _ANSI.sub("", data)
+        data = _ANSI.sub("", tail + text)
         lines = data.splitlines()
         tail = _unfinished(data, lines) if raw else ""
         if len(tail) > limit:
@@ -142,8 +108,7 @@ def text_chunks(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> 
             lines.append("")
             tail, skipping = "", True
         count += len(lines)
-        if lines:
-            yield lines
+        yield from lines
 
 
 def _unfinished(data: str, lines: list[str]) -> str:

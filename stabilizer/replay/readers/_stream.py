@@ -1,10 +1,10 @@
-"""`LogStream`: what `read_log` returns: the records, and what is known about the reading.
+"""`LogStream`: what `read_log` returns: the items of a log, and what is known about the reading.
 
-Iterating a `LogStream` iterates its records (``iter(stream)`` hands out the reader's generator
-itself, so a ``for`` loop pays nothing per record); its attributes tell the format read, the
-bytes read so far (for a progress bar by bytes), the segments so far, the monitor's own findings
-of a ``stability.jsonl`` and the notes. The files close when the records are exhausted, on
-`LogStream.close`, or when the stream is collected; standard input is never closed.
+Iterating a `LogStream` iterates its items, `StepRecord`s and `Restart`s (``iter(stream)`` hands
+out the reader's generator itself); its attributes tell the format read, the bytes read so far
+(for a progress bar by bytes), the monitor's own findings of a ``stability.jsonl`` and the notes.
+The files close when the items are exhausted, on `LogStream.close`, or when the stream is
+collected; standard input is never closed.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import weakref
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.records import Finding
 
 from ._source import Source
-from .base import BaseReader, Note, add_note
+from .base import BaseReader, Item, Note, add_note
 from .jsonl import JsonlReader
 from .tensorboard import merge_steps
 
 __all__ = ["LogStream"]
 
 
-class LogStream(Iterator[StepRecord]):
-    """The streamed records of one log (see the module docstring).
+class LogStream(Iterator[Item]):
+    """The streamed items of one log (see the module docstring).
 
     Args:
         path: The path given to `read_log` (``-`` for stdin).
@@ -48,18 +48,18 @@ class LogStream(Iterator[StepRecord]):
         self._readers = [cls(notes) for _ in sources]
         if len(sources) == 1:
             close = functools.partial(_close, sources)
-            self._records = self._readers[0].read(sources[0].stream, close=close)
+            self._items = self._readers[0].read(sources[0].stream, close=close)
         else:
             add_note(notes, Note("source", f"{len(sources)} event files merged by step"))
-            self._records = _merged(self._readers, sources)
+            self._items = _merged(self._readers, sources)
         # Tied to the generator, which a ``for`` loop holds once the stream itself is gone.
-        self._finalizer = weakref.finalize(self._records, _close, sources)  # even if never run
+        self._finalizer = weakref.finalize(self._items, _close, sources)  # even if never run
 
-    def __iter__(self) -> Iterator[StepRecord]:
-        return self._records
+    def __iter__(self) -> Iterator[Item]:
+        return self._items
 
-    def __next__(self) -> StepRecord:
-        return next(self._records)
+    def __next__(self) -> Item:
+        return next(self._items)
 
     @property
     def total_bytes(self) -> int | None:
@@ -69,18 +69,9 @@ class LogStream(Iterator[StepRecord]):
 
     @property
     def bytes_read(self) -> int:
-        """Bytes of the input read so far (compressed, for gzip); ahead of the records by a
-        chunk at most, so `total_bytes` once the records are exhausted."""
+        """Bytes of the input read so far (compressed, for gzip); ahead of the items by a chunk
+        at most, so `total_bytes` once the items are exhausted."""
         return sum(source.bytes_read for source in self._sources)
-
-    @property
-    def segment_starts(self) -> list[int]:
-        """The first step of each segment read so far (`BaseReader.segment_starts`)."""
-        if len(self._readers) == 1:
-            return self._readers[0].segment_starts
-        starts = [reader.segment_starts for reader in self._readers]
-        firsts = [s[0] for s in starts if s]
-        return [min(firsts), *(step for s in starts for step in s[1:])] if firsts else []
 
     @property
     def findings(self) -> list[Finding]:
@@ -88,12 +79,12 @@ class LogStream(Iterator[StepRecord]):
         return [f for r in self._readers if isinstance(r, JsonlReader) for f in r.findings]
 
     def close(self) -> None:
-        """Stop reading and close the files (also done at the end of the records)."""
-        self._records.close()
+        """Stop reading and close the files (also done at the end of the items)."""
+        self._items.close()
         self._finalizer()
 
 
-def _merged(readers: list[BaseReader], sources: list[Source]) -> Generator[StepRecord, None, None]:
+def _merged(readers: list[BaseReader], sources: list[Source]) -> Generator[Item, None, None]:
     try:
         yield from merge_steps(r.read(s.stream) for r, s in zip(readers, sources, strict=True))
     finally:

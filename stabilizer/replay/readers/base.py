@@ -1,11 +1,11 @@
-"""The reader protocol, the notes readers leave for the user, and the package's one exception.
+"""The reader protocol, the items of a record stream, the notes readers leave, and the one error.
 
-A reader turns one log format into a stream of `StepRecord`s. Besides the records it leaves
-`Note`s: what the user should know to read the findings right (Megatron losses are interval
-averages; the HF Trainer hides NaN losses), where the run restarted, and what could not be read
-(a truncated event file, an over-long line). A restart — the step goes back, or a resume banner
-such as ``Resuming from checkpoint`` — starts a new *segment*: records keep their logged steps, a
-``restart`` note names the line, and `BaseReader.segment_starts` lists each segment's first step.
+A reader turns one log format into a stream of items: a `StepRecord` per logged step, and a
+`Restart` just before the first record of each new segment of a restarted run (the step went back,
+or a resume banner such as ``Resuming from checkpoint`` came), as TensorBoard's own loader yields
+a session start in its stream of events. Besides the items it leaves `Note`s: what the user should
+know to read the findings right (Megatron losses are interval averages; the HF Trainer hides NaN
+losses) and what could not be read (a truncated event file, an over-long line).
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ __all__ = [
     "MAX_NOTES",
     "NOTE_KINDS",
     "BaseReader",
+    "Item",
     "LogReadError",
     "Note",
     "Reader",
     "Restart",
     "add_note",
-    "record",
 ]
 
 logger = logging.getLogger(__name__)
 
-NOTE_KINDS = ("format", "restart", "skipped", "truncated", "hidden_nan", "source")
-"""`Note.kind` values: a quirk of the format, a restart, input skipped, input cut short, signs of
-hidden NaN losses, and which files were read."""
+NOTE_KINDS = ("format", "skipped", "truncated", "hidden_nan", "source")
+"""`Note.kind` values: a quirk of the format, input skipped, input cut short, signs of hidden NaN
+losses, and which files were read."""
 
 
 class LogReadError(ValueError):
@@ -73,7 +73,7 @@ class Restart:
 
     The step went back (a run resumed from a checkpoint logs its steps again) or a resume banner
     (``Resuming from checkpoint ...``) came before the record; `diagnose` splits the run here and
-    nowhere else.
+    nowhere else. Steps are not renumbered: the records after it repeat the replayed steps.
 
     Args:
         step: The first step of the new segment.
@@ -86,8 +86,11 @@ class Restart:
     why: str
 
 
+Item = StepRecord | Restart
+"""What a record stream holds."""
+
 MAX_NOTES = 20
-"""Notes kept per kind in one list; later ones are counted in a single note (restarts: all)."""
+"""Notes kept per kind in one list; later ones are counted in a single note."""
 
 
 def add_note(notes: list[Note], note: Note) -> bool:
@@ -96,14 +99,10 @@ def add_note(notes: list[Note], note: Note) -> bool:
     The count note (``"N more <kind> notes like the above"``) follows the kind's first
     `MAX_NOTES` and is replaced in place as the count grows: a log of a million over-long lines
     leaves 21 notes, not a million.
-    ``restart`` notes are never capped: each one is a segment of the run.
 
     Returns:
         Whether ``note`` itself was kept.
     """
-    if note.kind == "restart":
-        notes.append(note)
-        return True
     same = [i for i, kept in enumerate(notes) if kept.kind == note.kind]
     if len(same) < MAX_NOTES:
         notes.append(note)
@@ -132,28 +131,13 @@ class Reader(Protocol):
         """Confidence (0..1) that ``head``, the first decoded lines of a log, is this format."""
         ...
 
-    def read(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        """The records of a binary stream, in log order, read with bounded memory."""
+    def read(self, stream: IO[bytes]) -> Iterator[Item]:
+        """The items of a binary stream, in log order, read with bounded memory."""
         ...
 
 
-_new = object.__new__
-
-
-def record(step: int, values: dict[str, float]) -> StepRecord:
-    """A `StepRecord` built without re-validation: the caller passes an int and plain floats.
-
-    Readers build a million records a second; `StepRecord.__post_init__` would copy each dict.
-    """
-    rec: StepRecord = _new(StepRecord)
-    fields = rec.__dict__  # filled in directly: two stores instead of two __setattr__ calls
-    fields["step"] = step
-    fields["values"] = values
-    return rec
-
-
 class BaseReader:
-    """Notes, segments and error handling shared by the readers; subclasses write `_records`.
+    """Notes and error handling shared by the readers; subclasses write `_items`.
 
     Args:
         notes: A list to append notes to (shared by several readers); a new list when None.
@@ -163,13 +147,6 @@ class BaseReader:
 
     def __init__(self, notes: list[Note] | None = None) -> None:
         self.notes: list[Note] = [] if notes is None else notes
-        self._first: int | None = None  # step of the first record
-        self._restarts: list[int] = []  # first step of every segment after the first
-
-    @property
-    def segment_starts(self) -> list[int]:
-        """The first step of each segment, in log order (empty before the first record)."""
-        return [] if self._first is None else [self._first, *self._restarts]
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -178,25 +155,19 @@ class BaseReader:
 
     def read(
         self, stream: IO[bytes], *, close: Callable[[], None] | None = None
-    ) -> Generator[StepRecord, None, None]:
-        """The records of ``stream``; I/O damage ends the stream with a note.
+    ) -> Generator[Item, None, None]:
+        """The items of ``stream``; I/O damage ends the stream with a note.
 
         Args:
             stream: A binary stream at the start of the log (left open).
-            close: Called when the records end, are closed, or fail (`read_log` closes its
-                files so, without a generator layer of its own around this one).
+            close: Called when the items end, are closed, or fail (`read_log` closes its files
+                so, without a generator layer of its own around this one).
 
         Raises:
             LogReadError: The data broke the reader (a bug; reported, never a traceback).
         """
         try:
-            records = self._records(stream)
-            first = next(records, None)
-            if first is None:
-                return
-            self._first = first.step
-            yield first
-            yield from records
+            yield from self._items(stream)
         except LogReadError:
             raise
         except (OSError, EOFError, zlib.error) as exc:
@@ -209,7 +180,7 @@ class BaseReader:
             if close is not None:
                 close()
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         raise NotImplementedError
 
     def note(
@@ -219,13 +190,3 @@ class BaseReader:
         note = Note(kind, message, line, step)
         if add_note(self.notes, note):
             logger.info("%s: %s", self.format, note)
-
-    def restart(self, step: int, line: int | None, why: str) -> None:
-        """Start a new segment at ``step``: ``why`` says what gave the restart away."""
-        self._restarts.append(step)
-        self.note("restart", f"restart: {why} (segment {len(self._restarts) + 1})", line, step)
-
-    def segment(self, step: int, last: int, banner: str, line: int | None) -> None:
-        """`restart` at ``step``, after a resume ``banner`` or the step went back from ``last``."""
-        why = f"resume banner {banner!r}" if banner else f"step went back from {last} to {step}"
-        self.restart(step, line, why)

@@ -29,8 +29,8 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import resume_banner, text_chunks
-from .base import BaseReader, record
+from ._lines import Segments, text_lines
+from .base import BaseReader, Item
 
 __all__ = ["DeepSpeedReader"]
 
@@ -41,9 +41,8 @@ _OVERFLOW = re.compile(
     re.IGNORECASE,
 )  # fmt: skip
 _ITERATION = re.compile(r"Grad overflow on iteration:? (\d+)")
-# ``\bstep=`` as a lookbehind after the literal: the same matches, found by a fast literal scan.
-_PROGRESS = re.compile(r"step=(?<!\wstep=)(\d+), skipped=(\d+), lr=\[?" + _NUMBER)
-_LOSS = re.compile(r"steps: (?<!\wsteps: )(\d+) loss: " + _NUMBER)
+_PROGRESS = re.compile(r"\bstep=(\d+), skipped=(\d+), lr=\[?" + _NUMBER)
+_LOSS = re.compile(r"\bsteps: (\d+) loss: " + _NUMBER)
 _WEAK = re.compile(r"deepspeed|DeepSpeedEngine|\[Rank \d+\]", re.IGNORECASE)
 
 
@@ -59,38 +58,30 @@ class DeepSpeedReader(BaseReader):
                 return 0.9
         return 0.3 if any(_WEAK.search(line) for line in head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, base, skips = -1, "", 1, _Skips()  # last: the last reported step
-        progress_search, loss_search = _PROGRESS.search, _LOSS.search
-        for lines in text_chunks(stream, self.notes):
-            text = "\n".join(lines)  # a chunk without overflows skips their tests line by line
-            flows = "VERFLOW" in text or "verflow" in text or "overflow on" in text
-            for lineno, line in enumerate(lines, base):
-                if flows and (found := skips.read(line)) is not None:
-                    if isinstance(found, StepRecord):
-                        yield found
-                    continue
-                progress = progress_search(line) or loss_search(line)
-                if progress is None:
-                    if last >= 0 and not banner:
-                        banner = resume_banner(line)
-                    continue
-                step = int(progress[1])
-                if step < last or banner:
-                    self.segment(step, last, banner, lineno)
-                    skips.placed, banner = step, ""
-                values = _values(progress, skips.scale, skips.placed == step)
-                last = step
-                if skips.placed < step:
-                    skips.placed = step
-                yield record(step, values)
-            base += len(lines)
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        segments, skips = Segments(), _Skips()
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            found = skips.read(line)
+            if found is not None:
+                if isinstance(found, StepRecord):
+                    yield found
+                continue
+            progress = _PROGRESS.search(line) or _LOSS.search(line)
+            if progress is None:
+                segments.other(line)
+                continue
+            step = int(progress[1])
+            restart = segments.restart(step, lineno)
+            if restart is not None:
+                yield restart
+                skips.placed = step
+            values = _values(progress, skips.scale, skips.placed == step)
+            skips.placed = max(skips.placed, step)
+            yield StepRecord(step, values)
 
 
 class _Skips:
     """The overflows: where the last was placed, the next one's exact step, the loss scale."""
-
-    __slots__ = ("exact", "placed", "scale")
 
     def __init__(self) -> None:
         self.placed = 0  # the last step placed (an overflow, or a progress line)
@@ -99,16 +90,16 @@ class _Skips:
 
     def read(self, line: str) -> StepRecord | bool | None:
         """A record for an overflow line, True for a line that tells the next one's step."""
-        overflow = _OVERFLOW.search(line) if "VERFLOW" in line or "verflow" in line else None
+        overflow = _OVERFLOW.search(line) if "verflow" in line or "VERFLOW" in line else None
         if overflow is not None and overflow.group(1) in (None, "0"):
             exact, placed = self.exact, self.placed
             self.placed = exact if exact is not None and exact > placed else placed + 1
             self.exact, attempted, reduced = None, overflow.group(2), overflow.group(3)
             values = {SKIPPED: 1.0}
-            if attempted is not None:
+            if attempted is not None:  # the attempted scale is the one in force
                 values[LOSS_SCALE] = float(attempted)
                 self.scale = float(reduced) if reduced is not None else float(attempted)
-            return record(self.placed, values)
+            return StepRecord(self.placed, values)
         found = _ITERATION.search(line) if "overflow on" in line else None
         if found is not None:
             self.exact = int(found.group(1)) + 1
@@ -117,11 +108,13 @@ class _Skips:
 
 
 def _values(progress: re.Match[str], scale: float | None, placed: bool) -> dict[str, float]:
-    """The values of a progress line; ``placed``: an overflow was placed at its step."""
+    """What a progress line means: its loss (``steps: N loss: x``), or its ``lr``, ``skipped``
+    0 unless an overflow was ``placed`` at its step (the step may have been skipped), and the
+    last known loss ``scale`` (DeepSpeed does not log its scale growing back)."""
     if progress.re is _LOSS:
         return {LOSS: float(progress[2])}
     values = {LR: float(progress[3])}
-    if not placed:  # else the step may have been skipped
+    if not placed:
         values[SKIPPED] = 0.0
     if scale is not None:
         values[LOSS_SCALE] = scale

@@ -24,30 +24,17 @@ from collections.abc import Iterator, Mapping
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import GRAD_NORM, LOSS, LR
+from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
-from ._lines import resume_banner, text_chunks
-from .base import BaseReader, record
+from ._lines import Segments, text_lines
+from .base import BaseReader, Item
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
 
 _DICT = re.compile(r"\{'\w+': ")
 _PAIR = re.compile(r"'(\w+)': ([^,}]+)")
 _WRAPPED = re.compile(r"'(\w+)': [\w.]+\(([^,)]+)")  # tensor(0.9, device=...), np.float32(0.9)
-# The usual training dict, to its line's end: the pairs `_PAIR` finds, and no wrapped value.
-_USUAL = re.compile(
-    r"\{'loss': ([^,}(]+), 'grad_norm': ([^,}(]+), 'learning_rate': ([^,}(]+), "
-    r"'epoch': ([^,}(]+)\}\Z"
-)
-# `_USUAL` for a whole chunk: a line that is just the usual dict (``'`` in no value, so no
-# ``'eval_`` or ``'train_runtime'`` either: `_usual` would take it) gives its four values, another
-# line four ``""``. float() refuses what `_usual` refuses.
-_USUAL_LINE = re.compile(
-    r"^(?:\{'loss': ([^,}('\n]+), 'grad_norm': ([^,}('\n]+), 'learning_rate': ([^,}('\n]+), "
-    r"'epoch': ([^,}('\n]+)\}$|.*)$",
-    re.MULTILINE,
-)
 _STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
 _WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
 
@@ -101,85 +88,42 @@ class HfTrainerReader(BaseReader):
             return 0.9
         return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        keys, hidden = KeyMap(), HiddenNan(self)
-        count, last, banner, base = 0, -1, "", 1
-        for lines in text_chunks(stream, self.notes):
-            # One regex call a chunk: a line that is the usual dict gives its four values.
-            for lineno, (loss, norm, lr, epoch) in enumerate(
-                _USUAL_LINE.findall("\n".join(lines)), base
-            ):
-                try:
-                    values = {
-                        LOSS: float(loss),
-                        GRAD_NORM: float(norm),
-                        LR: float(lr),
-                        "epoch": float(epoch),
-                    }
-                except ValueError:  # not the usual dict ("" for another line): the general path
-                    parsed = _dict(lines[lineno - base], keys)
-                    if parsed is None:
-                        if last >= 0 and not banner:
-                            banner = resume_banner(lines[lineno - base])
-                        continue
-                    if not parsed:
-                        continue
-                    values, counted, logged = parsed
-                    count += counted
-                    step = count if logged is None else logged
-                else:
-                    count += 1
-                    step = count
-                if step < last or banner or step == 1 == count:
-                    banner = self._mark(step, last, banner, lineno, count)
-                last = step
-                hidden.check(step, values, lineno)
-                yield record(step, values)
-            base += len(lines)
-
-    def _mark(self, step: int, last: int, banner: str, lineno: int, count: int) -> str:
-        """Note the first numbered record and each restart; the banner is used up."""
-        if step == 1 == count:
-            self.note("format", "HF console dicts carry no step: records count log lines")
-        if step < last or banner:
-            self.segment(step, last, banner, lineno)
-        return ""
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        keys, hidden, segments, count = KeyMap(), HiddenNan(self), Segments(), 0
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            parsed = _dict(line, keys)
+            if parsed is None:
+                segments.other(line)
+                continue
+            if not parsed:
+                continue
+            values, counted, logged = parsed
+            count += counted
+            step = count if logged is None else logged
+            if step == 1 == count:
+                self.note("format", "HF console dicts carry no step: records count log lines")
+            restart = segments.restart(step, lineno)
+            if restart is not None:
+                yield restart
+            hidden.check(step, values, lineno)
+            yield StepRecord(step, values)
 
 
 def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | tuple[()] | None:
-    """The values of a line's dict, whether it is counted and its logged step; None for a line
-    with no dict (maybe a resume banner), ``()`` for a dict to skip."""
+    """What a line's dict means: its values, whether it counts as a training record (eval dicts
+    do not) and its logged step (popped off the values), if any. None for a line with no dict
+    (maybe a resume banner), ``()`` for a dict to skip: the final summary (its ``train_loss`` is
+    the run's mean), a dict without numbers, or one whose step is no integer."""
     start = line.find("{'")
-    values = None if start < 0 else _usual(line, start)
-    if values is not None:
-        return values, True, None
     if start < 0 or _DICT.match(line, start) is None:
         return None
-    return _any(line, start, keys) or ()
-
-
-def _usual(line: str, start: int) -> dict[str, float] | None:
-    """The values of the usual training dict at ``start``, the fast way; else None."""
-    usual = _USUAL.match(line, start)
-    if usual is None or "'train_runtime'" in line or "'eval_" in line:
-        return None
-    loss, norm, lr, epoch = usual.groups()
-    try:
-        return {LOSS: float(loss), GRAD_NORM: float(norm), LR: float(lr), "epoch": float(epoch)}
-    except ValueError:
-        return None
-
-
-def _any(line: str, start: int, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | None:
-    """The values of any dict at ``start``, whether it is counted (no eval) and its logged step
-    (popped off the values), if any; None for a line to skip."""
     pairs = _PAIR.findall(line, start)
     if "(" in line:
         pairs += _WRAPPED.findall(line, start)
-    if not pairs or "'train_runtime'" in line:  # the summary: train_loss is a mean
-        return None
+    if not pairs or "'train_runtime'" in line:
+        return ()
     values = keys.rename(pairs)
     logged = values.pop("step") if "'step'" in line and "step" in values else None
     if logged is not None and not (math.isfinite(logged) and logged == int(logged)):
-        return None  # a step that is no integer: no record to place
+        return ()
     return values, "'eval_" not in line, None if logged is None else int(logged)

@@ -19,8 +19,8 @@ from typing import IO, Any, ClassVar
 from stabilizer.core.records import StepRecord
 
 from ._keys import KeyMap
-from ._lines import text_lines
-from .base import BaseReader, record
+from ._lines import Segments, text_lines
+from .base import BaseReader, Item
 from .hf_trainer import HiddenNan
 
 __all__ = ["MAX_ENTRY", "HfTrainerStateReader"]
@@ -41,9 +41,9 @@ class HfTrainerStateReader(BaseReader):
         text = "".join(head[:5]).lstrip()
         return 0.5 if text.startswith("{") and '"best_metric"' in "".join(head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        keys, hidden = KeyMap(), HiddenNan(self)
-        step, raw, last = None, {}, -1  # type: int | None, dict[str, float], int
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        keys, hidden, segments = KeyMap(), HiddenNan(self), Segments()
+        step, raw = None, {}  # type: int | None, dict[str, float]
         for entry in self._entries(stream):
             new = entry.pop("step", None)
             if not isinstance(new, int) or "train_runtime" in entry:
@@ -54,15 +54,16 @@ class HfTrainerStateReader(BaseReader):
                 continue
             if step is not None:
                 yield self._record(step, keys.values(raw), hidden)
-            if new < last:
-                self.segment(new, last, "", None)
-            step, raw, last = new, numbers, new
+            restart = segments.restart(new, None)
+            if restart is not None:
+                yield restart
+            step, raw = new, numbers
         if step is not None:
             yield self._record(step, keys.values(raw), hidden)
 
     def _record(self, step: int, values: dict[str, float], hidden: HiddenNan) -> StepRecord:
         hidden.check(step, values, None)
-        return record(step, values)
+        return StepRecord(step, values)
 
     def _entries(self, stream: IO[bytes]) -> Iterator[dict[str, Any]]:
         """The dicts of ``log_history``, one at a time, as soon as each is complete."""

@@ -16,24 +16,22 @@ them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any, ClassVar
 
 from stabilizer.core.records import Finding, StepRecord
 
 from ._keys import KeyMap
-from ._lines import text_chunks
-from .base import BaseReader, Note, record
+from ._lines import Segments, text_lines
+from .base import BaseReader, Item, Note
 
 __all__ = ["MAX_FINDINGS", "JsonlReader"]
 
 MAX_FINDINGS = 10_000
-_FLOATS = {float}
-_STARTS = frozenset('{["-0123456789tfnNI')  # what a JSON value (or NaN, Infinity) starts with
+_DECODER = json.JSONDecoder()
 _BAD = (
-    StopIteration, ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError
+    ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError
 )  # fmt: skip
-_Scan = Callable[[str, int], tuple[Any, int]]
 
 
 class JsonlReader(BaseReader):
@@ -60,39 +58,31 @@ class JsonlReader(BaseReader):
                 best = 0.7
         return best
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        keys, last, bad, base = KeyMap(), -1, 0, 1
-        # `JSONDecoder.raw_decode` without its Python frame: the C scanner it calls.
-        scan: _Scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-        step: int | None
-        for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                if line[:1] != "{" and line.lstrip()[:1] not in _STARTS:  # no JSON: no raising
-                    bad += bool(line.strip())
-                    continue
-                try:
-                    data = scan(line, 0)[0] if line[:1] == "{" else json.loads(line)
-                    if line.startswith('{"type":"step"'):  # the monitor's own: the fast path
-                        step, values = data["step"], data["values"]
-                        step = step if type(step) is int else _int(step)
-                        if not _FLOATS.issuperset(map(type, values.values())):  # else: as they are
-                            values = {k: float(v) for k, v in values.items()}
-                    else:
-                        step, values = self._parse(data, keys)
-                except _BAD:
-                    bad += bool(line.strip())
-                    continue
-                if step is None:
-                    continue
-                if step < last:
-                    self.segment(step, last, "", lineno)
-                last = step
-                yield record(step, values)
-            base += len(lines)
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        keys, segments, bad = KeyMap(), Segments(), 0
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                # The object counts even if text follows it: a JSON array written an entry a
+                # line ends its lines with commas.
+                step, values = self._parse(_DECODER.raw_decode(text)[0], keys)
+            except _BAD:
+                bad += 1
+                continue
+            if step is None:
+                continue
+            restart = segments.restart(step, lineno)
+            if restart is not None:
+                yield restart
+            yield StepRecord(step, values)
         if bad:
             self.note("skipped", f"{bad} line(s) not JSON records: skipped")
 
     def _parse(self, data: Any, keys: KeyMap) -> tuple[int | None, dict[str, float]]:
+        """The step and values of a line's JSON: a monitor's step, a finding (kept, no record),
+        or a flat object with a ``step``."""
         kind = data.get("type")
         if kind == "step":
             values = {str(k): float(v) for k, v in data["values"].items()}

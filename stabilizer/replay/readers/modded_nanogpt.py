@@ -19,14 +19,13 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS
 
-from ._lines import resume_banner, text_chunks
-from .base import BaseReader, record
+from ._lines import Segments, text_lines
+from .base import BaseReader, Item
 
 __all__ = ["ModdedNanoGptReader"]
 
-_STEP = re.compile(  # ``\bstep:`` as a lookbehind after the literal: a fast literal scan
-    r"step:(?<!\wstep:)(\d+)/\d+ (train_loss|val_loss):"
-    r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_STEP = re.compile(
+    r"\bstep:(\d+)/\d+ (train_loss|val_loss):([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 )
 _TIMER = re.compile(r"\bstep:\d+/\d+ train_time:\d")
 _KEYS = {"train_loss": LOSS, "val_loss": "val_loss"}
@@ -43,20 +42,15 @@ class ModdedNanoGptReader(BaseReader):
             return 1.0
         return 0.8 if any(_TIMER.search(line) for line in head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, search, base = -1, "", _STEP.search, 1
-        for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                match = search(line)
-                if match is None:
-                    if last >= 0 and not banner:
-                        banner = resume_banner(line)
-                    continue
-                text, name, value = match.groups()
-                step = int(text)
-                if step < last or banner:
-                    self.segment(step, last, banner, lineno)
-                    banner = ""
-                last = step
-                yield record(step, {_KEYS[name]: float(value)})
-            base += len(lines)
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        segments = Segments()
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            match = _STEP.search(line)
+            if match is None:
+                segments.other(line)
+                continue
+            text, name, value = match.groups()
+            restart = segments.restart(int(text), lineno)
+            if restart is not None:
+                yield restart
+            yield StepRecord(int(text), {_KEYS[name]: float(value)})

@@ -20,15 +20,14 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS
 
-from ._lines import resume_banner, text_chunks
-from .base import BaseReader, record
+from ._lines import Segments, text_lines
+from .base import BaseReader, Item
 
 __all__ = ["NanoGptReader"]
 
 _NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
-# ``\biter`` as a lookbehind after the literal: the same matches, found by a fast literal scan.
-_ITER = re.compile(r"iter (?<!\witer )(\d+): loss " + _NUMBER)
-_EVAL = re.compile(r"step (?<!\wstep )(\d+): train loss " + _NUMBER + r", val loss " + _NUMBER)
+_ITER = re.compile(r"\biter (\d+): loss " + _NUMBER)
+_EVAL = re.compile(r"\bstep (\d+): train loss " + _NUMBER + r", val loss " + _NUMBER)
 _WEAK = re.compile(
     r"tokens per iteration will be|Initializing a new model from scratch|found vocab"
 )
@@ -47,23 +46,26 @@ class NanoGptReader(BaseReader):
             return 0.85
         return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        last, banner, base = -1, "", 1
-        search_iter, search_eval = _ITER.search, _EVAL.search
-        for lines in text_chunks(stream, self.notes):
-            for lineno, line in enumerate(lines, base):
-                if (match := search_iter(line)) is not None:
-                    step, values = int(match[1]), {LOSS: float(match[2])}
-                elif (match := search_eval(line)) is not None:
-                    step = int(match[1])
-                    values = {"eval_train_loss": float(match[2]), "val_loss": float(match[3])}
-                else:
-                    if last >= 0 and not banner:
-                        banner = resume_banner(line)
-                    continue
-                if step < last or banner:
-                    self.segment(step, last, banner, lineno)
-                    banner = ""
-                last = step
-                yield record(step, values)
-            base += len(lines)
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        segments = Segments()
+        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+            found = _step_values(line)
+            if found is None:
+                segments.other(line)
+                continue
+            restart = segments.restart(found[0], lineno)
+            if restart is not None:
+                yield restart
+            yield StepRecord(*found)
+
+
+def _step_values(line: str) -> tuple[int, dict[str, float]] | None:
+    """The step and values of an ``iter`` line (the loss) or an eval line (its two means, which
+    are not the step's loss); None for any other line."""
+    match = _ITER.search(line)
+    if match is not None:
+        return int(match[1]), {LOSS: float(match[2])}
+    match = _EVAL.search(line)
+    if match is not None:
+        return int(match[1]), {"eval_train_loss": float(match[2]), "val_loss": float(match[3])}
+    return None

@@ -1,0 +1,81 @@
+"""The one table of metric aliases: the names trainers print → the signal keys the engine reads.
+
+Lower-case names, as console logs print them (one word, or two for ``lm loss``, ``grad norm``,
+``learning rate``). `key_of` looks a logged name up: a ``train/``, ``train_`` or ``training/``
+prefix and a ``_step`` suffix (Lightning's ``on_step`` logging) are dropped first, so
+``train/loss_step`` is the loss. Validation losses land on ``val_loss``, never on the training
+``loss``. Two words that are not in the table are not the signal of the second: ``params norm``
+is no gradient norm, ``aux loss`` no training loss; they pass through as ``params_norm``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR
+
+__all__ = ["ALIASES", "SIGNALS", "STEP_NAMES", "VAL_LOSS", "key_of"]
+
+VAL_LOSS = "val_loss"  # a validation loss: reported beside the training loss, never as it
+
+ALIASES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "loss", "train loss", "training loss", "train_loss", "training_loss", "lm loss",
+            "lm_loss", "total loss", "total_loss", "loss_total", "xent", "nll_loss", "trl",
+            "avg loss", "average loss", "mean loss", "running loss", "batch loss", "loss train",
+        ),
+        LOSS,
+    ),
+    **dict.fromkeys(
+        (
+            "grad_norm", "grad norm", "gnorm", "total_norm", "norm", "gradient norm",
+            "gradient_norm", "grad_norm_total", "total_grad_norm",
+        ),
+        GRAD_NORM,
+    ),
+    **dict.fromkeys(("loss scale", "loss_scale", "scale", "grad_scale"), LOSS_SCALE),
+    **dict.fromkeys(("lr", "learning rate", "learning_rate"), LR),
+    **dict.fromkeys(
+        (
+            "val loss", "val_loss", "validation loss", "validation_loss", "valid loss",
+            "valid_loss", "eval loss", "eval_loss", "test loss", "test_loss", "dev loss", "tel",
+        ),
+        VAL_LOSS,
+    ),
+}  # fmt: skip
+"""Lower-case printed names → signal keys (``trl``, ``tel`` and ``norm`` are llm.c's)."""
+
+SIGNALS = frozenset(ALIASES.values())
+"""The keys of the table: a line holding one of these is a record even without a step."""
+
+STEP_NAMES = frozenset(
+    ("step", "global_step", "iter", "iteration", "num_updates", "update", "batch", "s", "epoch")
+)
+"""Names of counters: they say where a record is, they are not among its values."""
+
+_PREFIXES = ("train/", "train_", "training/")
+_FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
+
+
+@lru_cache(maxsize=4096)
+def key_of(printed: str) -> str | None:
+    """The key of the value printed after a name of one word or two (``lm loss``).
+
+    Returns an alias's signal key, None for a counter (`STEP_NAMES`), else the name as printed
+    (two words joined by ``_``).
+    """
+    before, _, name = printed.rpartition(" ")
+    low = name.lower()
+    if low in STEP_NAMES:
+        return None
+    if before and before.lower() not in _FILLER:
+        return ALIASES.get(f"{before.lower()} {low}", f"{before}_{name}")
+    if low in ALIASES:
+        return ALIASES[low]
+    base = low.removesuffix("_step")
+    for prefix in _PREFIXES:
+        if base.startswith(prefix):
+            base = base[len(prefix) :]
+            break
+    return ALIASES.get(base, name)

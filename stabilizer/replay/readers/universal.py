@@ -1,0 +1,340 @@
+"""`UniversalReader`: any console log, read the way a person reads it.
+
+A record is a line with metrics beside a step::
+
+    iter 100: loss 2.3456, time 12.34ms            step:10/1000 train_loss:7.5
+    [2018-11-26 15:06:01,481 INFO] Step 5650/50000; acc: 0.19; xent: nan; lr: 0.00070
+    | epoch 027 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |      s:12 trl:9.79 norm:3.01
+    Epoch 0:  6%|▌   | 1/18 [00:08<02:29, loss=10.473]    {'loss': 0.58, 'grad_norm': 1.3}
+
+- **The step**, case-blind: ``step``, ``global_step``, ``num_updates``, ``update``,
+  ``iteration``, ``iter``, ``batch`` (that order wins: ``iter 8 step 1`` is step 1), llm.c's
+  ``s:12``, ESPnet's ``12009-12640batch`` (the last); else a count ``n/N`` after an epoch, in a
+  progress bar (``1/18 [``) or in brackets (``[12/100]``); else ``Epoch 3/10``. A count within
+  epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
+  first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
+  holds for the counts below it.
+- **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too), and
+  ``name x`` or ``name is x`` for the names of the alias table (`aliases`), which also maps
+  names to signal keys; other names pass through as printed (two words as ``word_name``).
+  Values are numbers, ``nan`` and ``inf`` in any case; ``nanms`` is no value. When a line has
+  ``loss_*`` parts but no loss (Detectron2, mmdet), the loss is their sum, as those trainers add.
+- **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
+  overflow``, ``Attempted loss scale: X, reducing to Y``) are skipped steps: ``skipped`` 1 and
+  the new ``loss_scale``. The lines one overflow prints (per rank, per logger) make one record.
+
+What is not a record is skipped: tracebacks, ``...``, banners, timestamps (never a step). A line
+without a step is a record when it holds a metric of the table. Lines are put together the way
+they were printed:
+
+- lines of one step make one record (later values win): a tqdm bar redrawn with a new loss, a
+  record two loggers printed, nanoGPT's eval line and its ``iter`` line; so do a step's line and
+  the line right below it that has no step, no log header (time of day, ``INFO``) and none of its
+  metrics: a line the terminal wrapped (re-read joined) or an exception's ``loss_dict``;
+- a record without a step equal to the one before it is that record printed twice;
+- records without a step are placed just before the next step (ESPnet's warnings precede its
+  summary line) and after the last, or at their position in the log (1, 2, ...) if none has one.
+
+A `Restart` comes just before the first record after the step went back or a resume banner.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, ClassVar
+
+from stabilizer.core.records import StepRecord
+from stabilizer.core.signals import LOSS, LOSS_SCALE, SKIPPED
+
+from ._lines import resume_banner, text_lines
+from .aliases import SIGNALS, key_of
+from .base import BaseReader, Restart
+
+__all__ = ["UniversalReader", "unreadable_message"]
+
+_NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|[nN]a[nN]|[iI]nf(?:inity)?)"
+_PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
+    # lets the regex scan for letters fast); possessive: giving characters back finds nothing
+    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"]?"  # one word or two
+    r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
+    r"(" + _NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
+)
+_COUNTERS = ("global_step", "step", "num_updates", "update", "iteration", "iter", "batch", "s")
+_STEP = re.compile(  # each name starts a word: a lookbehind after its first letter, as in _PAIR
+    "("
+    + "|".join(rf"{name[0]}(?<![\w./-]{name[0]}){name[1:]}" for name in _COUNTERS[:-1])
+    + r"|s(?<![\w./-]s)(?=:\d))"  # llm.c's "s:12"
+    + r"(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.])"
+)
+_RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
+_EPOCH = re.compile(
+    r"(?<![\w./-])epoch(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
+)
+_AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
+_BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
+_LEADING = re.compile(r"\s*(\d+)\s*\|\s")  # "420 | loss 4.06 | lr 9e-04"
+_BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
+_OVERFLOW = re.compile(
+    r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
+    r"(?:reducing dynamic|attempted) loss scale"
+)
+_NEW_SCALE = re.compile(
+    r"(?:reducing (?:loss scale )?to|setting loss scale to:?|loss scale from \S+ to)\s*("
+    + _NUM
+    + ")"
+)
+_ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + _NUM + ")")
+_HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_HINT = re.compile(r"(?<![a-z])(?:loss|norm|lr|step|iter|iteration|epoch|batch)(?![a-z]).*\d")
+_Values = dict[str, float]
+MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
+
+
+class UniversalReader(BaseReader):
+    """Reads any console log of steps and metrics (see the module docstring)."""
+
+    format: ClassVar[str] = "generic"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        """Below the confident scores of dedicated readers (~0.9): this reader is the fallback."""
+        found = sum(isinstance(item, StepRecord) for item in cls().read_lines(head))
+        if found:
+            return 0.6 if found >= 2 else 0.4
+        return 0.15 if any(_HINT.search(line.lower()) for line in head) else 0.0
+
+    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
+        # the current `BaseReader` keeps restarts as notes; once it streams `Restart` items,
+        # this becomes ``return self.read_lines(text_lines(stream, self.notes))``
+        for item in self.read_lines(text_lines(stream, self.notes)):
+            if isinstance(item, Restart):
+                self.restart(item.step, item.line, item.why)
+            else:
+                yield item
+
+    def read_lines(self, lines: Iterable[str]) -> Iterator[StepRecord | Restart]:
+        """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
+        steps, join = _Steps(), _Joiner()
+        for lineno, line in enumerate(lines, 1):
+            if "\x1b" in line:
+                line = _ANSI.sub("", line)
+            low = line.lower()
+            if ("overflow" in low or "loss scale" in low) and _OVERFLOW.search(low):
+                yield from join.overflow(lineno, _overflow(low))
+                continue
+            step, where = steps.of(low)
+            values = _values(line)
+            if not _known(values):
+                if step is None:
+                    join.other(line)
+                    continue
+                if steps.weak:  # "begin training epoch 1": no record, but one may follow
+                    values = {}
+            yield from join.line(lineno, line, (step, where), values)
+        yield from join.end()
+
+
+class _Steps:
+    """Where a line is: its step, from the counters it prints and the epoch it is in."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None  # the last epoch printed
+        self.first: int | None = None  # the first epoch's number: 0 or 1
+        self.weak = False  # whether the last line's step is only its epoch
+
+    def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
+        """The step of a lower-cased line (or None), and all the counters it prints."""
+        epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
+        if epoch is not None:
+            self.epoch = int(epoch[1])
+            if self.first is None:
+                self.first = 0 if self.epoch == 0 else 1
+        if "step" in low or "iter" in low or "update" in low or "batch" in low or "s:" in low:
+            named = sorted(_STEP.findall(low), key=lambda found: _COUNTERS.index(found[0]))
+            if named:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
+                _, count, total = named[0]
+                step = self._on(int(count), total, epoch is not None)
+                return step, (step, *(int(found[1]) for found in named[1:]))
+        found = self._count(low, epoch)
+        return found, () if found is None else (found,)
+
+    def _count(self, low: str, epoch: re.Match[str] | None) -> int | None:
+        """The step of a line without a named counter: a count, else its epoch."""
+        ranged = _RANGE.search(low) if "batch" in low else None
+        if ranged is not None:
+            return int(ranged[1])
+        count = None
+        if "/" in low:
+            count = epoch and _AFTER_EPOCH.match(low, epoch.end())
+            count = count or _BAR.search(low) or _BRACKET.search(low)
+        if count:
+            return self._on(int(count[1]), count[2], True)
+        leading = _LEADING.match(low)
+        if leading is not None:
+            return int(leading[1])
+        self.weak = epoch is not None
+        return None if epoch is None else int(epoch[1])
+
+    def _on(self, count: int, total: str, in_epoch: bool) -> int:
+        """A count, counted on from the epochs before this one when it is one of ``total``."""
+        if not (total and in_epoch and self.epoch is not None and self.first is not None):
+            return count
+        return (self.epoch - self.first) * int(total) + count
+
+
+def _values(line: str) -> dict[str, float]:
+    """The metrics of a line by key; of two names for one key the first wins (``Loss: 0.31,
+    ..., LM Loss: 1.08`` in StyleTTS2 is its loss, then a part of it)."""
+    values: dict[str, float] = {}
+    for name, sep, text in _PAIR.findall(line):
+        key = key_of(name)
+        if key is None or key in values:
+            continue
+        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a":
+            values[key] = float(text)  # others need "=" or ": ", not "line 132", "(trainer:581)"
+    return values
+
+
+def _known(values: dict[str, float]) -> set[str]:
+    """The keys of ``values`` that make a line a record without a step: signals, loss parts."""
+    return {key for key in values if key in SIGNALS or key.startswith("loss_")}
+
+
+def _total(values: dict[str, float]) -> dict[str, float]:
+    """A record's values, with the sum of its ``loss_*`` parts as its loss if it has none:
+    Detectron2 and mmdet add their parts so."""
+    if LOSS not in values:
+        parts = [v for key, v in values.items() if key.startswith("loss_") and key not in SIGNALS]
+        if parts:
+            values[LOSS] = sum(parts)
+    return values
+
+
+def _overflow(low: str) -> dict[str, float]:
+    """The record of an overflow line: a skipped step, and the scale in force after it."""
+    scale = _NEW_SCALE.search(low) or _ATTEMPTED.search(low)  # (hysteresis keeps the scale)
+    return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
+
+
+@dataclass
+class _Pending:
+    """The record being put together from the lines of one step."""
+
+    step: int | None
+    where: tuple[int, ...]  # every counter its first line printed
+    values: dict[str, float]
+    text: str  # the line (joined with the lines it wraps onto)
+    start: int  # its first line number
+    end: int  # its last line number
+    overflow: bool = False
+    banner: str = ""  # the resume banner before it, if any
+
+
+@dataclass
+class _Joiner:
+    """Puts lines together into records, places records without a step, marks restarts."""
+
+    pending: _Pending | None = None
+    held: list[dict[str, float]] = field(default_factory=list)  # records waiting for a step
+    previous: dict[str, float] | None = None  # the values of the record before
+    logged: int | None = None  # the last step a line printed
+    last: int | None = None  # the last step given to a record
+    banner: str = ""  # a resume banner seen since the last record
+
+    def other(self, line: str) -> None:
+        """A line that is no record: after a record, it may be a resume banner."""
+        if (self.logged is not None or self.pending is not None) and not self.banner:
+            self.banner = resume_banner(line)
+
+    def line(
+        self, lineno: int, line: str, at: tuple[int | None, tuple[int, ...]], values: _Values
+    ) -> Iterator[StepRecord | Restart]:
+        """A line with a step or a metric: it joins the pending record or starts the next one."""
+        pend, (step, where) = self.pending, at
+        if pend is not None and not pend.overflow:
+            if step is not None and where == pend.where:  # the same step again: later wins
+                pend.values.update(values)
+                pend.end = lineno
+                return
+            if step is None and lineno == pend.end + 1 and _wraps(pend, values, line):
+                pend.text += line  # re-read joined: "| learning" + " rate: 4.475E-05 |"
+                pend.values = {**pend.values, **_values(pend.text)}
+                pend.end = lineno
+                return
+        yield from self._finish()
+        self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
+        self.banner = ""
+
+    def overflow(self, lineno: int, values: _Values) -> Iterator[StepRecord | Restart]:
+        """An overflow line: one more line of the pending overflow, or a new one."""
+        pend, scale = self.pending, values.get(LOSS_SCALE)
+        same = scale is None or (pend is not None and pend.values.get(LOSS_SCALE, scale) == scale)
+        if pend is not None and pend.overflow and same:
+            pend.values.update(values)  # no scale named, or the pending one's: the same overflow
+            return
+        yield from self._finish()
+        self.pending = _Pending(None, (), values, "", lineno, lineno, overflow=True)
+
+    def end(self) -> Iterator[StepRecord | Restart]:
+        """The records still held when the lines end."""
+        yield from self._finish()
+        yield from self._place(None)
+
+    def _finish(self) -> Iterator[StepRecord | Restart]:
+        pend, self.pending = self.pending, None
+        if pend is None or not pend.values:
+            return
+        if pend.step is None:
+            if pend.overflow or pend.values != self.previous:  # (a NaN is equal to nothing)
+                self.held.append(pend.values)
+                self.previous = pend.values
+            if len(self.held) >= MAX_HELD:
+                yield from self._place(None)
+            return
+        back = self.logged is not None and pend.step < self.logged
+        yield from self._place(None if back or pend.banner else pend.step)
+        if pend.banner:
+            yield Restart(pend.step, pend.start, f"resume banner {pend.banner!r}")
+        elif back:
+            why = f"step went back from {self.logged} to {pend.step}"
+            yield Restart(pend.step, pend.start, why)
+        self.logged = self.last = pend.step
+        self.previous = pend.values
+        yield StepRecord(pend.step, _total(pend.values))
+
+    def _place(self, before: int | None) -> Iterator[StepRecord]:
+        """The held records: just before step ``before``, or (None) after the last record."""
+        held, self.held = self.held, []
+        after = 1 if self.last is None else self.last + 1  # (1: a position in the log)
+        start = after if before is None else max(before - len(held), after if self.last else 0)
+        for offset, values in enumerate(held):
+            step = start + offset if before is None else min(start + offset, before)
+            self.last = step
+            yield StepRecord(step, _total(values))
+
+
+def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
+    """Whether a line without a step continues the pending record's line (see the module doc)."""
+    known = _known(values)
+    return bool(known) and not known.intersection(pend.values) and not _HEADER.search(line)
+
+
+def unreadable_message(name: str, lines: Iterable[str]) -> str:
+    """The one-line error for a log in which no record was found.
+
+    Says what was looked for, shows the first line that looked like a record (a step or metric
+    word and a number), and names ``--format``.
+    """
+    looked = (
+        "lines with a step (step, iter, iteration, global_step, num_updates, update, batch, "
+        "Epoch n/N, [n/N]) and metrics beside it (loss, grad_norm, lr, loss_scale or an alias)"
+    )
+    message = f"{name}: no training steps found; looked for {looked}"
+    for lineno, line in enumerate(lines, 1):
+        if _HINT.search(line.lower()):
+            message += f"; line {lineno} looked like one but was not read: {line.strip()[:100]!r}"
+            break
+    return message + "; if the log has a format of its own, name it with --format"

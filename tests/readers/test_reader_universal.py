@@ -1,0 +1,363 @@
+"""`UniversalReader`: the step, the metrics, the aliases, overflows, and what it must survive."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers._lines import text_lines
+from stabilizer.replay.readers.aliases import ALIASES, key_of
+from stabilizer.replay.readers.base import Note, Restart
+from stabilizer.replay.readers.universal import UniversalReader, unreadable_message
+
+
+def items(text: str) -> list[StepRecord | Restart]:
+    """What the reader makes of ``text``, read from bytes as `read_log` reads a file."""
+    lines = text_lines(io.BytesIO(text.encode()), [])
+    return list(UniversalReader().read_lines(lines))
+
+
+def records(text: str) -> list[StepRecord]:
+    return [item for item in items(text) if isinstance(item, StepRecord)]
+
+
+def steps(text: str) -> list[int]:
+    return [r.step for r in records(text)]
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [
+        ("step 12 loss 2.0", 12),
+        ("Step 0: loss=3.98", 0),
+        ("global_step=77 loss=1", 77),
+        ("iter 100: loss 2.3456, time 12.34ms, mfu 30.00%", 100),
+        ("iteration    42780/ 115311 | lm loss: 2.1E+00 |", 42780),
+        ("| epoch 001:    200 / 1374 loss=14.351, num_updates=190, lr=4.8e-06", 190),
+        ("update 9 | loss 2.0", 9),
+        ("ep: 0, batch: 20, time: 9.17, loss: 10.98", 20),
+        ("[2018-11-26 15:06:01,481 INFO] Step 5650/50000; acc: 0.19; xent: nan", 5650),
+        ("iter 8 step 1: loss nan, iter time: 1957.89ms", 1),  # the optimizer step wins
+        ("Epoch 3/10 - loss: 0.5", 3),  # nothing finer
+        ("[12/100] loss: 0.5", 12),
+        ("s:12 trl:9.79 lr:0.000011 norm:3.01", 12),  # llm.c
+        ("Iter(train) [  50/20000]  lr: 1e-4  loss: 2.3", 50),  # mmengine
+        ("INFO: 2epoch:train:12009-12640batch: iter_time=3e-4, loss=65.1", 12640),  # ESPnet
+        ("420 | loss 4.0625 | lr 9.000000e-04 | 7367.57ms", 420),
+        ("STEP 7 LOSS 2.0", 7),  # case-blind
+    ],
+)
+def test_the_step(line: str, step: int) -> None:
+    assert steps(line) == [step]
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        # a count within an epoch counts on from the epochs before (Keras: one line each)
+        ("Epoch 1/10\n3/5 [====] - loss: 1.0\nEpoch 2/10\n3/5 [====] - loss: 0.9", [3, 8]),
+        ("Epoch [2/10], Step [100/600], Loss: 0.2", [700]),  # first epoch: 1
+        (
+            "Epoch 0:  6%| | 1/18 [00:08<02:29, loss=10.4]\nEpoch 1:  6%| | 1/18 [00:08, loss=9]",
+            [1, 19],
+        ),
+        ("Epoch  1, 12900/37527; acc:   4.48; xent:  10.47", [12900]),  # OpenNMT
+        ("Epoch(train) [2][ 50/100]  lr: 1e-4  loss: 2.3", [150]),
+    ],
+)
+def test_counts_within_epochs(text: str, want: list[int]) -> None:
+    assert steps(text) == want
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2018-11-26 15:06:01,481 INFO] loss: 2.5",  # a timestamp is no step
+        "[02/10 22:55:41 d2.engine.train_loop]: loss: 2.5",  # nor a date
+        "2023/06/09 21:58:41 - mmengine - INFO - loss: 2.5",
+        "global_step/sec: 2.1 loss: 2.5",  # a rate is no step
+        "number of skipped iterations:   0 | loss: 2.5",
+    ],
+)
+def test_no_step_where_none_is_printed(line: str) -> None:
+    assert steps(line) == [1]  # the record's position
+
+
+@pytest.mark.parametrize(
+    ("line", "values"),
+    [
+        ("step 1 loss: 2.5", {"loss": 2.5}),
+        ("step 1 loss=2.5", {"loss": 2.5}),
+        ("step 1 loss 2.5", {"loss": 2.5}),
+        (
+            "| epoch 1 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |",
+            {"loss": 6.343, "grad_norm": 0.39, "loss_scale": 0.5},
+        ),
+        ("step 1; acc: 0.19; xent: nan;", {"acc": 0.19, "loss": math.nan}),
+        (
+            "{'loss': 0.58, 'grad_norm': 1.3, 'learning_rate': 5e-4, 'epoch': 0.17}     ",
+            {"loss": 0.58, "grad_norm": 1.3, "lr": 5e-4},
+        ),
+        ('{"loss": 1e-3, "step": 4}', {"loss": 1e-3}),
+        (
+            "1/9 [==>...] - ETA: 8:29 - loss: 0.6912 - accuracy: 0.5938",
+            {"loss": 0.6912, "accuracy": 0.5938},
+        ),
+        (
+            "step 1 loss=inf grad_norm=-inf lr=NaN",
+            {"loss": math.inf, "grad_norm": -math.inf, "lr": math.nan},
+        ),
+        ("step 1 loss: tensor(2.5, device='cuda:0', grad_fn=<Nll>)", {"loss": 2.5}),
+        ("step 1 loss 2.5 mfu 16.68% line 132 time 12ms", {"loss": 2.5}),  # unknown + blank: no
+        ("step:10/1000 train_loss:nan train_time:1ms step_avg:nanms", {"loss": math.nan}),
+        (
+            "step 3 Train loss nan, Learning Rate 1.000e-05, It/sec 0.5",
+            {"loss": math.nan, "lr": 1e-5},
+        ),
+        (
+            "step 3 lm loss: 3.1 | loss scale: 65536.0 | grad norm: 12952.562",
+            {"loss": 3.1, "loss_scale": 65536.0, "grad_norm": 12952.562},
+        ),
+        (
+            "step 3 loss_total=1.5 total_norm=2.0 scale=8",
+            {"loss": 1.5, "grad_norm": 2.0, "loss_scale": 8.0},
+        ),
+        ("step 3 Loss：1.98", {"loss": 1.98}),  # a full-width colon
+    ],
+)
+def test_the_metrics(line: str, values: dict[str, float]) -> None:
+    (record,) = records(line)
+    got = {key: record.values[key] for key in values}
+    assert str(got) == str(values)  # (a NaN is equal to nothing; its text is "nan")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["xent", "nll_loss", "lm loss", "total_loss", "train_loss", "Train loss", "loss_total", "trl",
+     "train/loss", "train/loss_step", "loss train"],
+)  # fmt: skip
+def test_loss_aliases(name: str) -> None:
+    assert key_of(name) == "loss"
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        *[
+            (name, "grad_norm")
+            for name in ("gnorm", "grad norm", "grad_norm", "total_norm", "norm")
+        ],
+        *[(name, "loss_scale") for name in ("loss scale", "loss_scale", "scale")],
+        *[(name, "lr") for name in ("lr", "learning rate", "Learning Rate", "learning_rate")],
+        *[(name, "val_loss") for name in ("val_loss", "val loss", "eval_loss", "Val loss", "tel")],
+        ("params norm", "params_norm"),  # a word in front makes another quantity
+        ("aux loss", "aux_loss"),
+        ("loss_cls", "loss_cls"),
+        ("step", None),
+        ("epoch", None),
+    ],
+)
+def test_other_aliases(name: str, key: str | None) -> None:
+    assert key_of(name) == key
+
+
+def test_the_alias_table_is_lower_case() -> None:
+    assert all(name == name.lower() for name in ALIASES)
+
+
+def test_validation_loss_is_not_the_training_loss() -> None:
+    (record,) = records("Iter 200: Val loss 1.234, Val took 5.2s")
+    assert record.values == {"val_loss": 1.234}
+    (record,) = records("step 5 - loss: 0.5 - val_loss: 0.7 - eval_loss: 0.8")
+    assert record.values == {"loss": 0.5, "val_loss": 0.7}
+
+
+def test_loss_parts_add_up_to_a_missing_loss() -> None:
+    text = (
+        "FloatingPointError: Loss became infinite or NaN at iteration=27!\n"
+        "loss_dict = {'loss_cls': tensor(1.5, device='cuda:0'), 'loss_box_reg': tensor(0.25)}\n"
+    )
+    (record,) = records(text)
+    assert (record.step, record.values["loss"]) == (27, 1.75)
+    (record,) = records("iter: 19  total_loss: 1.750  loss_cls: 1.248  loss_box_reg: 0.503")
+    assert record.values["loss"] == 1.750
+
+
+DS = "[deepspeed] OVERFLOW! Rank 0 Skipping step."
+
+
+@pytest.mark.parametrize(
+    ("line", "scale"),
+    [
+        (f"{DS} Attempted loss scale: 65536, reducing to 32768", 32768),
+        (f"{DS} Attempted loss scale: 65536, but hysteresis is 2. Reducing hysteresis to 1", 65536),
+        ("| WARNING: overflow detected, setting loss scale to: 0.0625", 0.0625),
+        ("NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 32.0", 32.0),
+        ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 4096.0", 4096.0),
+        ("Reducing dynamic loss scale from 8.0 to 4.0", 4.0),
+        ("OVERFLOW! Skipping step. Attempted loss scale: 65536.0, reducing to 32768.0", 32768.0),
+    ],
+)  # fmt: skip
+def test_overflow_lines_are_skipped_steps_with_the_new_scale(line: str, scale: float) -> None:
+    (record,) = records(line)
+    assert record.values == {"skipped": 1.0, "loss_scale": scale}
+
+
+def test_one_overflow_printed_by_many_ranks_is_one_skipped_step() -> None:
+    text = (
+        "Grad overflow on iteration 3\n"
+        "[INFO] [fused_optimizer.py:316:_update_scale] "
+        "Reducing dynamic loss scale from 8.0 to 4.0\n"
+        "Grad overflow on iteration 3\n"
+        "Reducing dynamic loss scale from 8.0 to 4.0\n"
+        "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 8.0, reducing to 4.0\n"
+    )
+    assert [r.values for r in records(text)] == [{"skipped": 1.0, "loss_scale": 4.0}]
+
+
+def test_overflows_go_just_before_the_next_step() -> None:
+    text = (
+        "step 100 loss=2.0 loss_scale=4\n"
+        "overflow detected, setting loss scale to: 2\n"
+        "overflow detected, setting loss scale to: 1\n"
+        "step 200 loss=2.0 loss_scale=1\n"
+    )
+    assert steps(text) == [100, 198, 199, 200]
+
+
+def test_records_without_a_step_take_their_position() -> None:
+    text = "{'loss': 1.0}\n{'loss': 1.1}\n...\n{'loss': 1.2}\n"
+    assert [(r.step, r.values["loss"]) for r in records(text)] == [(1, 1.0), (2, 1.1), (3, 1.2)]
+
+
+def test_a_metric_line_without_a_step_goes_before_the_next_step() -> None:
+    text = "WARNING: The grad norm is nan. Skipping updating the model.\n" * 2 + (
+        "INFO: 2epoch:train:12009-12640batch: loss=65.129\n"
+    )
+    got = records(text)
+    assert [r.step for r in got] == [12638, 12639, 12640]
+    assert all(math.isnan(r.values["grad_norm"]) for r in got[:2])
+
+
+def test_tqdm_redraws_joined_by_carriage_returns() -> None:
+    bar = "Epoch 0:  {p}%|█| {n}/18 [00:0{n}<00:53, 4.14s/it, loss={loss}, v_num=1]"
+    text = "\r".join(
+        bar.format(p=p, n=n, loss=loss)
+        for p, n, loss in [(6, 1, 10.5), (6, 1, 10.473), (11, 2, 10.473), (11, 2, 10.2)]
+    )
+    assert [(r.step, r.values["loss"]) for r in records(text + "\n")] == [(1, 10.473), (2, 10.2)]
+
+
+def test_a_record_printed_twice_is_one_record() -> None:
+    text = (
+        "step 10 loss 2.5 lr 0.1\n"
+        "2024-01-01 10:00:00 INFO step 10 loss 2.5 lr 0.1\n"
+        "{'loss': 1.5, 'grad_norm': 0.5}\n"
+        "{'loss': 1.5, 'grad_norm': 0.5}\n"
+    )
+    assert [(r.step, r.values["loss"]) for r in records(text)] == [(10, 2.5), (11, 1.5)]
+
+
+def test_lines_wrapped_by_a_terminal_make_one_record() -> None:
+    text = (
+        "[default7]: iteration   42780/ 115311 | consumed samples:    71455664 | learning\n"
+        " rate: 4.475E-05 | global batch size: 2048 | lm loss: 2.117073E+00 | grad norm: 0.15 |\n"
+        "num zeros: 0.0 |\n"
+    )
+    (record,) = records(text)
+    assert record.step == 42780
+    assert {k: record.values[k] for k in ("lr", "loss", "grad_norm")} == {
+        "lr": 4.475e-05,
+        "loss": 2.117073,
+        "grad_norm": 0.15,
+    }
+
+
+def test_log_entries_are_not_wrapped_lines() -> None:
+    text = "step 5 loss=2.0\n2024-01-01 10:00:00 WARNING grad_norm: nan\nstep 6 loss=2.0\n"
+    assert [(r.step, sorted(r.values)) for r in records(text)] == [
+        (5, ["loss"]),
+        (6, ["grad_norm"]),  # just before step 6, not merged into step 5
+        (6, ["loss"]),
+    ]
+
+
+def test_survives_tracebacks_cut_lines_ansi_and_rank_prefixes() -> None:
+    text = (
+        "\x1b[32m[default0]: step 1 loss 2.0\x1b[0m\n"
+        "...\n"
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 132, in train\n'
+        "    self.run_step()\n"
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+        "[default0]: step 2 loss nan\n"
+    )
+    assert [(r.step, str(r.values["loss"])) for r in records(text)] == [(1, "2.0"), (2, "nan")]
+
+
+def test_restart_when_the_step_goes_back() -> None:
+    got = items("step 10 loss 1\nstep 20 loss 1\nstep 15 loss 1\nstep 25 loss 1\n")
+    assert got[2] == Restart(15, 3, "step went back from 20 to 15")
+    assert [item.step for item in got] == [10, 20, 15, 15, 25]
+
+
+def test_restart_after_a_resume_banner() -> None:
+    got = items("iter 10: loss 1.0\nResuming training from out\niter 20: loss 1.0\n")
+    assert got[1] == Restart(20, 3, "resume banner 'Resuming training from out'")
+
+
+def test_read_from_bytes_notes_restarts() -> None:
+    notes: list[Note] = []
+    data = b"step 10 loss 1\nstep 5 loss 1\n"
+    got = [
+        r.step for r in UniversalReader(notes).read(io.BytesIO(data)) if isinstance(r, StepRecord)
+    ]
+    assert got == [10, 5]
+    assert any("step went back from 10 to 5" in note.message for note in notes)
+
+
+@pytest.mark.parametrize(
+    ("head", "low", "high"),
+    [
+        (["step 1 loss 2.0", "step 2 loss 1.9"], 0.3, 0.85),  # read well, below dedicated ~0.9
+        (["{'loss': 2.0}"], 0.3, 0.85),
+        (["Saving checkpoint at step 100"], 0.1001, 0.3),  # a step: above the 0.1 threshold
+        (["Training complete", "bye"], 0.0, 0.0),
+    ],
+)
+def test_sniff(head: list[str], low: float, high: float) -> None:
+    assert low <= UniversalReader.sniff(head) <= high
+
+
+def test_unreadable_message_names_the_flag_and_the_first_likely_line() -> None:
+    lines = ["Loading model", "epoch done, loss went down nicely to 2", "bye"]
+    message = unreadable_message("run.log", lines)
+    assert message.startswith("run.log: no training steps found; looked for lines with a step")
+    assert "--format" in message and "format=" not in message
+    assert "line 2 looked like one but was not read: 'epoch done, loss went down" in message
+    assert "looked like one" not in unreadable_message("x.log", ["hello", "world"])
+
+
+SEEDS = [
+    "step 1 loss 2.0",
+    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4, reducing to 2",
+    "{'loss': nan, 'grad_norm': tensor(1.0)}",
+    "Epoch 3/10",
+    "1/9 [===] - loss: 0.5",
+    "Resuming training from out",
+    "iter 8 step 1: loss nan",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.sampled_from(SEEDS), st.text(max_size=60)), max_size=25))
+def test_any_lines_give_int_steps_and_float_values(lines: list[str]) -> None:
+    for item in UniversalReader().read_lines(lines):
+        if isinstance(item, StepRecord):
+            assert isinstance(item.step, int) and item.values
+            assert all(isinstance(value, float) for value in item.values.values())

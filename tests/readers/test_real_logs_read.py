@@ -1,0 +1,168 @@
+"""The universal reader on real logs: what a person reads in each of `tests/fixtures/real/`.
+
+Every expectation below was read off the log's text by eye (see each log and its label's
+justification), not taken from the reader's output: how many steps the excerpt shows, the first
+and last of them, which signals are printed, and where the first NaN is. Where the log has its
+own reader (Megatron/BigScience, DeepSpeed, fairseq, the HF Trainer), the same facts hold for it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers.universal import UniversalReader
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
+LOSS, GNORM, LR, SCALE, SKIP, VAL = "loss", "grad_norm", "lr", "loss_scale", "skipped", "val_loss"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a person reads in a log.
+
+    Args:
+        records: Steps (records) the excerpt shows.
+        first: The first step, as printed (or where a line without one belongs).
+        last: The last step.
+        keys: Signals printed at (some) steps.
+        nan: The step and signal of the first NaN/Inf, if any.
+    """
+
+    records: int
+    first: int
+    last: int
+    keys: frozenset[str]
+    nan: tuple[int, str] | None = None
+
+
+def seen(
+    records: int, span: tuple[int, int], *keys: str, nan: tuple[int, str] | None = None
+) -> Seen:
+    return Seen(records, span[0], span[1], frozenset(keys), nan)
+
+
+SEEN = {
+    # lead's development set
+    "bigscience_tr11_176B_throughput_drop": seen(5, (42780, 42784), LOSS, GNORM, LR),
+    "bigscience_tr8_104B_exp11_spike": seen(3, (11446, 11448), LOSS, GNORM, LR, SCALE),
+    "custom_llm_pretrain_ep_batch": seen(13, (20, 260), LOSS),
+    # one overflow (three ranks, three lines each), scale 8 -> 4; no step printed: position 1
+    "deepspeed_fused_optimizer_issue697_low_scale": seen(1, (1, 1), SKIP, SCALE),
+    "deepspeed_issue931_startup_probing": seen(4, (1, 4), SKIP, SCALE),
+    "detectron2_issue838_nan_iter2137": seen(1, (2137, 2137), LOSS, nan=(2137, LOSS)),
+    # seven warnings just before the summary of batches 12009-12640
+    "espnet2_issue3170_gradnorm_nan": seen(8, (12633, 12640), LOSS, GNORM, nan=(12633, GNORM)),
+    # the first overflow comes before update 190
+    "fairseq_issue515_lightconv_scale_collapse": seen(9, (189, 486), LOSS, GNORM, LR, SCALE, SKIP),
+    "hf_trainer_crystal_issue6_gradnorm_blowup": seen(8, (1, 8), LOSS, GNORM, LR),
+    # Keras: 100 batches an epoch, epochs 1-3
+    "keras_maskrcnn_issue1997_nan": seen(3, (100, 300), LOSS, VAL, nan=(100, LOSS)),
+    "keras_per_batch_moire_healthy": seen(14, (1, 14), LOSS),
+    "lightning_progressbar_issue4225_healthy": seen(5, (1, 5), LOSS),
+    "llamafactory_issue3529_pretrain_healthy": seen(6, (1, 6), LOSS, GNORM, LR),
+    "llmc_gpt2_124m_speedrun_start": seen(249, (0, 248), LOSS, GNORM, LR, VAL),
+    "modded_nanogpt_1b_single_step_spike": seen(160, (5892, 6051), LOSS, VAL),
+    "nanogpt_issue178_shakespeare_healthy": seen(26, (0, 250), LOSS, VAL),
+    "opennmt_legacy_issue709_unstable": seen(11, (12900, 13400), LOSS),
+    "opennmt_v1_issue1362_healthy": seen(9, (2250, 2650), LOSS, LR),
+    "tf1_epos_step_total_loss_nan": seen(12, (0, 1100), LOSS, nan=(100, LOSS)),
+    "torchtune_early_full_finetune_healthy": seen(18, (0, 17), LOSS, LR),
+    # found for issue #12
+    "nanogpt_issue215_fp16_nan_iter3010": seen(15, (2920, 3060), LOSS, VAL, nan=(3010, LOSS)),
+    "litgpt_issue185_fsdp_nan_step1": seen(21, (0, 1), LOSS, nan=(1, LOSS)),  # a line per iter
+    "litgpt_issue628_codellama_loss_jump": seen(9, (144, 145), LOSS),
+    "mlx_examples_issue620_lora_loss_jump": seen(9, (1, 200), LOSS, LR, VAL),
+    "mlx_examples_issue557_mixtral_lora_healthy": seen(12, (1, 110), LOSS, LR, VAL),
+    "mmdet_issue11893_mmengine_nan": seen(1, (500, 500), LOSS, LR, nan=(500, LOSS)),
+    "xtuner_issue187_gradnorm_nan": seen(6, (200, 250), LOSS, GNORM, LR, nan=(240, GNORM)),
+    "xtuner_issue658_iter_gradnorm_nan": seen(8, (510, 580), LOSS, GNORM, LR, nan=(510, GNORM)),
+    "detectron2_issue214_start_healthy": seen(7, (19, 139), LOSS, LR),
+    # twelve overflows after update 10198
+    "fairseq_issue512_overflow_cascade": seen(13, (10198, 10210), LOSS, LR, SCALE, SKIP, VAL),
+    "ofa_issue108_overflow_from_start": seen(7, (1, 7), SKIP, SCALE),
+    # the bar counts samples: 9595 an epoch, epochs 1-7
+    "keras_sentence_cnn_issue7_nan_epoch2": seen(7, (9595, 67165), LOSS, VAL, nan=(19190, LOSS)),
+    "mpii_face_gaze_issue3_nan_step100": seen(10, (0, 900), LOSS, nan=(100, LOSS)),
+    "styletts2_issue167_multi_loss_healthy": seen(4, (110, 140), LOSS),
+    # epochs 147-149 of 351 iterations, counted from epoch 1
+    "mmpretrain_issue1632_mae_healthy": seen(6, (146 * 351 + 300, 148 * 351 + 200), LOSS, LR),
+    "modded_llama2_pr9_lr_decay_healthy": seen(26, (420, 670), LOSS, LR, VAL),
+}
+
+LABELS = {
+    case["id"]: case for case in map(json.loads, (REAL / "labels.jsonl").read_text().splitlines())
+}
+
+
+def read(name: str) -> list[StepRecord]:
+    with open(REAL / "logs" / f"{name}.log", "rb") as stream:
+        return [item for item in UniversalReader().read(stream) if isinstance(item, StepRecord)]
+
+
+def test_every_real_log_has_its_expectations() -> None:
+    assert set(SEEN) == set(LABELS) == {path.stem for path in (REAL / "logs").glob("*.log")}
+    assert sum(bool(case.get("added")) for case in LABELS.values()) >= 10
+
+
+@pytest.mark.parametrize("name", sorted(SEEN))
+def test_real_log_reads_as_a_person_reads_it(name: str) -> None:
+    records, want = read(name), SEEN[name]
+    steps = [r.step for r in records]
+    assert (len(records), steps[0], steps[-1]) == (want.records, want.first, want.last)
+    assert steps == sorted(steps), "steps never go back in these excerpts"
+    printed = {key for r in records for key in r.values}
+    assert want.keys <= printed
+    first_bad = next(
+        ((r.step, key) for r in records for key in sorted(want.keys) if _bad(r, key)), None
+    )
+    assert first_bad == want.nan
+
+
+def _bad(record: StepRecord, key: str) -> bool:
+    return key in record.values and not math.isfinite(record.values[key])
+
+
+def test_lightning_bar_printed_twice_a_step_gives_the_fresh_loss() -> None:
+    losses = [r.values[LOSS] for r in read("lightning_progressbar_issue4225_healthy")]
+    assert losses == [10.473, 10.224, 10.047, 9.926, 9.847]
+
+
+def test_hard_wrapped_megatron_lines_give_loss_norm_and_lr() -> None:
+    first = read("bigscience_tr11_176B_throughput_drop")[0].values
+    assert (first[LOSS], first[GNORM], first[LR]) == (2.117073, 0.150, 4.475e-05)
+
+
+def test_overflow_lines_give_the_new_scale_each() -> None:
+    probing = [r.values[SCALE] for r in read("deepspeed_issue931_startup_probing")]
+    assert probing == [65536, 32768, 16384, 8192]  # the hysteresis overflow keeps 65536
+    fairseq = read("fairseq_issue515_lightconv_scale_collapse")
+    skipped = [(r.step, r.values[SCALE]) for r in fairseq if r.values.get(SKIP) == 1]
+    assert [scale for _, scale in skipped] == [0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]
+    assert [step for step, _ in skipped] == [189, 388, 483, 484, 485]  # just before the update
+    assert read("deepspeed_fused_optimizer_issue697_low_scale")[0].values == {SKIP: 1, SCALE: 4}
+
+
+def test_the_total_loss_is_the_loss_not_a_part() -> None:
+    assert read("detectron2_issue214_start_healthy")[0].values[LOSS] == 1.750  # total_loss
+    assert read("styletts2_issue167_multi_loss_healthy")[0].values[LOSS] == 0.31109  # not LM Loss
+    assert read("fairseq_issue512_overflow_cascade")[0].values[LOSS] == 6.343  # not nll_loss
+    assert read("tf1_epos_step_total_loss_nan")[0].values[LOSS] == 9.5576973
+
+
+def test_validation_losses_stay_apart() -> None:
+    eval_step = read("nanogpt_issue215_fp16_nan_iter3010")[8]
+    assert (eval_step.step, eval_step.values) == (3000, {LOSS: 4.2490, VAL: 4.0427})
+    keras = read("keras_sentence_cnn_issue7_nan_epoch2")[0].values
+    assert (keras[LOSS], keras[VAL]) == (0.6242, 0.5265)
+
+
+def test_litgpt_micro_batches_keep_their_optimizer_step() -> None:
+    records = read("litgpt_issue628_codellama_loss_jump")
+    assert [r.values[LOSS] for r in records[:2]] == [1.7019, 11.4630]
+    assert [r.step for r in records] == [144] * 8 + [145]
