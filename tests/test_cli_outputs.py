@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from stabilizer.cli import main
+from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers import read_log
 from stabilizer.report import session
 
@@ -171,7 +172,8 @@ def test_tensorboard_event_file_is_opened_once(
     assert result.exit_code == 1
     [written] = events(tmp_path / "tb")
     assert [name for name in opened if "tfevents" in name] == [str(written)]
-    assert sum(1 for _ in read_log(tmp_path / "tb")) == 307  # both segments of the run
+    stream = read_log(tmp_path / "tb")
+    assert sum(isinstance(item, StepRecord) for item in stream) == 307  # both segments
 
 
 def test_tensorboard_into_a_run_directory_needs_force(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stabilizer.cli import main
+from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def run(*args: str | Path) -> Result:
 
 
 def records(path: Path) -> list[int]:
-    return [record.step for record in read_log(path)]
+    return [item.step for item in read_log(path) if isinstance(item, StepRecord)]
 
 
 # --- named pipes and devices ----------------------------------------------------------------------
@@ -133,7 +134,8 @@ def test_a_large_damaged_gzip_keeps_every_line_before_the_damage(tmp_path: Path)
     complete = readable.count(b"\n")
     assert complete > 20_000
     notes: list[object] = []
-    steps = [record.step for record in read_log(log, notes=notes)]  # type: ignore[arg-type]
+    stream = read_log(log, notes=notes)  # type: ignore[arg-type]
+    steps = [item.step for item in stream if isinstance(item, StepRecord)]
     assert steps[:complete] == list(range(1, complete + 1))
     assert any("damaged gzip data" in str(note) for note in notes)
 
