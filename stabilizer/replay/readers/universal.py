@@ -50,7 +50,7 @@ from stabilizer.core.signals import LOSS, LOSS_SCALE, SKIPPED
 
 from ._lines import resume_banner, text_lines
 from .aliases import SIGNALS, key_of
-from .base import BaseReader, Restart
+from .base import BaseReader, Item, Restart
 
 __all__ = ["UniversalReader", "unreadable_message"]
 
@@ -106,16 +106,10 @@ class UniversalReader(BaseReader):
             return 0.6 if found >= 2 else 0.4
         return 0.15 if any(_HINT.search(line.lower()) for line in head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        # the current `BaseReader` keeps restarts as notes; once it streams `Restart` items,
-        # this becomes ``return self.read_lines(text_lines(stream, self.notes))``
-        for item in self.read_lines(text_lines(stream, self.notes)):
-            if isinstance(item, Restart):
-                self.restart(item.step, item.line, item.why)
-            else:
-                yield item
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        return self.read_lines(text_lines(stream, self.notes))
 
-    def read_lines(self, lines: Iterable[str]) -> Iterator[StepRecord | Restart]:
+    def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
         steps, join = _Steps(), _Joiner()
         for lineno, line in enumerate(lines, 1):
