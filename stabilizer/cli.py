@@ -21,7 +21,7 @@ import click
 
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
-from stabilizer.replay.readers import READERS
+from stabilizer.replay.readers import FORMAT_ALIASES, READERS
 from stabilizer.report import (
     Diagnosis,
     Failure,
@@ -186,10 +186,11 @@ _SEVERITIES = [severity.name.lower() for severity in Severity]
 @click.option(
     "--format",
     "format_",
-    type=click.Choice(["auto", *READERS]),
+    type=click.Choice(["auto", *READERS, *FORMAT_ALIASES]),
     default="auto",
     show_default=True,
-    help="Log format; auto detects it from the first lines.",
+    help="Log format; auto detects it from the first lines. generic reads any console log "
+    "(nanogpt, modded_nanogpt: the same).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--markdown", is_flag=True, help="Print the report as markdown.")
@@ -235,8 +236,9 @@ def diagnose(
 
     PATH is a log file (plain or .gz), a run directory (TensorBoard, Lightning CSV, HF Trainer
     output) or - for standard input. Formats: the monitor's stability.jsonl, Lightning
-    metrics.csv, TensorBoard event files, and the console logs of Megatron-LM, DeepSpeed, the
-    Hugging Face Trainer, fairseq, nanoGPT and modded-nanogpt. Each PATH is diagnosed on its own.
+    metrics.csv, TensorBoard event files, the console logs of Megatron-LM, DeepSpeed, the
+    Hugging Face Trainer and fairseq, and any other console log that prints steps and metrics
+    (generic: nanoGPT, llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own.
 
     Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error,
     an unreadable input or an output that cannot be written (the worst over all PATHs).

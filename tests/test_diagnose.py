@@ -88,7 +88,7 @@ def test_text_report_of_a_failing_megatron_log() -> None:
 def test_healthy_log_exits_0_with_a_healthy_verdict() -> None:
     result = run(HEALTHY)
     assert result.exit_code == 0
-    assert "verdict: healthy: no instabilities found in 603 records" in result.stdout
+    assert "verdict: healthy: no instabilities found in 600 records" in result.stdout
 
 
 # --- inputs: stdin, gzip, directories, several paths, --format ---------------------------------
@@ -97,7 +97,7 @@ def test_healthy_log_exits_0_with_a_healthy_verdict() -> None:
 def test_stdin() -> None:
     result = run("-", input=NANOGPT.read_bytes())
     assert result.exit_code == 1
-    assert result.stdout.startswith("diagnosis of standard input\nformat    nanogpt")
+    assert result.stdout.startswith("diagnosis of standard input\nformat    generic")
     assert "WARNING  loss spike" in result.stdout
 
 
@@ -131,12 +131,35 @@ def test_several_paths_are_diagnosed_one_by_one_and_the_worst_status_wins() -> N
 
 
 def test_format_override() -> None:
-    result = run(NANOGPT, "--format", "nanogpt", "--json")
-    assert json.loads(result.stdout)["inputs"][0]["format"] == "nanogpt"
+    result = run(NANOGPT, "--format", "generic", "--json")
+    assert json.loads(result.stdout)["inputs"][0]["format"] == "generic"
     mismatch = run(NANOGPT, "--format", "megatron")
     assert mismatch.exit_code == 2
     assert mismatch.stderr == (
-        f"stabilizer diagnose: error: {NANOGPT}: no training steps found in this megatron log\n"
+        f"stabilizer diagnose: error: {NANOGPT}: no training steps found in this megatron log; "
+        "line 6 looked like one but was not read: 'step 0: train loss 10.6237, val loss 10.9457'"
+        "; if it is another format, name that with --format (or auto)\n"
+    )
+
+
+@pytest.mark.parametrize("old", ["nanogpt", "modded_nanogpt"])
+def test_the_old_names_of_console_formats_read_as_generic(old: str) -> None:
+    result = run(NANOGPT, "--format", old, "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["inputs"][0]["format"] == "generic"
+
+
+def test_an_unreadable_text_log_says_what_was_looked_for(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_text("Loading model\nepoch 1 done, the loss went down nicely\nbye\n")
+    result = run(path)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"stabilizer diagnose: error: {path}: no training steps found; looked for lines with a "
+        "step (step, iter, iteration, global_step, num_updates, update, batch, Epoch n/N, [n/N]) "
+        "and metrics beside it (loss, grad_norm, lr, loss_scale or an alias); line 2 looked like "
+        "one but was not read: 'epoch 1 done, the loss went down nicely'; if the log has a format "
+        "of its own, name it with --format\n"
     )
 
 
@@ -292,7 +315,7 @@ def _empty_directory(path: Path) -> Path:
     [
         (_empty, "empty file"),
         (_binary, "binary data"),
-        (_unknown, "unknown log format"),
+        (_unknown, "no training steps found; looked for lines with a step"),
         (_empty_directory, "nothing readable in this directory"),
         (lambda path: path, "no such file or directory"),
     ],

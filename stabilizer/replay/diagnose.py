@@ -29,7 +29,7 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS
 
 from .history import History
-from .readers import Item, LogReadError, Note, Restart, read_log
+from .readers import Item, LogReadError, Note, Restart, read_log, unreadable_message
 
 __all__ = [
     "MAX_KEYS",
@@ -274,7 +274,7 @@ def diagnose(
         notes.append(Note("truncated", f"stopped reading: {exc}"))
     if replay.segment is None:
         name = "standard input" if path == "-" else path
-        raise LogReadError(f"{name}: no training steps found in this {stream.format} log")
+        raise LogReadError(unreadable_message(name, stream.head_lines(), stream.format))
     replay.finish()
     replay.keep_live(stream.findings)
     return diagnosis

@@ -31,13 +31,13 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "hf_trainer_state_failing": ("hf_trainer_state", ("loss_spike",)),
     "fairseq_healthy.log": ("fairseq", ()),
     "fairseq_failing.log": ("fairseq", ("fp16_overflow",)),
-    "nanogpt_healthy.log": ("nanogpt", ()),
-    "nanogpt_failing.log": ("nanogpt", ("loss_spike",)),
-    "modded_nanogpt_healthy.log": ("modded_nanogpt", ()),
-    "modded_nanogpt_failing.log": ("modded_nanogpt", ("nonfinite_loss",)),
+    "nanogpt_healthy.log": ("generic", ()),
+    "nanogpt_failing.log": ("generic", ("loss_spike",)),
+    "modded_nanogpt_healthy.log": ("generic", ()),
+    "modded_nanogpt_failing.log": ("generic", ("nonfinite_loss",)),
     "generic_healthy.log": ("generic", ()),
     "generic_failing.log": ("generic", ("divergence",)),
-    "nanogpt_resumed.log": ("nanogpt", ()),
+    "nanogpt_resumed.log": ("generic", ()),
 }
 
 

@@ -33,7 +33,7 @@ def test_stream_tells_format_path_bytes_and_restarts(tmp_path: Path) -> None:
     stream = read_log(path)
     assert isinstance(stream, LogStream)
     assert (stream.format, stream.path, stream.total_bytes) == (
-        "nanogpt",
+        "generic",
         str(path),
         path.stat().st_size,
     )

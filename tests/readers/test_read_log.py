@@ -41,7 +41,7 @@ def test_detect_format_from_lines(name: str) -> None:
 def test_every_format_is_registered_once() -> None:
     assert list(READERS) == [
         "jsonl", "lightning_csv", "tensorboard", "megatron", "deepspeed", "hf_trainer",
-        "hf_trainer_state", "fairseq", "nanogpt", "modded_nanogpt", "generic",
+        "hf_trainer_state", "fairseq", "generic",
     ]  # fmt: skip
     assert all(cls.format == name for name, cls in READERS.items())
 
@@ -150,18 +150,22 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
         read_log(path)
 
 
-def test_unknown_format(tmp_path: Path) -> None:
+def test_a_text_log_no_reader_knows_reads_as_generic(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("dear diary,\ntoday the loss went down.\n")
-    formats = ", ".join(READERS)
-    with pytest.raises(
-        LogReadError, match=rf"notes\.txt: unknown log format; pass format= one of {formats}$"
-    ):
-        read_log(path)
+    stream = read_log(path)
+    assert stream.format == "generic" and list(stream) == []
+    assert stream.head_lines() == ["dear diary,", "today the loss went down."]
+    assert detect_format(["hello", "world"]) == "generic"
+
+
+def test_old_format_names_read_as_generic() -> None:
+    assert read_log(fixture("nanogpt_healthy.log"), format="nanogpt").format == "generic"
+    assert read_log(fixture("nanogpt_healthy.log"), format="modded_nanogpt").format == "generic"
     with pytest.raises(
         LogReadError, match=r"`format` must be auto or one of jsonl, .*, got 'csv'$"
     ):
-        read_log(path, format="csv")
+        read_log(fixture("nanogpt_healthy.log"), format="csv")
 
 
 def test_directory_with_nothing_readable(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ INNER = (
 )
 # format → (a good line with a step "{}", lines whose numbers cannot be a step or a value)
 ODD_NUMBERS = {
-    "generic": ("step={} loss=2.5", ["step=nan loss=1", "step=inf loss=1", "step=1e400 loss=3"]),
+    "generic": ("step={} loss=2.5", ["step=nan", "step=inf lr=x", "step=1e400 loss=1e"]),
     "jsonl": (
         '{{"type":"step","step":{},"values":{{"loss":2.5}}}}',
         ['{"type":"step","step":7,"values":{"loss":1' + "0" * 400 + "}}", '{"step":1e400,"a":1}'],

@@ -244,6 +244,14 @@ def test_a_metric_line_without_a_step_goes_before_the_next_step() -> None:
     assert all(math.isnan(r.values["grad_norm"]) for r in got[:2])
 
 
+def test_a_configuration_line_with_a_learning_rate_is_no_record() -> None:
+    text = (
+        "INFO [train] config: batch_size=32 lr=3e-4 warmup=100\n"
+        "INFO [train] step=0 loss=6.2604 grad_norm=0.6693 lr=3.0e-04\n"
+    )
+    assert records(text) == [StepRecord(0, {"loss": 6.2604, "grad_norm": 0.6693, "lr": 3e-4})]
+
+
 def test_tqdm_redraws_joined_by_carriage_returns() -> None:
     bar = "Epoch 0:  {p}%|█| {n}/18 [00:0{n}<00:53, 4.14s/it, loss={loss}, v_num=1]"
     text = "\r".join(
@@ -311,14 +319,16 @@ def test_restart_after_a_resume_banner() -> None:
     assert got[1] == Restart(20, 3, "resume banner 'Resuming training from out'")
 
 
-def test_read_from_bytes_notes_restarts() -> None:
+def test_read_from_bytes_yields_restarts() -> None:
     notes: list[Note] = []
     data = b"step 10 loss 1\nstep 5 loss 1\n"
-    got = [
-        r.step for r in UniversalReader(notes).read(io.BytesIO(data)) if isinstance(r, StepRecord)
+    got = list(UniversalReader(notes).read(io.BytesIO(data)))
+    assert got == [
+        StepRecord(10, {"loss": 1.0}),
+        Restart(5, 2, "step went back from 10 to 5"),
+        StepRecord(5, {"loss": 1.0}),
     ]
-    assert got == [10, 5]
-    assert any("step went back from 10 to 5" in note.message for note in notes)
+    assert not notes
 
 
 @pytest.mark.parametrize(
@@ -335,11 +345,11 @@ def test_sniff(head: list[str], low: float, high: float) -> None:
 
 
 def test_unreadable_message_names_the_flag_and_the_first_likely_line() -> None:
-    lines = ["Loading model", "epoch done, loss went down nicely to 2", "bye"]
+    lines = ["Loading model", "tokens per iteration will be: 491,520", "epoch 1 done", "bye"]
     message = unreadable_message("run.log", lines)
     assert message.startswith("run.log: no training steps found; looked for lines with a step")
     assert "--format" in message and "format=" not in message
-    assert "line 2 looked like one but was not read: 'epoch done, loss went down" in message
+    assert "line 3 looked like one but was not read: 'epoch 1 done'" in message
     assert "looked like one" not in unreadable_message("x.log", ["hello", "world"])
 
 

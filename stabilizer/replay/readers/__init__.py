@@ -14,7 +14,8 @@
 run directory, in which it looks (up to four levels down) for ``stability.jsonl``, then TensorBoard
 event files (all files of the newest run directory, merged by step), then ``metrics.csv``, then
 ``trainer_state.json``. The format is detected from the first lines (`detect_format`) unless
-given. Records stream: memory stays bounded whatever the size of the log.
+given; a text log that no dedicated reader recognises is read as ``generic``. Records stream:
+memory stays bounded whatever the size of the log.
 
 `read_log` returns a `LogStream`: iterate it for its items, `StepRecord`s and `Restart`s; it
 also tells the format it read, the bytes read so far, the monitor's own findings
@@ -23,10 +24,21 @@ also tells the format it read, the bytes read so far, the monitor's own findings
 What the user should know comes back as `Note`s (in ``notes``, and logged at INFO): format quirks
 (Megatron losses are interval averages; the HF Trainer hides NaN losses), skipped and truncated
 input. Damage part-way through is read up to the damage. A log that cannot
-be read at all raises `LogReadError` (a `ValueError`) with a one-line message.
+be read at all raises `LogReadError` (a `ValueError`) with a one-line message; for a log in which
+no step is found, `unreadable_message` builds it (what was looked for, the first line that looked
+like a record, ``--format``).
 
-Registered formats, one reader module each: jsonl, lightning_csv, tensorboard, megatron,
-deepspeed, hf_trainer, hf_trainer_state, fairseq, nanogpt, modded_nanogpt, generic.
+Registered formats (`READERS`), one reader module each:
+
+- ``generic`` (`UniversalReader`, ``universal.py``): any console log of steps and metrics, read
+  the way a person reads it (nanoGPT, modded-nanogpt, llm.c, litgpt, Keras, tqdm bars, OpenNMT,
+  mmengine, Detectron2, ESPnet, ...), with one alias table (``aliases.py``); the fallback.
+- Formats whose meaning differs from their text, or that are no text: ``jsonl`` (the monitor's
+  own), ``lightning_csv``, ``tensorboard``, ``megatron`` (interval averages, skipped
+  iterations), ``deepspeed`` (overflow lines), ``fairseq`` (``clip`` percent, ``loss_scale``),
+  ``hf_trainer`` (hidden NaN losses), ``hf_trainer_state``.
+
+The old names ``nanogpt`` and ``modded_nanogpt`` (`FORMAT_ALIASES`) read as ``generic``.
 
 Conventions shared by every reader:
 
@@ -37,8 +49,8 @@ Conventions shared by every reader:
   TensorBoard events, ``log_history`` entries) those next to each other merge into one record,
   the later value winning per key; console lines each stay a record of their own (an eval line
   at the step of a train line adds ``val_loss``, never a second ``loss``).
-- Names map to signal keys through shared aliases (see `_keys`); structured formats pass other
-  numeric names through unchanged (detectors ignore them), console readers keep what they parse.
+- Names map to signal keys through shared aliases (`_keys` for structured formats, `aliases` for
+  console logs); other numeric names pass through unchanged (detectors ignore them).
 - Lines are read with bounded memory; one over `MAX_LINE` characters is skipped with a note.
 - Notes are bounded too: `MAX_NOTES` of a kind, then one note that counts the rest.
 """
@@ -65,17 +77,16 @@ from .base import (
 )
 from .deepspeed import DeepSpeedReader
 from .fairseq import FairseqReader
-from .generic import GenericReader
 from .hf_trainer import HfTrainerReader
 from .hf_trainer_state import HfTrainerStateReader
 from .jsonl import JsonlReader
 from .lightning_csv import LightningCsvReader
 from .megatron import MegatronReader
-from .modded_nanogpt import ModdedNanoGptReader
-from .nanogpt import NanoGptReader
 from .tensorboard import TensorBoardReader
+from .universal import UniversalReader, unreadable_message
 
 __all__ = [
+    "FORMAT_ALIASES",
     "MAX_LINE",
     "MAX_NOTES",
     "NOTE_KINDS",
@@ -84,7 +95,6 @@ __all__ = [
     "BaseReader",
     "DeepSpeedReader",
     "FairseqReader",
-    "GenericReader",
     "HfTrainerReader",
     "HfTrainerStateReader",
     "Item",
@@ -93,14 +103,14 @@ __all__ = [
     "LogReadError",
     "LogStream",
     "MegatronReader",
-    "ModdedNanoGptReader",
-    "NanoGptReader",
     "Note",
     "Reader",
     "Restart",
     "TensorBoardReader",
+    "UniversalReader",
     "detect_format",
     "read_log",
+    "unreadable_message",
 ]
 
 READERS: dict[str, type[BaseReader]] = {
@@ -114,12 +124,14 @@ READERS: dict[str, type[BaseReader]] = {
         HfTrainerReader,
         HfTrainerStateReader,
         FairseqReader,
-        NanoGptReader,
-        ModdedNanoGptReader,
-        GenericReader,
+        UniversalReader,
     )
 }
 """Every reader class by format name; on equal confidence, detection prefers the earlier."""
+
+FORMAT_ALIASES = {"nanogpt": "generic", "modded_nanogpt": "generic"}
+"""Format names that are read by another reader now: the console logs of nanoGPT and
+modded-nanogpt, once read by readers of their own, are read right by the generic one."""
 
 SNIFF_LINES = 50  # meaningful lines detection looks at first
 SNIFF_WIDTH = 2000  # characters of each line it looks at
@@ -129,8 +141,10 @@ _THRESHOLD = 0.1  # below this confidence a format is not detected
 def detect_format(source: str | Path | Iterable[str]) -> str:
     """The format of a log file or run directory (``str`` or `Path`), or of a log's first lines.
 
+    A text log that no dedicated reader recognises is ``generic``, read by `UniversalReader`.
+
     Raises:
-        LogReadError: The path cannot be read, or no format fits; the message lists the formats.
+        LogReadError: The path cannot be read, or holds binary data that is no event file.
     """
     if isinstance(source, (str, Path)):
         if Path(source).is_dir():
@@ -141,7 +155,7 @@ def detect_format(source: str | Path | Iterable[str]) -> str:
         finally:
             _close([opened])
     lines = [line[:SNIFF_WIDTH] for line in source]
-    return _by_lines(lines[:SNIFF_LINES], lines, "the lines given")
+    return _by_lines(lines[:SNIFF_LINES], lines)
 
 
 def _detect(source: Source) -> str:
@@ -151,16 +165,18 @@ def _detect(source: Source) -> str:
         raise LogReadError(f"{source.name}: binary data, neither a text log nor an event file")
     lines = text_lines(io.BytesIO(source.head), [])
     meaningful = [line[:SNIFF_WIDTH] for line in lines if _meaningful(line)]
-    return _by_lines(meaningful[:SNIFF_LINES], meaningful, source.name)
+    return _by_lines(meaningful[:SNIFF_LINES], meaningful)
 
 
-def _by_lines(head: list[str], more: list[str], name: str) -> str:
+def _by_lines(head: list[str], more: list[str]) -> str:
+    """The format that fits the first lines best, else the first 64 KiB; else ``generic``,
+    which reads any console log (one it cannot read fails with `unreadable_message`)."""
     for lines in (head, more):
         scores = [(cls.sniff(lines), -rank, fmt) for rank, (fmt, cls) in enumerate(READERS.items())]
         best, _, fmt = max(scores)
         if best >= _THRESHOLD:
             return fmt
-    raise LogReadError(f"{name}: unknown log format; pass format= one of {', '.join(READERS)}")
+    return UniversalReader.format
 
 
 def _meaningful(line: str) -> bool:
@@ -189,6 +205,7 @@ def read_log(
         LogReadError: The path is missing or unreadable, empty, binary garbage, of an unknown
             format, or a directory with nothing readable.
     """
+    format = FORMAT_ALIASES.get(format, format)
     if format != "auto" and format not in READERS:
         raise LogReadError(f"`format` must be auto or one of {', '.join(READERS)}, got {format!r}")
     notes = [] if notes is None else notes

@@ -10,16 +10,18 @@ collected; standard input is never closed.
 from __future__ import annotations
 
 import functools
+import io
 import weakref
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from stabilizer.core.records import Finding
 
+from ._lines import text_lines
 from ._source import Source
 from .base import BaseReader, Item, Note, add_note
 from .jsonl import JsonlReader
-from .tensorboard import merge_steps
+from .tensorboard import TensorBoardReader, merge_steps
 
 __all__ = ["LogStream"]
 
@@ -77,6 +79,13 @@ class LogStream(Iterator[Item]):
     def findings(self) -> list[Finding]:
         """The monitor's own findings in a ``stability.jsonl`` read so far; else empty."""
         return [f for r in self._readers if isinstance(r, JsonlReader) for f in r.findings]
+
+    def head_lines(self) -> list[str]:
+        """The first lines of the log (of its first 64 KiB), for a message that shows them;
+        none for TensorBoard event files, which are no text."""
+        if self.format == TensorBoardReader.format:
+            return []
+        return list(text_lines(io.BytesIO(self._sources[0].head), []))
 
     def close(self) -> None:
         """Stop reading and close the files (also done at the end of the items)."""

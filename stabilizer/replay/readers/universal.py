@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import LOSS, LOSS_SCALE, SKIPPED
+from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
 
 from ._lines import resume_banner, text_lines
 from .aliases import SIGNALS, key_of
-from .base import BaseReader, Restart
+from .base import BaseReader, Item, Restart
 
 __all__ = ["UniversalReader", "unreadable_message"]
 
@@ -88,7 +88,9 @@ _NEW_SCALE = re.compile(
 _ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + _NUM + ")")
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_HINT = re.compile(r"(?<![a-z])(?:loss|norm|lr|step|iter|iteration|epoch|batch)(?![a-z]).*\d")
+_HINT = re.compile(  # a step or metric word with a number right after it ("step 100", "loss: 2")
+    r"(?<![a-z])(?:loss|norm|lr|step|iter|epoch|batch)[a-z_]*['\"]?\s*[:=]?\s*[-+]?\.?\d"
+)
 _Values = dict[str, float]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
@@ -106,16 +108,10 @@ class UniversalReader(BaseReader):
             return 0.6 if found >= 2 else 0.4
         return 0.15 if any(_HINT.search(line.lower()) for line in head) else 0.0
 
-    def _records(self, stream: IO[bytes]) -> Iterator[StepRecord]:
-        # the current `BaseReader` keeps restarts as notes; once it streams `Restart` items,
-        # this becomes ``return self.read_lines(text_lines(stream, self.notes))``
-        for item in self.read_lines(text_lines(stream, self.notes)):
-            if isinstance(item, Restart):
-                self.restart(item.step, item.line, item.why)
-            else:
-                yield item
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        return self.read_lines(text_lines(stream, self.notes))
 
-    def read_lines(self, lines: Iterable[str]) -> Iterator[StepRecord | Restart]:
+    def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
         steps, join = _Steps(), _Joiner()
         for lineno, line in enumerate(lines, 1):
@@ -199,8 +195,9 @@ def _values(line: str) -> dict[str, float]:
 
 
 def _known(values: dict[str, float]) -> set[str]:
-    """The keys of ``values`` that make a line a record without a step: signals, loss parts."""
-    return {key for key in values if key in SIGNALS or key.startswith("loss_")}
+    """The keys of ``values`` that make a line a record without a step: signals but the
+    learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), loss parts."""
+    return {key for key in values if (key in SIGNALS and key != LR) or key.startswith("loss_")}
 
 
 def _total(values: dict[str, float]) -> dict[str, float]:
@@ -255,7 +252,7 @@ class _Joiner:
         """A line with a step or a metric: it joins the pending record or starts the next one."""
         pend, (step, where) = self.pending, at
         if pend is not None and not pend.overflow:
-            if step is not None and where == pend.where:  # the same step again: later wins
+            if step is not None and where == pend.where and not self.banner:  # later wins
                 pend.values.update(values)
                 pend.end = lineno
                 return
@@ -318,23 +315,35 @@ class _Joiner:
 
 def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
     """Whether a line without a step continues the pending record's line (see the module doc)."""
-    known = _known(values)
+    known = {key for key in values if key in SIGNALS or key.startswith("loss_")}
     return bool(known) and not known.intersection(pend.values) and not _HEADER.search(line)
 
 
-def unreadable_message(name: str, lines: Iterable[str]) -> str:
+def unreadable_message(name: str, lines: Iterable[str], format: str = "generic") -> str:
     """The one-line error for a log in which no record was found.
 
-    Says what was looked for, shows the first line that looked like a record (a step or metric
-    word and a number), and names ``--format``.
+    Says what was looked for (for ``generic``, this reader's steps and metrics), shows the first
+    line that looked like a record (a step or metric word and a number), and names ``--format``.
+
+    Args:
+        name: The log's name, as messages show it.
+        lines: The log's first lines (decoded).
+        format: The format it was read as.
     """
-    looked = (
-        "lines with a step (step, iter, iteration, global_step, num_updates, update, batch, "
-        "Epoch n/N, [n/N]) and metrics beside it (loss, grad_norm, lr, loss_scale or an alias)"
-    )
-    message = f"{name}: no training steps found; looked for {looked}"
+    if format == UniversalReader.format:
+        message = f"{name}: no training steps found; looked for {_LOOKED_FOR}"
+        advice = "if the log has a format of its own, name it with --format"
+    else:
+        message = f"{name}: no training steps found in this {format} log"
+        advice = "if it is another format, name that with --format (or auto)"
     for lineno, line in enumerate(lines, 1):
         if _HINT.search(line.lower()):
             message += f"; line {lineno} looked like one but was not read: {line.strip()[:100]!r}"
             break
-    return message + "; if the log has a format of its own, name it with --format"
+    return f"{message}; {advice}"
+
+
+_LOOKED_FOR = (
+    "lines with a step (step, iter, iteration, global_step, num_updates, update, batch, "
+    "Epoch n/N, [n/N]) and metrics beside it (loss, grad_norm, lr, loss_scale or an alias)"
+)
