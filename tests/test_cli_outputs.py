@@ -304,10 +304,14 @@ def _diagnose_process(args: list[str], stdout: int) -> subprocess.CompletedProce
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
-def test_a_full_stdout_is_one_line_and_exit_2(as_json: bool) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [[], ["--json"], ["--markdown"], [str(HEALTHY)], [str(HEALTHY), "--markdown"]],
+    ids=["text", "json", "markdown", "two-inputs", "two-inputs-markdown"],
+)
+def test_a_full_stdout_is_one_line_and_exit_2(options: list[str]) -> None:
     with open("/dev/full", "w") as full:
-        done = _diagnose_process([str(NANOGPT), *(["--json"] if as_json else [])], full.fileno())
+        done = _diagnose_process([str(NANOGPT), *options], full.fileno())
     assert done.returncode == 2
     assert done.stderr == (
         "stabilizer diagnose: error: cannot write to standard output (No space left on device)\n"
