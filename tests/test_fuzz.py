@@ -253,7 +253,7 @@ def test_any_log_into_any_plot_and_tensorboard(data: st.DataObject) -> None:
 
 
 @pytest.mark.slow
-@_settings(200)
+@_settings(120)
 @given(data=st.data())
 def test_sweep(data: st.DataObject) -> None:
     fuzz(data, plot=data.draw(st.booleans()), tensorboard=True)
