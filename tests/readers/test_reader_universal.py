@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -164,6 +165,18 @@ def test_loss_aliases(name: str) -> None:
 )
 def test_other_aliases(name: str, key: str | None) -> None:
     assert key_of(name) == key
+
+
+def test_the_readme_shows_the_whole_alias_table() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## What `diagnose` reads", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        line.split("|")[1].strip().split()[0].strip("`"): line.split("|")[2]
+        for line in section.splitlines()
+        if line.startswith("| `")
+    }
+    for name, key in ALIASES.items():
+        assert f"`{name}`" in rows[key], name
 
 
 def test_the_alias_table_is_lower_case() -> None:

@@ -123,7 +123,7 @@ class UniversalReader(BaseReader):
                 continue
             step, where = steps.of(low)
             values = _values(line)
-            if not _known(values):
+            if (step is None or steps.weak) and not _known(values):
                 if step is None:
                     join.other(line)
                     continue
@@ -149,11 +149,14 @@ class _Steps:
             if self.first is None:
                 self.first = 0 if self.epoch == 0 else 1
         if "step" in low or "iter" in low or "update" in low or "batch" in low or "s:" in low:
-            named = sorted(_STEP.findall(low), key=lambda found: _COUNTERS.index(found[0]))
-            if named:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
-                _, count, total = named[0]
-                step = self._on(int(count), total, epoch is not None)
+            named = _STEP.findall(low)
+            if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
+                named.sort(key=lambda found: _COUNTERS.index(found[0]))
+                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
                 return step, (step, *(int(found[1]) for found in named[1:]))
+            if named:
+                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
+                return step, (step,)
         found = self._count(low, epoch)
         return found, () if found is None else (found,)
 
@@ -292,7 +295,8 @@ class _Joiner:
                 yield from self._place(None)
             return
         back = self.logged is not None and pend.step < self.logged
-        yield from self._place(None if back or pend.banner else pend.step)
+        if self.held:
+            yield from self._place(None if back or pend.banner else pend.step)
         if pend.banner:
             yield Restart(pend.step, pend.start, f"resume banner {pend.banner!r}")
         elif back:
