@@ -95,18 +95,18 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "diverge",
-            "the LR surges 3000x at step 150 and stays up: the loss jumps ~100x and never comes "
-            "back",
+            "the LR surges 3000x at step 150 and stays up: the loss jumps hundredfold and never "
+            "comes back",
             model=_SMALL,
             # 3000x: at 100x or 1000x the loss fell back to the unigram entropy (~1.25x its level
             # before the surge) as the cosine lowered the surged LR, and its noise dipped under
             # a detector's recovery bar (~1.15x) on some seeds and thread counts. At 3000x the
-            # weights keep being thrown about: the loss stays >= ~5x its old level to the end.
+            # weights keep being thrown about: the loss stays >= 2.5x its old level to the end.
             lr_surge=(150, 3000.0),
         ),
         Scenario(
             "surge",
-            "the LR surges 1000x for steps 150-169 only: the loss jumps ~20x and stays up after "
+            "the LR surges 1000x for steps 150-169 only: the loss jumps ~100x and stays up after "
             "the LR is back",
             model=_SMALL,
             # 1000x, not 100x: after a 100x surge the loss sat at the unigram entropy, ~1.25x its
