@@ -1,55 +1,24 @@
-"""Shared fixtures: each failure scenario is trained once per test session, for real."""
+"""Shared fixtures: each failure scenario is trained once per test session, for real.
+
+``pytest --sweep`` also runs the tests marked ``sweep``: every scenario's claim over seeds 0-4 and
+1 and 2 torch threads (``tests/scenario_sweep.py``; ~15 min on 2 quiet CPU cores).
+"""
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from scenario_claims import Trace
 
 from stabilizer.callbacks.demo.run import ScenarioRun, run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
-
-
-@dataclass
-class Trace(pl.Callback):
-    """Records, per optimizer step, the unscaled loss and each block's gradient norm.
-
-    A plain measuring callback for the scenario tests: the quantities the failures are defined by.
-    """
-
-    loss: list[float] = field(default_factory=list)
-    block_norms: list[list[float]] = field(default_factory=list)
-    loss_scale: list[float] = field(default_factory=list)
-    lr: list[float] = field(default_factory=list)
-    _loss: float = math.nan
-
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: Any, loss: torch.Tensor) -> None:
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        scale = float(scaler.get_scale()) if scaler is not None else 1.0
-        self._loss = float(loss.detach().float()) / scale  # under fp16 the loss is scaled here
-        self.loss_scale.append(scale)
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
-        norms = [
-            math.sqrt(
-                sum(float(p.grad.float().norm()) ** 2 for p in b.parameters() if p.grad is not None)
-            )
-            for b in pl_module.model.blocks
-        ]
-        self.block_norms.append(norms)
-        self.lr.append(float(optimizer.param_groups[0]["lr"]))
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.loss.append(self._loss)
 
 
 @dataclass
@@ -70,7 +39,8 @@ def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Tr
     """``scenario_run(name)`` trains the preset once per session and returns the traced run.
 
     The monitor observes only: these runs show each failure as it happens without protection
-    (``test_protect.py`` and ``test_auto.py`` train with the other policies).
+    (``test_protect.py`` and ``test_auto.py`` train with the other policies). They train with the
+    machine's torch threads; the sweep (``--sweep``) checks every claim on 1 and 2 threads.
     """
 
     def get(name: str) -> TracedRun:
@@ -102,3 +72,34 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--sweep",
+        action="store_true",
+        help="also run the scenario sweep (every claim over seeds 0-4 x 1 and 2 threads)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sweep: the scenario sweep; runs only with --sweep")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--sweep"):
+        return
+    skip = pytest.mark.skip(reason="the scenario sweep runs with --sweep (~15 min)")
+    for item in items:
+        if "sweep" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Curves of every scenario for seeds 0-4 x 1 and 2 threads, trained once per session."""
+    from scenario_sweep import SEEDS, THREADS, sweep
+
+    out = tmp_path_factory.mktemp("sweep")
+    sweep(SEEDS, THREADS, out)
+    return out

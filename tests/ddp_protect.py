@@ -2,6 +2,9 @@
 
 Usage: ``python tests/ddp_protect.py OUT_DIR``. Each rank writes ``rank<N>.json``: its global
 step, skip count, findings and a checksum of its weights; rank 0 also writes the JSONL log.
+
+The script ends as a DDP program must: every rank destroys the process group before it exits, and
+rank 0 (whose process launched the others) waits for them, so its exit status is every rank's.
 """
 
 from __future__ import annotations
@@ -58,6 +61,25 @@ def main(out: Path) -> None:
     }
     rank = run.trainer.global_rank
     (out / f"rank{rank}.json").write_text(json.dumps(report))
+    shut_down(run.trainer)
+
+
+def shut_down(trainer: pl.Trainer) -> None:
+    """Destroy the process group on every rank; on rank 0, wait for the other ranks' processes.
+
+    Lightning destroys the default process group at exit only for NCCL. A gloo group left to
+    interpreter shutdown is torn down while its worker threads still hold work objects, which can
+    abort the process after training finished correctly ("terminate called without an active
+    exception", return code -6; pytorch/pytorch#179291). The barrier first: no rank leaves while
+    another is still in a collective.
+    """
+    trainer.strategy.barrier()
+    torch.distributed.destroy_process_group()
+    # Lightning's subprocess launcher starts ranks 1.. from rank 0's process and never joins them.
+    children = getattr(trainer.strategy.launcher, "procs", [])
+    failed = {p.pid: code for p in children if (code := p.wait(timeout=120)) != 0}
+    if failed:
+        raise SystemExit(f"other ranks failed: exit status by pid {failed}")
 
 
 if __name__ == "__main__":
