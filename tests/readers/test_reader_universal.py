@@ -332,6 +332,11 @@ def test_restart_after_a_resume_banner() -> None:
     assert got[1] == Restart(20, 3, "resume banner 'Resuming training from out'")
 
 
+def test_no_restart_before_the_first_record() -> None:
+    got = items("EPOCH0\nResuming training from out\n iteration 10/ 100 | lm loss: 3.0E+00 |\n")
+    assert got == [StepRecord(10, {"loss": 3.0})]
+
+
 def test_read_from_bytes_yields_restarts() -> None:
     notes: list[Note] = []
     data = b"step 10 loss 1\nstep 5 loss 1\n"

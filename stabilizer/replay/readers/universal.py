@@ -54,7 +54,9 @@ from .base import BaseReader, Item, Restart
 
 __all__ = ["UniversalReader", "unreadable_message"]
 
-_NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|[nN]a[nN]|[iI]nf(?:inity)?)"
+_NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
+    r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
+)
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"]?"  # one word or two
@@ -295,9 +297,10 @@ class _Joiner:
                 yield from self._place(None)
             return
         back = self.logged is not None and pend.step < self.logged
+        banner = pend.banner if self.last is not None or self.held else ""  # none before
         if self.held:
-            yield from self._place(None if back or pend.banner else pend.step)
-        if pend.banner:
+            yield from self._place(None if back or banner else pend.step)
+        if banner:
             yield Restart(pend.step, pend.start, f"resume banner {pend.banner!r}")
         elif back:
             why = f"step went back from {self.logged} to {pend.step}"
