@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
+from stabilizer.live.rootcause import stored_values
 
 __all__ = ["ActivationProbe", "GradProbe", "HostCopy"]
 
@@ -116,7 +117,7 @@ class GradProbe:
                 log.warning(
                     "gradient norms: the fast path cannot run on these gradients (%s); each "
                     "gradient is now checked on its own: exact, slower",
-                    str(e).splitlines()[0],
+                    str(e).splitlines()[0][:120],
                 )
         return torch.stack([_exact_norm(g).to(device) for g in grads])
 
@@ -143,11 +144,7 @@ class GradProbe:
 
 def _exact_norm(grad: Tensor) -> Tensor:
     """The L2 norm of one gradient, dense or sparse (the norm of its stored values)."""
-    if grad.layout == torch.sparse_coo:
-        grad = grad.coalesce().values()
-    elif grad.layout != torch.strided:  # CSR and friends
-        grad = grad.values()
-    norm: Tensor = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    norm: Tensor = torch.linalg.vector_norm(stored_values(grad), dtype=torch.float32)
     return norm
 
 
