@@ -164,4 +164,3 @@ def test_optimizer_tensor_that_is_no_module_parameter_is_guarded() -> None:
     monitor = fit(module, 8, bad)
     assert_protected(module, bad, monitor)
     assert torch.isfinite(module.loose).all()
-
