@@ -28,7 +28,7 @@ import torch
 from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
 from stabilizer.live.rootcause import all_finite, optimizer_state_tensors
 
-__all__ = ["BAD_GRADS", "BAD_LOSS", "UNCHECKED", "StepGuard", "decide"]
+__all__ = ["BAD_GRADS", "BAD_LOSS", "STEPPING_PAST", "UNCHECKED", "StepGuard", "decide"]
 
 _LOW = (torch.float16, torch.bfloat16)
 

@@ -117,6 +117,9 @@ class Measured:
         n = len(self.grad_keys)
         values = dict(zip(self.grad_keys, host[:n], strict=True))
         loss, scale = host[n], host[n + 1]
+        # Lightning's AMP plugin multiplies the loss by the grad scaler's scale before
+        # `on_before_backward` hands it over (the gradients carry the same factor, which the
+        # scaler's `unscale_` removed before `on_before_optimizer_step`): divide it back out.
         values[LOSS] = float(np.float32(loss / scale)) if self.scaled else loss
         values.update((lr_key(i), lr) for i, lr in enumerate(self.lrs))
         if self.scaled:
