@@ -139,8 +139,13 @@ def run_mode(mode: str, config: GPTConfig, args: argparse.Namespace) -> tuple[fl
     policy = mode if mode in MONITORED else "protect"
     monitor = TimedMonitor(policy) if mode in (*MONITORED, "replay") else None
     timer = WindowTimer(args.warmup, args.steps, monitor)
-    extra = {"grad_norm": [LogGradNorm()], "sync": [ReadLoss()], "replay": [NaNOnce(2)]}
-    callbacks = [timer, *extra.get(mode, []), *([monitor] if monitor is not None else [])]
+    extra: dict[str, list[pl.Callback]] = {
+        "grad_norm": [LogGradNorm()],
+        "sync": [ReadLoss()],
+        "replay": [NaNOnce(2)],
+    }
+    callbacks: list[pl.Callback] = [timer, *extra.get(mode, [])]
+    callbacks += [monitor] if monitor is not None else []
     total = args.warmup + args.steps + 1
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(
