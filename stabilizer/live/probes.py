@@ -18,7 +18,9 @@ from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
 from stabilizer.live.rootcause import stored_values
 
-__all__ = ["ActivationProbe", "GradProbe", "HostCopy"]
+__all__ = ["HOST_READ", "ActivationProbe", "GradProbe", "HostCopy"]
+
+HOST_READ = "stabilizer::host_read"  # the profiler's name for a step's one planned host read
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +272,9 @@ class HostCopy:
     def read(self) -> list[float]:
         """The numbers as Python floats: the one host read of a step (waits for the copy)."""
         if self._values is None:
-            if self._event is not None:
-                self._event.synchronize()
-            self._values = self._host.tolist()
+            # Named, so that a profile tells the planned read from any other (tests/test_profiler).
+            with torch.profiler.record_function(HOST_READ):
+                if self._event is not None:
+                    self._event.synchronize()
+                self._values = self._host.tolist()
         return self._values
