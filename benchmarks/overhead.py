@@ -1,16 +1,23 @@
 """Step-time overhead of monitoring, measured in one process with the modes interleaved.
 
-    python benchmarks/overhead.py [--layers 4 12] [--rounds 3] [--steps 30] [--accelerator cpu]
+    python benchmarks/overhead.py [--layers 4 12] [--rounds 3] [--steps 30]
+    python benchmarks/overhead.py --accelerator cuda --precision bf16-mixed --layers 12 \
+        --width 768 --block-size 1024 --batch-size 8          # GPT-2 small shape on a GPU
 
 For the reference GPT at each depth, trains with a real Lightning ``Trainer`` in each mode:
-no callback; ``StabilityMonitor(policy="observe")``; ``StabilityMonitor()`` (``protect``, the
-default: the step guard too); Lightning's ``grad_norm`` utility logged every step; and
-``detect_anomaly=True``. Then one ``protect`` run with a NaN injected at one step times the
-root-cause replay, the one cost that is paid only on a failing step. Modes are interleaved
-round by round so that drifts of a shared machine hit them alike; the table shows the median
-step time of each mode and its ratio to the baseline. Step-time ratios on a shared machine carry
-a few percent of noise, so the monitor's own hooks are also timed directly: their time per step
-is the overhead, free of that noise.
+``none`` (no callback); ``observe``, ``protect`` (the default) and ``auto``
+(``StabilityMonitor(policy=...)``); ``grad_norm``: Lightning's ``grad_norm`` utility logged every
+step (what its docs recommend); ``sync``: a bare per-step host read of the loss (what a naive
+monitor costs on a GPU: the step waits for the device); optionally ``detect_anomaly``.
+
+GPU-honest timing: each run times a window of ``--steps`` steps after ``--warmup`` steps, with a
+device sync at the window's two ends only (none per step: a per-step sync would hide exactly the
+waits the monitor must not add). Modes are interleaved round by round so that drifts of a shared
+machine hit them alike; the table shows the median over rounds of each mode's time per step and
+its ratio to ``none``. The monitor's own hooks are also timed (host time spent inside them per
+step, in the window): on a CPU that is the overhead, free of step-time noise; on a GPU it is host
+time that overlaps the device's work unless it waits. Then one ``protect`` run with a NaN at one
+step times the root-cause replay, paid only on a failing step.
 Results are recorded in docs/benchmarks.md.
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import time
 import warnings
@@ -34,40 +42,29 @@ from stabilizer.callbacks.demo.lit_gpt import LitGPT
 from stabilizer.callbacks.demo.run import precision_args
 from stabilizer.demo.config import GPTConfig
 
-MODES = ("baseline", "observe", "protect", "grad_norm", "detect_anomaly")
-MONITORED = ("observe", "protect")
+MODES = ("none", "observe", "protect", "auto", "grad_norm", "sync", "detect_anomaly")
+DEFAULT_MODES = MODES[:-1]
+MONITORED = ("observe", "protect", "auto")
 
 
-class StepTimer(pl.Callback):
-    """Wall time from batch start to batch end (forward, backward, optimizer, callbacks)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t = 0.0
-
-    def on_train_batch_start(self, *args: Any) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self._t = time.perf_counter()
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter() - self._t)
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 # mypy sees stabilizer.callbacks (the callbacks/ folder, mapped at install) as Any.
 class TimedMonitor(StabilityMonitor):  # type: ignore[misc]
-    """``StabilityMonitor`` that also times its own hooks: the added cost, measured directly."""
+    """``StabilityMonitor`` that also times its own hooks while `timing` is on."""
 
-    def __init__(self, policy: str = "protect") -> None:
+    def __init__(self, policy: str) -> None:
         super().__init__(policy=policy, jsonl=False)
-        self.hook_time = 0.0
+        self.hook_time, self.timing = 0.0, False
 
     def _timed(self, hook: str, *args: Any) -> None:
         t = time.perf_counter()
         getattr(super(), hook)(*args)
-        self.hook_time += time.perf_counter() - t
+        if self.timing:
+            self.hook_time += time.perf_counter() - t
 
     def on_train_batch_start(self, *args: Any) -> None:
         self._timed("on_train_batch_start", *args)
@@ -80,6 +77,37 @@ class TimedMonitor(StabilityMonitor):  # type: ignore[misc]
 
     def on_train_batch_end(self, *args: Any) -> None:
         self._timed("on_train_batch_end", *args)
+
+
+class WindowTimer(pl.Callback):
+    """Wall clock from the start of batch `warmup` to the start of batch `warmup + steps`.
+
+    One device sync at each end, none in between; everything of the window's steps (the
+    monitor's deferred work for its last step included) falls inside.
+    """
+
+    def __init__(self, warmup: int, steps: int, monitor: TimedMonitor | None) -> None:
+        self.warmup, self.steps, self.monitor = warmup, steps, monitor
+        self.batches, self.elapsed, self._t = 0, 0.0, 0.0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        if self.batches in (self.warmup, self.warmup + self.steps):
+            _sync()
+            now = time.perf_counter()
+            start = self.batches == self.warmup
+            self._t, self.elapsed = (now, 0.0) if start else (self._t, now - self._t)
+            if self.monitor is not None:
+                self.monitor.timing = start
+        self.batches += 1
+
+
+class ReadLoss(pl.Callback):
+    """Mode ``sync``: the loss read on the host every step (a device sync on a GPU)."""
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, *a: Any
+    ) -> None:
+        float(outputs["loss"])
 
 
 class LogGradNorm(pl.Callback):
@@ -102,28 +130,28 @@ class NaNOnce(pl.Callback):
         pl_module.model.blocks[-1].mlp.register_forward_hook(hook)
 
 
-def run_mode(
-    mode: str, config: GPTConfig, steps: int, accelerator: str, precision: str
-) -> tuple[float, float]:
-    """Median step time (s) of ``steps`` steps, the first 5 (warm-up) left out, and the mean time
-    per step spent inside the monitor's hooks (0 for the other modes).
+def run_mode(mode: str, config: GPTConfig, args: argparse.Namespace) -> tuple[float, float]:
+    """Time per step (s) over the window, and host time per step inside the monitor's hooks.
 
-    Mode ``replay``: ``protect`` with a NaN at step 10; returns the root-cause replay's time
-    instead of the hooks' time."""
-    timer = StepTimer()
-    callbacks: list[pl.Callback] = [timer]
-    monitor = TimedMonitor("observe" if mode == "observe" else "protect")
-    if mode in (*MONITORED, "replay"):
-        callbacks.append(monitor)
-    if mode == "replay":
-        callbacks.append(NaNOnce(10))
-    elif mode == "grad_norm":
-        callbacks.append(LogGradNorm())
+    Mode ``replay``: ``protect`` with a NaN at step 2; returns the root-cause replay's time
+    instead of the hooks' time.
+    """
+    policy = mode if mode in MONITORED else "protect"
+    monitor = TimedMonitor(policy) if mode in (*MONITORED, "replay") else None
+    timer = WindowTimer(args.warmup, args.steps, monitor)
+    extra: dict[str, list[pl.Callback]] = {
+        "grad_norm": [LogGradNorm()],
+        "sync": [ReadLoss()],
+        "replay": [NaNOnce(2)],
+    }
+    callbacks: list[pl.Callback] = [timer, *extra.get(mode, [])]
+    callbacks += [monitor] if monitor is not None else []
+    total = args.warmup + args.steps + 1
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(
-        accelerator=accelerator,
+        accelerator=args.accelerator,
         devices=1,
-        max_steps=steps + 5,
+        max_steps=total,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -131,55 +159,75 @@ def run_mode(
         limit_val_batches=0,
         detect_anomaly=mode == "detect_anomaly",
         callbacks=callbacks,
-        **precision_args(precision, accelerator),
+        **precision_args(args.precision, args.accelerator),
     )
-    data = StabilizerDataModule(block_size=config.block_size, batch_size=16, max_steps=steps + 5)
-    trainer.fit(LitGPT(config, lr=1e-3, max_steps=steps + 5), datamodule=data)
+    data = StabilizerDataModule(
+        block_size=config.block_size, batch_size=args.batch_size, max_steps=total
+    )
+    trainer.fit(LitGPT(config, lr=1e-3, max_steps=total), datamodule=data)
+    per_step = timer.elapsed / args.steps
     if mode == "replay":
+        assert monitor is not None
         (cause,) = [f for f in monitor.findings if f.kind == "root_cause"]
-        return statistics.median(timer.times[5:]), cause.evidence["elapsed_s"]
-    return statistics.median(timer.times[5:]), monitor.hook_time / (steps + 5)
+        return per_step, float(cause.evidence["elapsed_s"])
+    return per_step, (monitor.hook_time / args.steps if monitor is not None else 0.0)
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[4, 12])
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=None, help="default: width / 64, >= 4")
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before the window")
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
+    parser.add_argument("--no-replay", action="store_true", help="skip the root-cause timing")
+    return parser.parse_args()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[4, 12])
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--accelerator", default="cpu")
-    parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    args = parser.parse_args()
+    args = _arguments()
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-
+    device = torch.cuda.get_device_name() if args.accelerator == "cuda" else "cpu"
+    print(
+        f"# {device}, {args.precision}, torch threads {torch.get_num_threads()}, "
+        f"load {os.getloadavg()[0]:.1f}, {args.rounds} rounds x {args.steps} steps"
+    )
     print(
         f"{'layers':>6} {'mode':>15} {'median step (ms)':>17} {'ratio':>7} "
-        f"{'in monitor hooks (ms/step)':>27} {'hooks / baseline':>17}"
+        f"{'in monitor hooks (ms/step)':>27} {'hooks / none':>13}"
     )
+    heads = args.heads or max(4, args.width // 64)
     for n_layer in args.layers:
         config = replace(
-            GPTConfig(), n_layer=n_layer, n_embd=args.width, block_size=args.block_size
-        )
+            GPTConfig(), n_layer=n_layer, n_head=heads, n_embd=args.width,
+            block_size=args.block_size,
+        )  # fmt: skip
         times: dict[str, list[float]] = {m: [] for m in args.modes}
         hooks: dict[str, list[float]] = {m: [] for m in args.modes}
         for _ in range(args.rounds):
             for mode in args.modes:
-                step, hook = run_mode(mode, config, args.steps, args.accelerator, args.precision)
+                step, hook = run_mode(mode, config, args)
                 times[mode].append(step)
                 hooks[mode].append(hook)
         base = statistics.median(times[args.modes[0]])
         for mode in args.modes:
             med, hook = statistics.median(times[mode]), statistics.median(hooks[mode])
-            extra = f"{hook * 1e3:>27.2f} {hook / base:>16.2%}" if mode in MONITORED else ""
+            extra = f"{hook * 1e3:>27.2f} {hook / base:>12.2%}" if mode in MONITORED else ""
             print(f"{n_layer:>6} {mode:>15} {med * 1e3:>17.2f} {med / base:>6.3f}x {extra}")
-        step, replay = run_mode("replay", config, args.steps, args.accelerator, args.precision)
-        print(
-            f"{n_layer:>6} root-cause replay on the failing step: {replay * 1e3:.1f} ms "
-            f"(a training step: {step * 1e3:.1f} ms); 0 on every other step"
-        )
+        if not args.no_replay:
+            step, replay = run_mode("replay", config, args)
+            print(
+                f"{n_layer:>6} root-cause replay on the failing step: {replay * 1e3:.1f} ms "
+                f"(a training step: {step * 1e3:.1f} ms); 0 on every other step"
+            )
+    print(f"# load at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

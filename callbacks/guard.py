@@ -19,16 +19,50 @@ anything non-finite (`verify`); the copy costs one pass over the weights and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
 from stabilizer.live.rootcause import all_finite, optimizer_state_tensors
 
-__all__ = ["StepGuard"]
+__all__ = ["BAD_GRADS", "BAD_LOSS", "STEPPING_PAST", "UNCHECKED", "StepGuard", "decide"]
 
 _LOW = (torch.float16, torch.bfloat16)
+
+# Why `decide` skips a step.
+BAD_LOSS = "non-finite loss"
+BAD_GRADS = "non-finite gradients"
+UNCHECKED = "the step could not be measured"
+STEPPING_PAST = "stepping past bad data after a rollback"
+
+
+def decide(
+    values: Mapping[str, float], *, scaled: bool = False, stepping_past: bool = False
+) -> tuple[bool, str]:
+    """Skip the coming optimizer step or not, and why: a pure function of the step's numbers.
+
+    Args:
+        values: The step's ``loss``, ``grad_norm`` and ``nonfinite_grads``; empty when they
+            could not be measured (then the step is skipped: nothing unchecked gets through).
+        scaled: An fp16 grad scaler runs; non-finite gradients are its to skip (it never calls
+            the optimizer then), a non-finite loss with finite gradients is not.
+        stepping_past: Policy ``auto`` is stepping past the bad data after a rollback.
+
+    Returns:
+        ``(skip, reason)``: the reason is empty when the step goes ahead.
+    """
+    if not all(key in values for key in (LOSS, GRAD_NORM, NONFINITE_GRADS)):
+        return True, UNCHECKED
+    if not math.isfinite(values[LOSS]):
+        return True, BAD_LOSS
+    if not scaled and (not math.isfinite(values[GRAD_NORM]) or values[NONFINITE_GRADS] > 0):
+        return True, BAD_GRADS
+    if stepping_past:
+        return True, STEPPING_PAST
+    return False, ""
 
 
 class StepGuard:

@@ -2,40 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from stabilizer.core.detectors import default_detectors
 from stabilizer.core.detectors.base import Detector
 from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding, StepRecord
-from stabilizer.core.signals import (
-    CLIP_VAL,
-    CLIPPED,
-    GRAD_NORM,
-    LOSS,
-    LOSS_SCALE,
-    LR,
-    NONFINITE_GRADS,
-    NONFINITE_UPDATE,
-    SKIPPED,
-)
 from stabilizer.live.probes import ActivationProbe, GradProbe
 from stabilizer.live.rootcause import RngState, capture_rng
 from stabilizer.outputs.jsonl import JsonlWriter
 
 from .auto import AutoRemedies
 from .checks import preflight, root_cause
-from .guard import StepGuard
+from .guard import BAD_GRADS, BAD_LOSS, UNCHECKED, StepGuard, decide
+from .measure import Measured, measure
 from .tensorboard_output import TensorBoardOutput
 
 __all__ = ["StabilityMonitor", "format_finding"]
@@ -62,11 +51,18 @@ class StabilityMonitor(pl.Callback):
     ``grad_norm/<group>``         the same per depth group: ``embed``, ``block_00``.., ``head``
     ``nonfinite_grads``           number of parameters whose gradient holds NaN/Inf
     ``lr``                        learning rate of the first parameter group
-    ``loss_scale``, ``skipped``   fp16 grad scaler's scale; 1 when the scaler skips the step
+    ``lr/pg2``, ``lr/pg3`` ..     the other parameter groups' (numbered as Lightning's
+                                  ``LearningRateMonitor`` numbers them: ``pg1`` is ``lr``)
+    ``loss_scale``, ``skipped``   fp16 grad scaler's scale; 1 when the step's update was skipped
+    ``nonfinite_update``          1 when the guard undid an update that made weights non-finite
     ``clip_val``, ``clipped``     gradient clipping threshold; 1 when clipping fired
-    ``act_absmax/<module>``       max |activation| (norm inputs, attention, MLP), sampled steps
+    ``act_absmax/<module>``       max |activation| (norm inputs, attention, MLP), at the sampled
+                                  steps only (every ``activation_every``)
     ``finding/<kind>``            severity (20 info .. 50 critical) at the step of a finding
     ============================  ==============================================================
+
+    ``update_ratio/<group>`` (a signal the readers know) is not measured live: it would need a
+    copy of the weights before each step.
 
     TensorBoard also gets a custom-scalars layout (all per-layer gradient norms in one chart),
     a layers × steps heatmap image every ``heatmap_every`` steps, and findings as text.
@@ -80,16 +76,25 @@ class StabilityMonitor(pl.Callback):
     softmax, pre-LN, LR cut, rollback), each application a ``remedy_applied`` finding. The LR
     scheduler still advances on skipped steps, as it does when an fp16 grad scaler skips one.
 
+    On a GPU the step never waits for Python: the numbers travel to the host in one
+    non-blocking copy; ``protect`` waits for that copy only to decide whether to skip, and the
+    engine, loggers, JSONL and console work of a step runs during the next step's backward (and
+    at the end of training for the last step). Findings may then come one step late; skip
+    decisions never do. On the CPU everything happens at the step itself.
+
     Args:
         policy: ``"protect"``, ``"observe"`` or ``"auto"``.
         detectors: The detectors to run (default: all registered, with default settings).
         grouping: ``parameter name -> depth group``, to override the naming conventions.
         activation_every: Sample activation maxima every N steps (0: never).
         heatmap_every: Write the per-layer heatmap image every N steps (0: only at the end).
-        jsonl: Path of the JSONL log; default ``<trainer.log_dir>/stability.jsonl``; ``False``
+        jsonl: Path of the JSONL log; default ``<trainer.log_dir>/stability.jsonl``, or without
+            a logger ``<default_root_dir>/stability_logs/version_<N>/stability.jsonl``, a new
+            version each run (a run resumed from a checkpoint appends to its own); ``False``
             for none.
-        strict: Raise on an internal error of the monitor instead of warning once and stepping
-            aside (training goes on either way when ``False``).
+        strict: Raise on an internal error of the monitor instead of warning once (training goes
+            on either way when ``False``: an error in reporting stops the reports, never the
+            protection; a step the guard cannot check is skipped).
         guard_optimizer: ``protect`` only: copy parameters and optimizer state before each step
             and undo the step if it made them non-finite. ``None``: when parameters are fp16 or
             bf16 (``16-true``, ``bf16-true``), where the optimizer's own arithmetic can overflow.
@@ -141,22 +146,28 @@ class StabilityMonitor(pl.Callback):
         self.root_causes = 0  # localizations run
         self._batch: tuple[Any, int] | None = None  # the step's batch, for a root-cause replay
         self._rng: RngState | None = None
-        self._extra: list[Finding] = []  # the monitor's own findings, emitted with the record
+        self._extra: list[Finding] = []  # preflight findings, reported with the first step
         self._preflight_done = False
         self.guard = StepGuard(guard_optimizer) if policy != "observe" else None
         self.auto = (auto or AutoRemedies()) if policy == "auto" else None
-        self._nonfinite = False  # whether the step in flight is non-finite
-        self.bad_in_a_row = 0  # consecutive non-finite steps
+        self.bad_in_a_row = 0  # consecutive non-finite (or unchecked) steps
         self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
         self.engine = Engine(list(detectors) if detectors is not None else default_detectors())
         self.findings: list[Finding] = []
         self._grads: GradProbe | None = None
         self._acts: ActivationProbe | None = None
         self._loss: torch.Tensor | None = None
-        self._pending: tuple[int, dict[str, float]] | None = None  # the step's record, unsealed
+        # Report a step one step late, once the device has later work queued: None decides by
+        # the device (CUDA: yes); the tests force it on the CPU.
+        self._defer: bool | None = None
+        self._step: Measured | None = None  # the step in flight: measured, not yet stepped
+        self._pending: Measured | None = None  # stepped, its reports deferred to the next step
+        self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
         self._writer: JsonlWriter | None = None
+        self._jsonl_path: Path | None = None  # the default JSONL of this run, kept for a resume
         self._tb: TensorBoardOutput | None = None
-        self._failed = False
+        self._reporting = True  # False after an internal error in reporting
+        self._warned: set[str] = set()
 
     @property
     def state_key(self) -> str:
@@ -165,18 +176,20 @@ class StabilityMonitor(pl.Callback):
     # --- Lightning hooks: each delegates ------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._guard(self._start, trainer, pl_module)
+        self._fit = trainer, pl_module
+        self._start(trainer, pl_module)
+        self._report_safely(self._open_outputs, trainer)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self.guard is not None:
-            self.guard.skip = self.guard.last_reverted = self._nonfinite = False
+            self.guard.skip = self.guard.last_reverted = False
             if self.root_cause and self.root_causes < self.MAX_ROOT_CAUSES:
                 self._batch, self._rng = (batch, batch_idx), capture_rng()
         if self.preflight and not self._preflight_done:
             self._preflight_done = True
-            self._guard(self._preflight, trainer, pl_module, batch)
+            self._report_safely(self._preflight, trainer, pl_module, batch)
         every = self.activation_every
         if self._acts is not None and every and trainer.global_step % every == 0:
             self._acts.attach()
@@ -192,40 +205,56 @@ class StabilityMonitor(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        self._guard(self._probe, trainer, optimizer)
-        if self.guard is not None and self._nonfinite and self.bad_in_a_row == 0:
-            self._guard(self._root_cause, trainer, pl_module)
+        step = self._measure(trainer)  # the numbers are on their way to the host
+        self._report_pending(trainer, pl_module)  # the last step's, while the device works
+        # As the step will use it: after the remedies so far.
+        factor = self.auto.lr.factor if self.auto is not None else 1.0
+        step.note(trainer, optimizer, factor, self.guard is not None)
+        step.found, self._extra, self._step = self._extra, [], step
+        if self.guard is not None:
+            self._protect(trainer, pl_module, step)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
-        if self._pending is not None:
-            (step, values), self._pending = self._pending, None
-            if self.guard is not None and self.guard.last_reverted:
-                values[NONFINITE_UPDATE] = values[SKIPPED] = 1.0
-            self._guard(self._observe, trainer, pl_module, StepRecord(step, values))
+        step, self._step = self._step, None
+        if step is None:  # an accumulating micro-batch: no optimizer step yet
+            return
+        step.reverted = self.guard is not None and self.guard.last_reverted
+        if self._deferred(step):
+            self._pending = step
+        else:
+            self._report_safely(self._report, trainer, pl_module, step)
+        if self.guard is not None:
+            self._count(trainer, step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._guard(self._finish, trainer)
+        self._report_pending(trainer, pl_module)
+        self._report_safely(self._finish, trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._release()
 
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # The run died (or was interrupted): keep what was measured; every line is flushed.
+        with contextlib.suppress(Exception):
+            self._report_pending(trainer, pl_module)
+        if self._writer is not None:
+            self._writer.close()
+        self._release()
+
     def _release(self) -> None:
+        self._fit = None
         if self.guard is not None:
             self.guard.uninstall()
         if self.auto is not None:
             self.auto.stop()
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        # The run died (or was interrupted): keep what was logged; every line is already flushed.
-        if self._writer is not None:
-            self._writer.close()
-        self._release()
-
     def state_dict(self) -> dict[str, Any]:
+        if self._fit is not None:  # a checkpoint holds every step up to it, as on the CPU
+            self._report_pending(*self._fit)
         guard = self.guard
         return {
             "engine": self.engine.state_dict(),
@@ -236,6 +265,7 @@ class StabilityMonitor(pl.Callback):
             "auto": self.auto.state_dict() if self.auto is not None else None,
             "skipped": guard.skipped if guard is not None else 0,
             "reverted": guard.reverted if guard is not None else 0,
+            "jsonl": str(self._jsonl_path) if self._jsonl_path is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -250,25 +280,112 @@ class StabilityMonitor(pl.Callback):
         if self.guard is not None:
             self.guard.skipped = int(state_dict.get("skipped", 0))
             self.guard.reverted = int(state_dict.get("reverted", 0))
+        jsonl = state_dict.get("jsonl")
+        self._jsonl_path = Path(jsonl) if jsonl else None
 
-    # --- the work ------------------------------------------------------------------------------
+    # --- protection: at the step itself ---------------------------------------------------------
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._grads = GradProbe(pl_module.named_parameters(), self.grouping)
-        self._acts = ActivationProbe(pl_module) if self.activation_every else None
+        try:
+            if self.guard is not None:
+                for problem in self.guard.install(trainer.optimizers):
+                    log.warning("StabilityMonitor cannot protect this run: %s", problem)
+            if self.auto is not None:
+                self.auto.start(trainer, pl_module)
+            self._grads = GradProbe(pl_module, trainer.optimizers, self.grouping)
+            self._acts = ActivationProbe(pl_module) if self.activation_every else None
+        except Exception as e:
+            if self.strict:
+                raise
+            # Without probes every step is unmeasured: `protect` skips them all, loudly.
+            log.error("StabilityMonitor could not start: %r", e, exc_info=True)
+
+    def _measure(self, trainer: pl.Trainer) -> Measured:
+        loss, self._loss = self._loss, None
+        try:
+            if self._grads is None:
+                raise RuntimeError("the gradient probe could not be built at fit start")
+            return measure(trainer, self._grads, self._acts, loss)
+        except Exception as e:
+            if self.strict:
+                raise
+            if "measure" not in self._warned:
+                self._warned.add("measure")
+                log.warning("StabilityMonitor cannot measure the steps: %r", e, exc_info=True)
+            return Measured.failed(trainer.global_step, e)
+
+    def _protect(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: Measured) -> None:
+        assert self.guard is not None
+        stepping_past = self.auto is not None and self.auto.skip.active(step.step)
+        # Identical on every rank: the numbers were reduced. The one wait of the step.
+        skip, reason = decide(step.guard_values(), scaled=step.scaled, stepping_past=stepping_past)
+        self.guard.skip = step.skip = skip
+        step.bad = reason in (BAD_LOSS, BAD_GRADS, UNCHECKED)
+        if reason == UNCHECKED and self.bad_in_a_row == 0:
+            step.found.append(step.unchecked())
+        elif step.bad and self.bad_in_a_row == 0:
+            self._report_safely(self._root_cause, trainer, pl_module, step)
+
+    def _count(self, trainer: pl.Trainer, step: Measured) -> None:
+        """Skips and bad steps in a row: every rank counts the same, so every rank stops."""
+        self.skipped_steps += int(step.skipped)
+        self.bad_in_a_row = self.bad_in_a_row + 1 if step.bad or step.reverted else 0
+        if self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
+            why = "unchecked" if step.numbers is None else "non-finite"
+            self._stop(trainer, step.step, f"{self.bad_in_a_row} {why} steps in a row")
+
+    def _stop(self, trainer: pl.Trainer, step: int, why: str) -> None:
+        """Stop gracefully: every rank counted the same steps, so every rank stops."""
+        trainer.should_stop = True
+        ckpt = trainer.checkpoint_callback
+        path = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
+        where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
+        if trainer.is_global_zero:
+            log.error("stabilizer: stopping at step %d: %s (weights intact)%s", step, why, where)
+
+    # --- reporting: at the step on the CPU, a step later on a GPU ---------------------------------
+
+    def _deferred(self, step: Measured) -> bool:
+        if self._defer is not None:
+            return self._defer
+        return step.numbers is not None and step.numbers.on_device
+
+    def _report_pending(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._report_safely(self._report, trainer, pl_module, pending)
+
+    def _report(self, trainer: pl.Trainer, module: pl.LightningModule, step: Measured) -> None:
+        values = step.values()
+        record = StepRecord(step.step, values) if values is not None else None
+        found = (self.engine.observe(record) if record is not None else []) + step.found
+        self._emit(trainer, record, found)
+        if self.auto is not None and record is not None:
+            self._emit(trainer, None, self.auto.after_step(trainer, module, step.step, found))
+            if self.auto.exhausted():
+                self._stop(trainer, step.step, "no rollback left")
+
+    def _open_outputs(self, trainer: pl.Trainer) -> None:
         # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.
         log_dir = trainer.log_dir or trainer.default_root_dir
-        if trainer.is_global_zero and self.jsonl is not False:
-            default = Path(log_dir) / "stability.jsonl"
-            self._writer = JsonlWriter(default if self.jsonl is True else Path(self.jsonl))
+        if not trainer.is_global_zero:
+            return
+        if self.jsonl is not False:
+            path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
+            self._writer = JsonlWriter(path or Path(str(self.jsonl)))
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-        if trainer.is_global_zero and tb:
+        if tb and self._grads is not None:
             self._tb = TensorBoardOutput(tb[0].experiment, self._grads.groups)
-        if self.guard is not None:
-            for problem in self.guard.install(trainer.optimizers):
-                log.warning("StabilityMonitor cannot protect this run: %s", problem)
-        if self.auto is not None:
-            self.auto.start(trainer, pl_module)
+
+    def _default_jsonl(self, trainer: pl.Trainer, log_dir: str) -> Path:
+        """Beside the logs; without a logger, a new version directory per run (not on resume)."""
+        if trainer.loggers:
+            return Path(log_dir) / "stability.jsonl"
+        if self._jsonl_path is None:  # a resumed run got its own path from the checkpoint
+            root = Path(trainer.default_root_dir) / "stability_logs"
+            free = next(v for v in itertools.count() if not (root / f"version_{v}").exists())
+            self._jsonl_path = root / f"version_{free}" / "stability.jsonl"
+        return self._jsonl_path
 
     def _preflight(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         # Reported with the first step's record, so that the `auto` policy sees them too. A model
@@ -281,7 +398,9 @@ class StabilityMonitor(pl.Callback):
                 raise
             log.warning("StabilityMonitor: preflight checks skipped: %r", e)
 
-    def _root_cause(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _root_cause(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: Measured
+    ) -> None:
         if self._batch is None:
             return
         batch, batch_idx = self._batch
@@ -289,98 +408,7 @@ class StabilityMonitor(pl.Callback):
         self.root_causes += 1
         found = root_cause(trainer, pl_module, batch, batch_idx, self._rng, self.strict)
         if found is not None:
-            self._extra.append(found)
-
-    def _probe(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
-        assert self._grads is not None, "on_fit_start builds the probes"
-        grads = self._grads()
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        scale = getattr(scaler, "_scale", None) if scaler is not None else None
-        parts = [grads, _scalar(self._loss, grads, math.nan), _scalar(scale, grads, 1.0)]
-        acts = self._acts.detach() if self._acts is not None else None
-        if acts is not None:
-            parts.append(acts.to(grads.device))
-        vec = torch.cat(parts)
-        if trainer.world_size > 1:  # every rank must feed the engine the same numbers
-            vec = self._reduce(trainer.strategy, vec, len(grads))
-        # The one host sync of the step; float32 so that a replay of the logs sees these numbers.
-        host = vec.cpu().numpy().astype(np.float32)
-        self._loss = None
-        values = self._values(trainer, optimizer, host, scaler is not None, acts is not None)
-        if self.guard is not None:
-            # Identical on every rank: the numbers were reduced. Overflowing gradients under a
-            # grad scaler are the scaler's to skip (it never calls the optimizer then).
-            loss_ok = bool(np.isfinite(values[LOSS]))
-            grads_ok = np.isfinite(values[GRAD_NORM]) and values[NONFINITE_GRADS] == 0
-            self._nonfinite = not loss_ok or (not grads_ok and scaler is None)
-            stepping_past = self.auto is not None and self.auto.skip.active(trainer.global_step)
-            self.guard.skip = self._nonfinite or stepping_past
-            values[SKIPPED] = float(self.guard.skip or values.get(SKIPPED, 0.0) >= 0.5)
-        self._pending = (trainer.global_step, values)
-
-    @staticmethod
-    def _reduce(strategy: Any, vec: torch.Tensor, n: int) -> torch.Tensor:
-        """Mean over ranks; a NaN anywhere makes it NaN everywhere, so all ranks decide alike.
-
-        Sharded parameters (FSDP): each rank holds a shard of every gradient, so the norms are
-        partial: their squares are summed over ranks (then the square root), the rest averaged.
-        """
-        if not isinstance(strategy, FSDPStrategy | ModelParallelStrategy):
-            return cast(torch.Tensor, strategy.reduce(vec, reduce_op="mean"))
-        norms = strategy.reduce(GradProbe.sharded_squares(vec[:n]), reduce_op="sum")
-        rest = strategy.reduce(vec[n:], reduce_op="mean")
-        return torch.cat((GradProbe.from_squares(norms), rest))
-
-    def _values(
-        self,
-        trainer: pl.Trainer,
-        optimizer: torch.optim.Optimizer,
-        host: np.ndarray,
-        scaled: bool,
-        sampled: bool,
-    ) -> dict[str, float]:
-        assert self._grads is not None
-        n = len(self._grads.keys)
-        values = dict(zip(self._grads.keys, host[:n].tolist(), strict=True))
-        loss, scale = float(host[n]), float(host[n + 1])
-        values[LOSS] = float(np.float32(loss / scale)) if scaled else loss
-        factor = self.auto.lr.factor if self.auto is not None else 1.0  # as the step will use it
-        values[LR] = float(np.float32(optimizer.param_groups[0]["lr"] * factor))
-        if scaled:
-            values[LOSS_SCALE] = scale
-            values[SKIPPED] = float(not np.isfinite(values[GRAD_NORM]))  # the scaler will skip
-        clip = trainer.gradient_clip_val
-        if clip:
-            values[CLIP_VAL] = float(np.float32(clip))
-            values[CLIPPED] = float(values[GRAD_NORM] > values[CLIP_VAL])
-        if sampled and self._acts is not None:
-            values.update(zip(self._acts.keys, host[n + 2 :].tolist(), strict=True))
-        return values
-
-    def _observe(self, trainer: pl.Trainer, module: pl.LightningModule, record: StepRecord) -> None:
-        found = self.engine.observe(record) + self._extra
-        self._extra = []
-        self._emit(trainer, record, found)
-        if self.auto is not None:
-            self._emit(trainer, None, self.auto.after_step(trainer, module, record.step, found))
-            if self.auto.exhausted():
-                self._stop(trainer, record.step, "no rollback left")
-        if self.guard is None:
-            return
-        self.skipped_steps += int(record.values[SKIPPED] >= 0.5)
-        bad = self._nonfinite or self.guard.last_reverted
-        self.bad_in_a_row = self.bad_in_a_row + 1 if bad else 0
-        if self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
-            self._stop(trainer, record.step, f"{self.bad_in_a_row} non-finite steps in a row")
-
-    def _stop(self, trainer: pl.Trainer, step: int, why: str) -> None:
-        """Stop gracefully: every rank counted the same steps, so every rank stops."""
-        trainer.should_stop = True
-        ckpt = trainer.checkpoint_callback
-        path = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
-        where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
-        if trainer.is_global_zero:
-            log.error("stabilizer: stopping at step %d: %s (weights intact)%s", step, why, where)
+            step.found.append(found)
 
     def _finish(self, trainer: pl.Trainer) -> None:
         self._emit(trainer, None, self.engine.finish())
@@ -407,23 +435,23 @@ class StabilityMonitor(pl.Callback):
         if self._tb is not None:
             self._tb.update(record, found, self.heatmap_every)
 
-    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
-        # The monitor must never kill the user's training: warn once and step aside.
-        if self._failed:
+    def _report_safely(self, fn: Callable[..., None], *args: Any) -> None:
+        # An error in reporting must never kill the user's training, nor turn the protection off:
+        # warn once and stop reporting.
+        if not self._reporting:
             return
         try:
             fn(*args)
         except Exception as e:
             if self.strict:
                 raise
-            self._failed = True
-            log.warning("StabilityMonitor disabled after an internal error: %r", e, exc_info=True)
-
-
-def _scalar(value: torch.Tensor | None, like: torch.Tensor, default: float) -> torch.Tensor:
-    if value is None:
-        return torch.full((1,), default, device=like.device)
-    return value.detach().float().reshape(1).to(like.device)
+            self._reporting = False
+            log.warning(
+                "StabilityMonitor stopped reporting after an internal error (the protection "
+                "stays on): %r",
+                e,
+                exc_info=True,
+            )
 
 
 def format_finding(f: Finding) -> str:

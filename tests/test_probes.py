@@ -21,7 +21,7 @@ def model_with_grads() -> GPT:
 
 def test_norms_match_torch() -> None:
     model = model_with_grads()
-    probe = GradProbe(model.named_parameters())
+    probe = GradProbe(model)
     values = dict(zip(probe.keys, probe().tolist(), strict=True))
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     total = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
@@ -36,7 +36,7 @@ def test_sharded_norms_combine_to_the_full_norms() -> None:
     # FSDP: each rank holds a shard of every gradient. Emulate two ranks by keeping either half
     # of each gradient's elements; their squares summed over ranks give the unsharded norms.
     model = model_with_grads()
-    full_probe = GradProbe(model.named_parameters())
+    full_probe = GradProbe(model)
     full = full_probe()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     ranks = []
@@ -49,7 +49,7 @@ def test_sharded_norms_combine_to_the_full_norms() -> None:
             else:
                 flat[:half] = 0
             p.grad = flat.view_as(p)
-        ranks.append(GradProbe.sharded_squares(GradProbe(model.named_parameters())()))
+        ranks.append(GradProbe.sharded_squares(GradProbe(model)()))
     combined = GradProbe.from_squares(ranks[0] + ranks[1])
     assert torch.allclose(combined, full, rtol=1e-5)
     assert GradProbe.from_squares(GradProbe.sharded_squares(full)).allclose(full, rtol=1e-6)

@@ -201,19 +201,39 @@ def test_skip_leaves_adamw_untouched() -> None:
     assert "step" not in opt.__dict__
 
 
-def test_monitor_failing_inside_does_not_stop_training(
+def test_a_step_that_cannot_be_checked_is_skipped(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Old code: any internal error turned the whole monitor off, and every later NaN got through.
     def broken(self: object) -> torch.Tensor:
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr("stabilizer.live.probes.GradProbe.__call__", broken)
-    monitor = StabilityMonitor(jsonl=False)
-    run = train(tiny("32-true"), monitor, None)
+    monitor = StabilityMonitor(jsonl=False, stop_after=None)
+    run = train(tiny("32-true"), monitor, Fault("loss"))
     assert run.trainer.global_step == STEPS  # the user's training went on
-    warnings = [r for r in caplog.records if "disabled after an internal error" in r.message]
+    warnings = [r for r in caplog.records if "cannot measure the steps" in r.message]
     assert len(warnings) == 1 and "probe exploded" in warnings[0].getMessage()
-    assert monitor.guard is not None and monitor.guard.skipped == 0  # fails open, skips nothing
+    assert monitor.guard is not None and monitor.guard.skipped == STEPS  # nothing unchecked
+    [critical] = [f for f in monitor.findings if f.kind == "guard_error"]
+    assert critical.severity.name == "CRITICAL" and "probe exploded" in critical.message
+    assert_intact(run)
+
+
+def test_an_error_in_reporting_leaves_the_protection_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: object, record: object) -> list[object]:
+        raise RuntimeError("engine exploded")
+
+    monkeypatch.setattr("stabilizer.core.engine.Engine.observe", broken)
+    monitor = StabilityMonitor(jsonl=False)
+    run = train(tiny("32-true"), monitor, Fault("gradient"))
+    assert run.trainer.global_step == STEPS
+    warnings = [r for r in caplog.records if "stopped reporting" in r.message]
+    assert len(warnings) == 1 and "engine exploded" in warnings[0].getMessage()
+    assert monitor.guard is not None and monitor.guard.skipped == len(FAULT_STEPS)
+    assert_intact(run)
 
 
 def test_strict_monitor_raises(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,13 +1,14 @@
 """Probes: gather a step's signals from a model cheaply, on the device, as one tensor.
 
-The probes never copy to the host themselves: the caller stacks their outputs and pays a single
-device-to-host copy per step. Torch only; no Lightning.
+The probes never copy to the host themselves: the caller stacks their outputs and sends them to
+the host in one `HostCopy` per step. Torch only; no Lightning.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -15,57 +16,118 @@ from torch import Tensor, nn
 
 from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
+from stabilizer.live.rootcause import stored_values
 
-__all__ = ["ActivationProbe", "GradProbe"]
+__all__ = ["HOST_READ", "ActivationProbe", "GradProbe", "HostCopy"]
+
+HOST_READ = "stabilizer::host_read"  # the profiler's name for a step's one planned host read
+
+log = logging.getLogger(__name__)
 
 
 class GradProbe:
     """Total and per-depth-group L2 gradient norms, plus the count of non-finite gradients.
 
+    Watches every tensor an optimizer will update (each param group's params: module parameters
+    or not) and every trainable parameter of the module; each step, those that have a ``.grad``.
+    The watched set is derived again whenever a param group is added or a parameter's
+    ``requires_grad`` changes (a cheap check per call), so a backbone unfrozen mid-run is watched
+    from its first gradient on.
+
     Groups come from parameter names (``blocks.N.``, ``layers.N.``, ``h.N.`` …, see
-    :func:`stabilizer.core.groups.depth_group`) unless ``grouping`` maps a name to a group itself.
-    One ``torch._foreach_norm`` over all gradients, one ``index_add_`` into the groups. With
-    sharded parameters (FSDP) the norms are of this rank's shards: `reduce_sharded` combines them.
+    :func:`stabilizer.core.groups.depth_group`) unless ``grouping`` maps a name to a group itself;
+    an optimizer tensor that is no module parameter is in ``other``. Optimizer tensors that do not
+    require grad count in the total and the non-finite count only.
+
+    The fast path is one ``torch._foreach_norm`` over all gradients and one ``index_add_`` into
+    the groups. Where it cannot run (sparse gradients, an unusual dtype or device) the probe says
+    so once and computes each norm on its own (the values of a sparse gradient): slower, exact.
+    With sharded parameters (FSDP) the norms are of this rank's shards: see `sharded_squares`.
 
     Args:
-        named_parameters: ``model.named_parameters()``; only those requiring grad are watched.
+        module: The model; its trainable parameters are watched and named.
+        optimizers: The optimizers whose param groups are watched.
         grouping: ``name -> group`` to override the naming conventions.
     """
 
     def __init__(
         self,
-        named_parameters: Iterable[tuple[str, nn.Parameter]],
+        module: nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
         grouping: Callable[[str], str] | None = None,
     ) -> None:
-        named = [(n, p) for n, p in named_parameters if p.requires_grad]
-        if not named:
-            raise ValueError("the model has no parameters that require gradients")
-        if grouping is None:
-            by_group = group_params(n for n, _ in named)
-            group_of = {n: g for g, names in by_group.items() for n in names}
-            self.groups = list(by_group)
-        else:
-            group_of = {n: grouping(n) for n, _ in named}
-            self.groups = list(dict.fromkeys(group_of.values()))
-        index = {g: i for i, g in enumerate(self.groups)}
-        self._params = [p for _, p in named]
-        self._group_idx = [index[group_of[n]] for n, _ in named]
-        self._full_index: Tensor | None = None
-        self.keys = [GRAD_NORM, NONFINITE_GRADS] + [GRAD_NORM_PREFIX + g for g in self.groups]
+        self._module, self._optimizers, self._grouping = module, list(optimizers), grouping
+        self.exact = False  # the fast path failed once: per-tensor norms from then on
+        self._index: tuple[tuple[int, ...], Tensor] | None = None  # group indices, on the device
+        self._build()
 
     def __call__(self) -> Tensor:
         """``(2 + n_groups,)`` float32 on the gradients' device, ordered as :attr:`keys`."""
-        present = [(p.grad, i) for p, i in zip(self._params, self._group_idx, strict=True)]
-        # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces across ranks.
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g, _ in present if g is not None]
-        if not grads:
-            return torch.full((len(self.keys),), math.nan)
+        if self._signature() != self._seen:
+            self._build()
+        grads, index = [], []
+        for p, i in zip(self._tensors, self._group_idx, strict=True):
+            if p.grad is not None:
+                # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces.
+                grads.append(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+                index.append(i)
+        if not grads:  # nothing to update this step
+            return torch.zeros(len(self.keys), device=self._device)
         device = grads[0].device
-        norms = torch.stack(torch._foreach_norm(grads)).float()  # (n_params_with_grad,)
-        index = self._index([i for g, i in present if g is not None], device)
-        sq = torch.zeros(len(self.groups), device=device).index_add_(0, index, norms.square())
+        norms = self._norms(grads, device)  # (n_grads,)
+        # One bucket past the groups holds the tensors that are checked but not logged per group.
+        sq = torch.zeros(len(self.groups) + 1, device=device)
+        sq.index_add_(0, self._group_index(tuple(index), device), norms.square())
         nonfinite = (~torch.isfinite(norms)).sum().float()
-        return torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq.sqrt()))
+        return torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
+
+    def _signature(self) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+        grad_flags = tuple(p.requires_grad for p in self._module_params)
+        sizes = tuple(len(g["params"]) for opt in self._optimizers for g in opt.param_groups)
+        return grad_flags, sizes
+
+    def _build(self) -> None:
+        """Derive the watched tensors, their groups and the keys."""
+        module_named = list(self._module.named_parameters())
+        self._module_params = [p for _, p in module_named]
+        stepped = [p for opt in self._optimizers for g in opt.param_groups for p in g["params"]]
+        in_optimizer = {id(p) for p in stepped}
+        named = [(n, p) for n, p in module_named if p.requires_grad or id(p) in in_optimizer]
+        known = {id(p) for p in self._module_params}
+        extra = {id(p): p for p in stepped if id(p) not in known}  # not a module parameter
+        named += [(f"optimizer_tensor_{i}", p) for i, p in enumerate(extra.values())]
+        logged = [n for n, p in named if p.requires_grad]
+        if self._grouping is None:
+            group_of = {n: g for g, names in group_params(logged).items() for n in names}
+        else:
+            group_of = {n: self._grouping(n) for n in logged}
+        self.groups = list(dict.fromkeys(group_of.values()))
+        index = {g: i for i, g in enumerate(self.groups)}
+        self._tensors = [p for _, p in named]
+        # A frozen parameter held by an optimizer: checked, in the bucket past the groups.
+        self._group_idx = [index[group_of[n]] if n in group_of else len(index) for n, _ in named]
+        self.keys = [GRAD_NORM, NONFINITE_GRADS] + [GRAD_NORM_PREFIX + g for g in self.groups]
+        self._device = self._tensors[0].device if self._tensors else torch.device("cpu")
+        self._seen = self._signature()
+
+    def _norms(self, grads: list[Tensor], device: torch.device) -> Tensor:
+        if not self.exact:
+            try:
+                return torch.stack(torch._foreach_norm(grads, dtype=torch.float32))
+            except (RuntimeError, NotImplementedError, TypeError) as e:
+                self.exact = True
+                log.warning(
+                    "gradient norms: the fast path cannot run on these gradients (%s); each "
+                    "gradient is now checked on its own: exact, slower",
+                    str(e).splitlines()[0][:120],
+                )
+        return torch.stack([_exact_norm(g).to(device) for g in grads])
+
+    def _group_index(self, index: tuple[int, ...], device: torch.device) -> Tensor:
+        # Built again only when the set of gradients changes: a host-to-device copy waits.
+        if self._index is None or self._index[0] != index or self._index[1].device != device:
+            self._index = (index, torch.tensor(index, device=device))
+        return self._index[1]
 
     @staticmethod
     def sharded_squares(vec: Tensor) -> Tensor:
@@ -81,12 +143,11 @@ class GradProbe:
         out[1] = vec[1]
         return out
 
-    def _index(self, idx: list[int], device: torch.device) -> Tensor:
-        if len(idx) == len(self._group_idx):  # the usual case: every parameter has a gradient
-            if self._full_index is None or self._full_index.device != device:
-                self._full_index = torch.tensor(idx, device=device)
-            return self._full_index
-        return torch.tensor(idx, device=device)
+
+def _exact_norm(grad: Tensor) -> Tensor:
+    """The L2 norm of one gradient, dense or sparse (the norm of its stored values)."""
+    norm: Tensor = torch.linalg.vector_norm(stored_values(grad), dtype=torch.float32)
+    return norm
 
 
 _MLP_NAMES = ("mlp", "ffn", "feed_forward", "feedforward", "linear2", "fc2")
@@ -137,15 +198,21 @@ class ActivationProbe:
             self._handles.append(qkv.register_forward_hook(hook))
 
     def detach(self) -> Tensor | None:
-        """Stop recording; the maxima as ``(len(keys),)`` float32, or None if nothing ran."""
+        """Stop recording; the maxima as ``(len(keys),)`` float32, or None if not recording.
+
+        The maxima are handed over once: a step that is not sampled has none (they are not
+        carried over from the last sampled step).
+        """
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         if not self._values:
             return None
         device = next(iter(self._values.values())).device
-        nan = torch.tensor(math.nan, device=device)
-        return torch.stack([self._values.get(k, nan) for k in self.keys])
+        nan = torch.full((), math.nan, device=device)
+        out = torch.stack([self._values.get(k, nan) for k in self.keys])
+        self._values.clear()
+        return out
 
     def _hook(self, key: str, use_input: bool) -> Callable[..., None]:
         def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -173,3 +240,41 @@ class ActivationProbe:
         # Gradient accumulation runs several forwards per step: keep the largest.
         prev = self._values.get(key)
         self._values[key] = value if prev is None else torch.maximum(prev, value)
+
+
+class HostCopy:
+    """One step's numbers on their way to the host, without making the step wait.
+
+    On a GPU: one non-blocking copy into pinned host memory and an event behind it; `read` waits
+    for that event only (the kernels queued after the copy keep running). On the CPU the numbers
+    are already on the host.
+
+    Args:
+        numbers: A 1-D float32 tensor on any device.
+    """
+
+    def __init__(self, numbers: Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        self._values: list[float] | None = None
+        if numbers.is_cuda:
+            self._host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
+            self._host.copy_(numbers, non_blocking=True)
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._event.record()
+        else:
+            self._host = numbers
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the numbers come from an accelerator (the copy may still be under way)."""
+        return self._event is not None
+
+    def read(self) -> list[float]:
+        """The numbers as Python floats: the one host read of a step (waits for the copy)."""
+        if self._values is None:
+            # Named, so that a profile tells the planned read from any other (tests/test_profiler).
+            with torch.profiler.record_function(HOST_READ):
+                if self._event is not None:
+                    self._event.synchronize()
+                self._values = self._host.tolist()
+        return self._values

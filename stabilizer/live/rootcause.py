@@ -42,6 +42,7 @@ __all__ = [
     "locate_nonfinite",
     "optimizer_produced_nonfinite",
     "optimizer_state_tensors",
+    "stored_values",
 ]
 
 logger = logging.getLogger(__name__)
@@ -354,10 +355,11 @@ def all_finite(tensors: Iterable[Tensor]) -> bool:
     """Whether every element of every floating tensor is finite, in one host sync per device.
 
     Uses the max-abs norm (``torch._foreach_norm(..., ord=inf)``), which cannot overflow the way
-    an L2 norm of large fp16 values would. Non-floating and empty tensors are skipped.
+    an L2 norm of large fp16 values would. Non-floating and empty tensors are skipped; of a
+    sparse tensor (a sparse embedding's gradient or momentum), its stored values are checked.
     """
     by_device: dict[torch.device, list[Tensor]] = {}
-    for t in tensors:
+    for t in map(stored_values, tensors):
         if t.is_floating_point() and t.numel() > 0:
             by_device.setdefault(t.device, []).append(t.detach())
     with torch.no_grad():
@@ -366,6 +368,15 @@ def all_finite(tensors: Iterable[Tensor]) -> bool:
             for ts in by_device.values()
         ]
     return all(bool(f) for f in flags)
+
+
+def stored_values(t: Tensor) -> Tensor:
+    """The values a tensor stores: itself when dense, its values when sparse (COO, CSR ...)."""
+    if t.layout == torch.sparse_coo:
+        return t.coalesce().values()
+    if t.layout != torch.strided:
+        return t.values()
+    return t
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Tensor]:

@@ -1,0 +1,178 @@
+"""One optimizer step as the monitor measures it: numbers on the device, one copy to the host.
+
+`measure` runs in ``on_before_optimizer_step``, after the backward: it stacks the gradient
+norms, the loss, the loss scale and (on sampled steps) the activation maxima into one tensor on
+the device, reduces it across ranks, and starts its copy to the host (`HostCopy`): nothing in it
+waits for the device. A `Measured` holds that copy with what the host knows of the step (its
+LRs, the clipping threshold, the guard's decision); `Measured.values` makes the step record's
+values of it once they are needed, which on a GPU is a step later (see ``StabilityMonitor``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+from stabilizer.core.records import Finding, Severity
+from stabilizer.core.signals import (
+    CLIP_VAL,
+    CLIPPED,
+    GRAD_NORM,
+    LOSS,
+    LOSS_SCALE,
+    LR,
+    NONFINITE_GRADS,
+    NONFINITE_UPDATE,
+    SKIPPED,
+)
+from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
+
+__all__ = ["Measured", "lr_key", "measure"]
+
+
+def lr_key(group: int) -> str:
+    """The logged key of a param group's LR: ``lr`` for the first, then ``lr/pg2``, ``lr/pg3`` …
+
+    Numbered from 1 as Lightning's ``LearningRateMonitor`` numbers them (its ``pg1`` is ``lr``).
+    """
+    return LR if group == 0 else f"{LR}/pg{group + 1}"
+
+
+@dataclass
+class Measured:
+    """One optimizer step: its numbers (on their way to the host) and what the host knows.
+
+    Args:
+        step: ``trainer.global_step`` of the step.
+        numbers: The copy of the step's numbers, ordered as ``grad_keys``, loss, loss scale,
+            ``act_keys``; None when measuring failed.
+        grad_keys: The gradient probe's keys at this step.
+        act_keys: The activation keys, on a sampled step; else empty.
+        scaled: An fp16 grad scaler runs: the loss is scaled, the scaler skips overflow.
+        error: Why measuring failed.
+    """
+
+    step: int
+    numbers: HostCopy | None
+    grad_keys: list[str] = field(default_factory=list)
+    act_keys: list[str] = field(default_factory=list)
+    scaled: bool = False
+    error: str = ""
+    lrs: list[float] = field(default_factory=list)  # each param group's, as the step uses it
+    clip: float | None = None  # the gradient clipping threshold in force
+    guarded: bool = False  # a guard decided on the step (protect, auto)
+    skip: bool = False  # the guard skipped the optimizer step
+    bad: bool = False  # non-finite, or not checked: counts towards `stop_after`
+    reverted: bool = False  # the guard undid the step's non-finite update
+    found: list[Finding] = field(default_factory=list)  # the monitor's own findings of the step
+
+    @classmethod
+    def failed(cls, step: int, error: Exception) -> Measured:
+        """A step that could not be measured, and why (one line)."""
+        lines = str(error).strip().splitlines()
+        why = type(error).__name__ + (f": {lines[0][:200]}" if lines else "")
+        return cls(step, None, error=why)
+
+    def note(
+        self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer, lr_factor: float, guarded: bool
+    ) -> None:
+        """Add what the host knows: each param group's LR (times `lr_factor`), the clipping."""
+        self.lrs = [float(np.float32(g["lr"] * lr_factor)) for g in optimizer.param_groups]
+        clip = trainer.gradient_clip_val
+        self.clip = float(np.float32(clip)) if clip else None
+        self.guarded = guarded
+
+    def unchecked(self) -> Finding:
+        """The critical finding of a step the guard could not check (and so skipped)."""
+        message = f"the guard could not check this step ({self.error}): its update was skipped"
+        return Finding("guard_error", self.step, self.step, Severity.CRITICAL, message)
+
+    def guard_values(self) -> dict[str, float]:
+        """Loss, total gradient norm and non-finite count: what the guard decides on.
+
+        Empty when the step could not be measured. Waits for the copy (the step's host read).
+        """
+        if self.numbers is None:
+            return {}
+        host = self.numbers.read()
+        return {GRAD_NORM: host[0], NONFINITE_GRADS: host[1], LOSS: host[len(self.grad_keys)]}
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the update did not happen: the guard skipped or undid it, or the scaler."""
+        overflow = self.scaled and not math.isfinite(self.guard_values().get(GRAD_NORM, 0.0))
+        return self.skip or self.reverted or overflow
+
+    def values(self) -> dict[str, float] | None:
+        """The step record's values; None when the step could not be measured."""
+        if self.numbers is None:
+            return None
+        host = self.numbers.read()
+        n = len(self.grad_keys)
+        values = dict(zip(self.grad_keys, host[:n], strict=True))
+        loss, scale = host[n], host[n + 1]
+        # Lightning's AMP plugin multiplies the loss by the grad scaler's scale before
+        # `on_before_backward` hands it over (the gradients carry the same factor, which the
+        # scaler's `unscale_` removed before `on_before_optimizer_step`): divide it back out.
+        values[LOSS] = float(np.float32(loss / scale)) if self.scaled else loss
+        values.update((lr_key(i), lr) for i, lr in enumerate(self.lrs))
+        if self.scaled:
+            values[LOSS_SCALE] = scale
+        if self.clip:
+            values[CLIP_VAL] = self.clip
+            values[CLIPPED] = float(values[GRAD_NORM] > self.clip)
+        values.update(zip(self.act_keys, host[n + 2 :], strict=True))
+        if self.guarded or self.scaled:
+            values[SKIPPED] = float(self.skipped)
+        if self.reverted:
+            values[NONFINITE_UPDATE] = 1.0
+        return values
+
+
+def measure(
+    trainer: pl.Trainer,
+    grads: GradProbe,
+    acts: ActivationProbe | None,
+    loss: torch.Tensor | None,
+) -> Measured:
+    """The step's numbers, stacked on the device and sent to the host without waiting."""
+    norms = grads()
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    scale = getattr(scaler, "_scale", None) if scaler is not None else None
+    parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0)]
+    sampled = acts.detach() if acts is not None else None
+    if sampled is not None:
+        parts.append(sampled if sampled.device == norms.device else sampled.to(norms.device))
+    vec = torch.cat(parts)
+    if trainer.world_size > 1:  # every rank must feed the engine the same numbers
+        vec = _reduce(trainer.strategy, vec, len(norms))
+    act_keys = list(acts.keys) if acts is not None and sampled is not None else []
+    return Measured(
+        trainer.global_step, HostCopy(vec), list(grads.keys), act_keys, scaler is not None
+    )
+
+
+def _scalar(value: torch.Tensor | None, like: torch.Tensor, default: float) -> torch.Tensor:
+    if value is None:
+        return torch.full((1,), default, device=like.device)
+    value = value.detach().float().reshape(1)
+    return value if value.device == like.device else value.to(like.device)
+
+
+def _reduce(strategy: Any, vec: torch.Tensor, n: int) -> torch.Tensor:
+    """Mean over ranks; a NaN anywhere makes it NaN everywhere, so all ranks decide alike.
+
+    Sharded parameters (FSDP): each rank holds a shard of every gradient, so the norms are
+    partial: their squares are summed over ranks (then the square root), the rest averaged.
+    """
+    if not isinstance(strategy, FSDPStrategy | ModelParallelStrategy):
+        return cast(torch.Tensor, strategy.reduce(vec, reduce_op="mean"))
+    norms = strategy.reduce(GradProbe.sharded_squares(vec[:n]), reduce_op="sum")
+    rest = strategy.reduce(vec[n:], reduce_op="mean")
+    return torch.cat((GradProbe.from_squares(norms), rest))

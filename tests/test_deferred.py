@@ -1,0 +1,105 @@
+"""The deferred report: on a GPU the engine and the outputs of step t run during step t + 1.
+
+On the CPU the monitor reports at the step itself; these tests force the deferred path on the
+CPU and show that it reports exactly what the synchronous path reports (records, findings), and
+that the skip decision is still taken at the step itself: the weights and optimizer state are
+untouched by a NaN step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from test_protect import FAULT_STEPS, Fault, assert_intact, tiny
+
+from stabilizer.callbacks.demo.run import run_scenario
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.core.records import Finding
+from stabilizer.live.rootcause import optimizer_state_tensors
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread: None) -> None:
+    """Tiny models: one torch thread."""
+
+
+class Untouched(pl.Callback):
+    """Whether each fault step left the optimizer's tensors and state bit-for-bit as they were."""
+
+    def __init__(self) -> None:
+        self.before: list[torch.Tensor] = []
+        self.untouched: dict[int, bool] = {}
+
+    def _tensors(self, trainer: pl.Trainer) -> list[torch.Tensor]:
+        opt = trainer.optimizers[0]
+        params = [p for g in opt.param_groups for p in g["params"]]
+        return [t.detach().clone() for t in [*params, *optimizer_state_tensors(opt)]]
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.before = self._tensors(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        step = trainer.global_step - 1
+        if step in FAULT_STEPS:
+            after = self._tensors(trainer)
+            self.untouched[step] = all(
+                torch.equal(a, b) for a, b in zip(self.before, after, strict=True)
+            )
+
+
+class Seen(pl.Callback):
+    """Whether the first fault step's finding was out by the end of that step's batch."""
+
+    def __init__(self, monitor: StabilityMonitor) -> None:
+        self.monitor, self.on_time = monitor, False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step - 1 == FAULT_STEPS[0]:
+            self.on_time = any(f.step == FAULT_STEPS[0] for f in self.monitor.findings)
+
+
+def run(tmp: Path, policy: str, deferred: bool) -> tuple[list[str], list[Finding], Untouched]:
+    path = tmp / f"{policy}-{deferred}.jsonl"
+    monitor = StabilityMonitor(policy=policy, jsonl=path, activation_every=3)
+    monitor._defer = deferred  # the switch a CUDA run flips by itself
+    watch, seen = Untouched(), Seen(monitor)
+    run = run_scenario(
+        tiny("32-true"), accelerator="cpu", validate=False,
+        callbacks=[Fault("gradient"), watch, monitor, seen],
+    )  # fmt: skip
+    assert seen.on_time is not deferred  # the deferred path did defer
+    if policy != "observe":
+        assert_intact(run)
+    lines = [ln for ln in path.read_text().splitlines() if json.loads(ln)["type"] == "step"]
+    return lines, monitor.findings, watch
+
+
+def key(f: Finding) -> tuple[object, ...]:
+    return (f.kind, f.step, f.end_step, f.severity, f.location)
+
+
+@pytest.mark.parametrize("policy", ["observe", "protect"])
+def test_deferred_reports_what_the_synchronous_path_reports(tmp_path: Path, policy: str) -> None:
+    sync_lines, sync_found, _ = run(tmp_path, policy, deferred=False)
+    late_lines, late_found, _ = run(tmp_path, policy, deferred=True)
+    assert late_lines == sync_lines  # every step record, value for value
+    assert [key(f) for f in late_found] == [key(f) for f in sync_found]
+    assert any(f.kind == "nonfinite_grad" for f in late_found)
+
+
+def test_deferred_skip_decision_is_taken_at_the_step(tmp_path: Path) -> None:
+    _, found, watch = run(tmp_path, "protect", deferred=True)
+    assert watch.untouched == {step: True for step in FAULT_STEPS}  # not a step late
+    assert any(f.kind == "root_cause" for f in found)
+
+
+def test_auto_acts_under_the_deferred_report(tmp_path: Path) -> None:
+    _, found, watch = run(tmp_path, "auto", deferred=True)
+    assert watch.untouched == {step: True for step in FAULT_STEPS}
+    applied = [f for f in found if f.kind == "remedy_applied"]
+    assert applied  # applied at the next step boundary, for the finding's step
