@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,12 +29,14 @@ from stabilizer.core.signals import (
     NONFINITE_UPDATE,
     SKIPPED,
 )
+from stabilizer.live.preflight import preflight_switches
 from stabilizer.live.probes import ActivationProbe, GradProbe
 from stabilizer.live.rootcause import RngState, capture_rng
 from stabilizer.outputs.jsonl import JsonlWriter
 
 from .auto import AutoRemedies
 from .checks import preflight, root_cause
+from .console import Console
 from .guard import StepGuard
 from .tensorboard_output import TensorBoardOutput
 
@@ -99,7 +101,9 @@ class StabilityMonitor(pl.Callback):
             step under hooks and name the module that produced the NaN/Inf (``root_cause``
             finding; at most `MAX_ROOT_CAUSES` a run). Costs one forward+backward, then only.
         preflight: At the first training batch, check the configuration (``config_risk``) and
-            run the causal self-check (``causal_leak``).
+            run the causal self-check (``causal_leak``). ``True``, ``False``, or a dict that
+            switches single checks off: ``{"causal": False}`` (names in
+            `stabilizer.live.preflight.PREFLIGHT_CHECKS`).
         auto: The remedies of policy ``"auto"`` and their settings (which are allowed, snapshot
             interval, rollbacks ...); default ``AutoRemedies()``: all of them.
     """
@@ -118,7 +122,7 @@ class StabilityMonitor(pl.Callback):
         guard_optimizer: bool | None = None,
         stop_after: int | None = 10,
         root_cause: bool = True,
-        preflight: bool = True,
+        preflight: bool | Mapping[str, bool] = True,
         auto: AutoRemedies | None = None,
     ) -> None:
         if policy not in _POLICIES:
@@ -137,7 +141,8 @@ class StabilityMonitor(pl.Callback):
             heatmap_every,
             jsonl,
         )
-        self.stop_after, self.root_cause, self.preflight = stop_after, root_cause, preflight
+        self.stop_after, self.root_cause = stop_after, root_cause
+        self.preflight = preflight_switches(preflight)
         self.root_causes = 0  # localizations run
         self._batch: tuple[Any, int] | None = None  # the step's batch, for a root-cause replay
         self._rng: RngState | None = None
@@ -174,7 +179,7 @@ class StabilityMonitor(pl.Callback):
             self.guard.skip = self.guard.last_reverted = self._nonfinite = False
             if self.root_cause and self.root_causes < self.MAX_ROOT_CAUSES:
                 self._batch, self._rng = (batch, batch_idx), capture_rng()
-        if self.preflight and not self._preflight_done:
+        if any(self.preflight.values()) and not self._preflight_done:
             self._preflight_done = True
             self._guard(self._preflight, trainer, pl_module, batch)
         every = self.activation_every
@@ -261,6 +266,9 @@ class StabilityMonitor(pl.Callback):
         if trainer.is_global_zero and self.jsonl is not False:
             default = Path(log_dir) / "stability.jsonl"
             self._writer = JsonlWriter(default if self.jsonl is True else Path(self.jsonl))
+        self._console = Console(self.policy)
+        path = self._writer.path if self._writer is not None else None
+        self._console.start(trainer, pl_module, self._grads.groups, self.grouping, path)
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if trainer.is_global_zero and tb:
             self._tb = TensorBoardOutput(tb[0].experiment, self._grads.groups)
@@ -275,7 +283,7 @@ class StabilityMonitor(pl.Callback):
         # the checks cannot run on (a forward that wants more than token ids) loses the checks,
         # not the monitor.
         try:
-            self._extra += preflight(trainer, pl_module, batch)
+            self._extra += preflight(trainer, pl_module, batch, self.preflight)
         except Exception as e:
             if self.strict:
                 raise
@@ -384,6 +392,7 @@ class StabilityMonitor(pl.Callback):
 
     def _finish(self, trainer: pl.Trainer) -> None:
         self._emit(trainer, None, self.engine.finish())
+        self._console.finish(trainer.global_step)
         if self._tb is not None:
             self._tb.close(trainer.global_step)
         if self._writer is not None:
@@ -402,8 +411,7 @@ class StabilityMonitor(pl.Callback):
         for item in ([record] if record is not None else []) + list(found):
             if self._writer is not None:
                 self._writer.write(item)
-        for f in found:
-            log.log(int(f.severity), "stabilizer: %s", format_finding(f))
+        self._console.report(record, found)
         if self._tb is not None:
             self._tb.update(record, found, self.heatmap_every)
 
