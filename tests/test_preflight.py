@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
+from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity
 from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.live.preflight import (
@@ -367,3 +371,55 @@ def test_a_bidirectional_model_by_design_gets_info_not_critical() -> None:
     assert "bidirectional model does by design" in finding.message
     assert finding.evidence["first_position"] == 0
     assert causal_self_check(EncoderLM(causal=True), ids(), bidirectional=True) == []
+
+
+class MaskedLM(pl.LightningModule):
+    """A BERT-style masked LM: a bidirectional encoder, batches ``{"input_ids", "labels"}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = EncoderLM(causal=False)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        out: Tensor = self.model(idx)
+        return out
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        logits = self(batch["input_ids"])
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), batch["labels"].reshape(-1), ignore_index=-100
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _fit_masked_lm(tmp_path: Path, **monitor: Any) -> StabilityMonitor:
+    batches = [_mlm_batch(seed) for seed in range(3)]
+    data = [{"input_ids": x, "labels": y} for x, y in batches]
+    callback = StabilityMonitor(jsonl=False, **monitor)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        default_root_dir=str(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        callbacks=[callback],
+    )
+    trainer.fit(MaskedLM(), DataLoader(data, batch_size=None))  # type: ignore[arg-type]
+    return callback
+
+
+def test_masked_lm_on_a_trainer_gets_an_info_not_a_critical(tmp_path: Path) -> None:
+    """The regression: a BERT-style run got a critical causal_leak (a false alarm)."""
+    [leak] = [f for f in _fit_masked_lm(tmp_path).findings if f.kind == "causal_leak"]
+    assert leak.severity == Severity.INFO
+    assert "masked-LM objective" in leak.message
+
+
+def test_the_causal_check_switched_off_alone(tmp_path: Path) -> None:
+    found = _fit_masked_lm(tmp_path, preflight={"causal": False}).findings
+    assert not [f for f in found if f.kind == "causal_leak"]
