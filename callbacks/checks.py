@@ -176,7 +176,9 @@ def _finding(step: int, where: Localization) -> Finding:
     message = where.message
     if where.reproduced:
         message += f" (reproduced on replay: a {where.cause} fault; replay {where.elapsed_s:.2f} s)"
-    remedies = ("upcast_to_fp32", "skip_step") if where.reproduced else ("skip_step",)
+    # fp32 islands help a module that overflows, not a NaN made in the loss computation.
+    numerical = where.reproduced and where.phase != "loss"
+    remedies = ("upcast_to_fp32", "skip_step") if numerical else ("skip_step",)
     return Finding("root_cause", step, step, severity, message, where.evidence, location, remedies)
 
 

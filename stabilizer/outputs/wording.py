@@ -33,6 +33,11 @@ _ADVICE_AFTER_COLON = frozenset(
     }
 )
 
+# The first words of the detectors' advice: a tail that starts otherwise is no advice.
+_ADVICE_VERBS = frozenset(
+    {"clip", "skip", "roll", "train", "switch", "lower", "keep", "run", "move", "warm", "halve"}
+)
+
 LOW_PRECISION_REMEDIES = frozenset({"upcast_to_fp32", "mixed_precision"})
 """Remedies that only help when some of the computation runs in 16 bits."""
 
@@ -46,8 +51,12 @@ def observation(finding: Finding) -> str:
     """
     if finding.kind not in _ADVICE_AFTER_COLON or not finding.remedies:
         return finding.message
-    head, colon, _ = finding.message.rpartition(": ")
-    return head if colon and head else finding.message
+    message = finding.message
+    for sep in (": ", "; "):  # "<what>: <advice>" or "<what>: <so what>; <advice>"
+        head, found, tail = message.rpartition(sep)
+        if found and head and tail.split(" ", 1)[0] in _ADVICE_VERBS:
+            return head
+    return message
 
 
 def applicable_remedies(

@@ -16,11 +16,11 @@ from itertools import chain
 from operator import attrgetter
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, LR
+from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, LR, SKIPPED
 
 __all__ = ["TRACKED", "Bin", "History", "Series"]
 
-TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR})
+TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR, SKIPPED})
 """Signal keys kept, besides every per-group gradient norm (``grad_norm/<group>``)."""
 
 _VALUES = attrgetter("values")
