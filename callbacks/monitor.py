@@ -169,6 +169,10 @@ class StabilityMonitor(pl.Callback):
 
     # --- Lightning hooks: each delegates ------------------------------------------------------
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.auto is not None:  # before Trainer(ckpt_path=...) restores the weights
+            self.auto.watch(pl_module)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guard(self._start, trainer, pl_module)
 
