@@ -30,7 +30,7 @@ class TensorBoardOutput:
 
     def __init__(self, writer: Any, groups: list[str], window: int = 500) -> None:
         self._file = writer._get_file_writer()
-        self._file.add_summary(custom_scalars_layout(groups), 0)
+        self._groups: list[str] | None = groups  # the layout is written with the first record
         self._keys = [
             GRAD_NORM_PREFIX + g for g in depth_order(groups)
         ]  # heatmap rows, input first
@@ -39,6 +39,10 @@ class TensorBoardOutput:
 
     def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:
         """Remember the step's per-layer norms; write the heatmap every ``every`` steps."""
+        if record is not None and self._groups is not None:
+            # Only now are the logged keys known: no loss-scale chart without a grad scaler.
+            self._file.add_summary(custom_scalars_layout(self._groups, record.values), 0)
+            self._groups = None
         if record is not None and self._keys:
             self._steps.append(record.step)
             self._rows.append([record.values.get(k, float("nan")) for k in self._keys])
