@@ -9,11 +9,15 @@ import numpy as np
 
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import GRAD_NORM_PREFIX
+from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png
 from stabilizer.outputs.tensorboard import (
+    HEATMAP_DESCRIPTION,
+    HEATMAP_TAG,
     custom_scalars_layout,
     depth_order,
     findings_text,
-    heatmap_summary,
+    heatmap_png,
+    image_summary,
 )
 
 __all__ = ["TensorBoardOutput"]
@@ -59,4 +63,13 @@ class TensorBoardOutput:
 
     def _heatmap(self, step: int) -> None:
         matrix = np.asarray(self._rows, dtype=np.float64).T  # (layers, steps)
-        self._file.add_summary(heatmap_summary(matrix), step)
+        steps, groups = list(self._steps), [k[len(GRAD_NORM_PREFIX) :] for k in self._keys]
+        png = labelled_heatmap_png(steps, groups, matrix)
+        if png is None:  # no matplotlib: the pixel image, its labels in the description
+            summary = image_summary(
+                HEATMAP_TAG, heatmap_png(matrix), description=fallback_description(
+                    steps, groups, matrix)
+            )  # fmt: skip
+        else:
+            summary = image_summary(HEATMAP_TAG, png, description=HEATMAP_DESCRIPTION)
+        self._file.add_summary(summary, step)

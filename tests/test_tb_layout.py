@@ -7,13 +7,17 @@ Two real Trainer runs (4 and 12 blocks) write their TensorBoard files through th
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
+import PIL.Image
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -22,6 +26,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks import StabilityMonitor
+from stabilizer.outputs import heatmap
+from stabilizer.outputs.heatmap import draw_heatmap
+from stabilizer.outputs.tensorboard import HEATMAP_TAG
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -107,3 +114,46 @@ def test_runs_of_4_and_12_layers_share_the_per_layer_chart(tmp_path: Path) -> No
             proc.kill()
             proc.wait(timeout=10)
         log.close()
+
+
+def _heatmap_images(logdir: Path) -> list[Any]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"images": 0})
+    acc.Reload()
+    return list(acc.Images(HEATMAP_TAG))
+
+
+def test_the_heatmap_image_has_layer_labels_a_step_axis_and_a_colour_bar(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    _run(tmp_path, depth=4)
+    [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
+    picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
+    assert picture.size == (900, int(100 * (1.2 + 0.22 * 6)))  # the labelled figure
+    figure = pytest.importorskip("matplotlib.figure")
+    backend = pytest.importorskip("matplotlib.backends.backend_agg")
+    fig = figure.Figure()
+    backend.FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    groups = [*_groups(4), "other"]
+    draw_heatmap(fig, ax, [0, 1, 2], groups, np.ones((len(groups), 3)))
+    assert [t.get_text() for t in ax.get_yticklabels()] == groups
+    assert ax.get_xlabel() == "step" and len(fig.axes) == 2  # the colour bar's axis
+    assert any(line.get_ydata()[0] == len(groups) - 1.5 for line in ax.get_lines())  # other
+
+
+def test_without_matplotlib_the_heatmap_says_its_labels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heatmap, "matplotlib_available", lambda: False)
+    _run(tmp_path, depth=4)
+    [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
+    picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
+    assert picture.size[0] != 900  # not the matplotlib figure: the pixel image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "depth4" / "version_0"))
+    acc.Reload()
+    description = acc.summary_metadata[HEATMAP_TAG].summary_description
+    assert description.startswith("rows top to bottom: embed, block_00, block_01, block_02")
+    assert "steps 0–2 left to right" in description and "colour: log10 grad norm" in description

@@ -15,6 +15,7 @@ from typing import Any
 
 from stabilizer.core.records import Severity
 from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE
+from stabilizer.outputs.heatmap import draw_heatmap
 from stabilizer.outputs.tensorboard import depth_order
 from stabilizer.replay.diagnose import Diagnosis
 
@@ -101,23 +102,9 @@ def _nonfinite_marks(ax: Any, diagnosis: Diagnosis) -> None:
 
 
 def _heatmap(fig: Any, ax: Any, diagnosis: Diagnosis, groups: list[str]) -> None:
-    import numpy as np
-    from matplotlib import colormaps
-
     steps, rows = diagnosis.history.matrix(groups)
-    values = np.asarray(rows, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logged = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
-    logged[np.isnan(values)] = np.nan
-    image = ax.imshow(
-        np.ma.masked_invalid(logged), aspect="auto", interpolation="nearest",
-        extent=(steps[0], max(steps[-1], steps[0] + 1), len(groups) - 0.5, -0.5),
-        cmap=colormaps["viridis"].with_extremes(bad="red"),
-    )  # fmt: skip
-    step = max(1, len(groups) // 16)
-    ax.set_yticks(range(0, len(groups), step), groups[::step], fontsize=7)
-    ax.set_ylabel("layer")
-    fig.colorbar(image, ax=ax, label="log10 grad norm", pad=0.01)
+    draw_heatmap(fig, ax, steps, groups, rows)  # the drawing TensorBoard's image uses too
+    ax.set_xlabel("")  # the shared step axis is labelled once, below
 
 
 def plot_diagnosis(diagnosis: Diagnosis, path: Path) -> None:
