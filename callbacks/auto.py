@@ -35,6 +35,9 @@ from stabilizer.live.remedies import (
     swap_to_pre_ln,
     upcast_to_fp32,
 )
+from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
+
+from .swap_checkpoint import add_param_group, watch_checkpoint_loads
 
 __all__ = ["REMEDY_NAMES", "AutoRemedies"]
 
@@ -107,9 +110,18 @@ class AutoRemedies:
         self._snapshots: Snapshots | None = None
         self._last_trouble = -(10**9)  # step of the last finding at WARNING or above
         self._exhausted = False
+        self._restored: SwapReport | None = None  # a swap re-applied from a checkpoint
+
+    def watch(self, pl_module: pl.LightningModule) -> None:
+        """Before a checkpoint loads: re-apply a swap to pre-LN that it records."""
+        watch_checkpoint_loads(pl_module, lambda report: setattr(self, "_restored", report))
 
     def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         optimizer = trainer.optimizers[0]
+        if self._restored is not None and self._restored.new_parameters:
+            # as the swap did in the checkpoint's run: its optimizer state has this group
+            add_param_group(trainer, list(self._restored.new_parameters))
+            self._restored = None
         self.lr.attach(optimizer)
         if "rollback" in self.allow:
             self._snapshots = Snapshots(
@@ -193,7 +205,7 @@ class AutoRemedies:
         if not swap.changed:
             return None
         if swap.new_parameters:
-            trainer.optimizers[0].add_param_group({"params": list(swap.new_parameters)})
+            add_param_group(trainer, list(swap.new_parameters))
         self.lr.warmup(self.warmup_steps)
         evidence = {"blocks": float(len(swap.blocks)), "warmup_steps": float(self.warmup_steps)}
         message = f"{len(swap.blocks)} blocks now pre-LN; LR re-warmed over {self.warmup_steps}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -16,18 +16,37 @@ import lightning.pytorch as pl
 import torch
 
 from stabilizer.core.records import Finding, Severity
-from stabilizer.live.preflight import causal_self_check, config_risks
+from stabilizer.live.preflight import (
+    causal_by_design,
+    causal_self_check,
+    config_risks,
+    preflight_switches,
+)
 from stabilizer.live.rootcause import Localization, RngState, locate_nonfinite
 
-__all__ = ["first_token_batch", "preflight", "root_cause"]
+__all__ = ["first_token_batch", "preflight", "root_cause", "target_batch"]
 
 log = logging.getLogger("stabilizer")
 
 _POSITION_ATTRS = ("block_size", "max_position_embeddings", "n_positions", "max_seq_len")
+_TARGET_KEYS = ("labels", "label_ids", "lm_labels", "targets", "target", "y")
 
 
-def preflight(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> list[Finding]:
-    """`config_risk` findings from the Trainer's settings, and the causal self-check."""
+def preflight(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    switches: Mapping[str, bool] | None = None,
+) -> list[Finding]:
+    """`config_risk` findings from the Trainer's settings, and the causal self-check.
+
+    Args:
+        trainer: The Trainer.
+        pl_module: The model.
+        batch: The first training batch.
+        switches: Which checks run (see `stabilizer.live.preflight.preflight_switches`).
+    """
+    on = preflight_switches(True if switches is None else switches)
     ids = first_token_batch(batch)
     step = trainer.global_step
     found = config_risks(
@@ -38,9 +57,11 @@ def preflight(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) ->
         seq_len=None if ids is None else ids.size(1),
         max_positions=_max_positions(pl_module),
         step=step,
+        checks=[name for name, wanted in on.items() if wanted],
     )
-    if ids is not None and ids.size(1) >= 2:
-        found += causal_self_check(pl_module, ids[:2], step=step)
+    if on["causal"] and ids is not None and ids.size(1) >= 2:
+        bidirectional = causal_by_design(ids, target_batch(batch, ids)) is False
+        found += causal_self_check(pl_module, ids[:2], step=step, bidirectional=bidirectional)
     return found
 
 
@@ -53,6 +74,26 @@ def first_token_batch(batch: Any) -> torch.Tensor | None:
         return None
     items = batch.values() if isinstance(batch, dict) else batch
     return next((ids for ids in map(first_token_batch, items) if ids is not None), None)
+
+
+def target_batch(batch: Any, ids: torch.Tensor) -> torch.Tensor | None:
+    """The batch's targets for ``ids``: a ``labels``-like entry of a dict, else the next integer
+    tensor shaped like ``ids`` that is not a 0/1 mask; None if there is none."""
+    if isinstance(batch, dict):
+        named = [batch[k] for k in _TARGET_KEYS if isinstance(batch.get(k), torch.Tensor)]
+        if named:
+            return named[0] if named[0].shape == ids.shape else None
+        batch = list(batch.values())
+    if not isinstance(batch, list | tuple):
+        return None
+    shaped = [
+        t
+        for t in batch
+        if isinstance(t, torch.Tensor) and t is not ids and t.shape == ids.shape
+        and not t.is_floating_point()
+    ]  # fmt: skip
+    # An attention mask (or segment ids) holds only 0 and 1: not targets.
+    return next((t for t in shaped if not bool(((t == 0) | (t == 1)).all())), None)
 
 
 def _warmup(trainer: pl.Trainer) -> int | None:
@@ -135,7 +176,9 @@ def _finding(step: int, where: Localization) -> Finding:
     message = where.message
     if where.reproduced:
         message += f" (reproduced on replay: a {where.cause} fault; replay {where.elapsed_s:.2f} s)"
-    remedies = ("upcast_to_fp32", "skip_step") if where.reproduced else ("skip_step",)
+    # fp32 islands help a module that overflows, not a NaN made in the loss computation.
+    numerical = where.reproduced and where.phase != "loss"
+    remedies = ("upcast_to_fp32", "skip_step") if numerical else ("skip_step",)
     return Finding("root_cause", step, step, severity, message, where.evidence, location, remedies)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,19 @@ from stabilizer.core.detectors import default_detectors
 from stabilizer.core.detectors.base import Detector
 from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding, StepRecord
+from stabilizer.live.preflight import preflight_switches
 from stabilizer.live.probes import ActivationProbe, GradProbe
 from stabilizer.live.rootcause import RngState, capture_rng
 from stabilizer.outputs.jsonl import JsonlWriter
 
 from .auto import AutoRemedies
 from .checks import preflight, root_cause
+from .console import Console
 from .guard import BAD_GRADS, BAD_LOSS, UNCHECKED, StepGuard, decide
 from .measure import Measured, measure
 from .tensorboard_output import TensorBoardOutput
 
-__all__ = ["StabilityMonitor", "format_finding"]
+__all__ = ["StabilityMonitor"]
 
 log = logging.getLogger("stabilizer")
 
@@ -104,7 +106,9 @@ class StabilityMonitor(pl.Callback):
             step under hooks and name the module that produced the NaN/Inf (``root_cause``
             finding; at most `MAX_ROOT_CAUSES` a run). Costs one forward+backward, then only.
         preflight: At the first training batch, check the configuration (``config_risk``) and
-            run the causal self-check (``causal_leak``).
+            run the causal self-check (``causal_leak``). ``True``, ``False``, or a dict that
+            switches single checks off: ``{"causal": False}`` (names in
+            `stabilizer.live.preflight.PREFLIGHT_CHECKS`).
         auto: The remedies of policy ``"auto"`` and their settings (which are allowed, snapshot
             interval, rollbacks ...); default ``AutoRemedies()``: all of them.
     """
@@ -123,7 +127,7 @@ class StabilityMonitor(pl.Callback):
         guard_optimizer: bool | None = None,
         stop_after: int | None = 10,
         root_cause: bool = True,
-        preflight: bool = True,
+        preflight: bool | Mapping[str, bool] = True,
         auto: AutoRemedies | None = None,
     ) -> None:
         if policy not in _POLICIES:
@@ -142,7 +146,9 @@ class StabilityMonitor(pl.Callback):
             heatmap_every,
             jsonl,
         )
-        self.stop_after, self.root_cause, self.preflight = stop_after, root_cause, preflight
+        self.stop_after, self.root_cause = stop_after, root_cause
+        self.preflight = preflight_switches(preflight)
+        self._console = Console(policy)
         self.root_causes = 0  # localizations run
         self._batch: tuple[Any, int] | None = None  # the step's batch, for a root-cause replay
         self._rng: RngState | None = None
@@ -175,10 +181,14 @@ class StabilityMonitor(pl.Callback):
 
     # --- Lightning hooks: each delegates ------------------------------------------------------
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.auto is not None:  # before Trainer(ckpt_path=...) restores the weights
+            self.auto.watch(pl_module)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit = trainer, pl_module
         self._start(trainer, pl_module)
-        self._report_safely(self._open_outputs, trainer)
+        self._report_safely(self._open_outputs, trainer, pl_module)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -187,7 +197,7 @@ class StabilityMonitor(pl.Callback):
             self.guard.skip = self.guard.last_reverted = False
             if self.root_cause and self.root_causes < self.MAX_ROOT_CAUSES:
                 self._batch, self._rng = (batch, batch_idx), capture_rng()
-        if self.preflight and not self._preflight_done:
+        if any(self.preflight.values()) and not self._preflight_done:
             self._preflight_done = True
             self._report_safely(self._preflight, trainer, pl_module, batch)
         every = self.activation_every
@@ -365,7 +375,7 @@ class StabilityMonitor(pl.Callback):
             if self.auto.exhausted():
                 self._stop(trainer, step.step, "no rollback left")
 
-    def _open_outputs(self, trainer: pl.Trainer) -> None:
+    def _open_outputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.
         log_dir = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero:
@@ -373,6 +383,9 @@ class StabilityMonitor(pl.Callback):
         if self.jsonl is not False:
             path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
             self._writer = JsonlWriter(path or Path(str(self.jsonl)))
+        if self._grads is not None:
+            path = self._writer.path if self._writer is not None else None
+            self._console.start(trainer, pl_module, self._grads.groups, self.grouping, path)
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if tb and self._grads is not None:
             self._tb = TensorBoardOutput(tb[0].experiment, self._grads.groups)
@@ -392,7 +405,7 @@ class StabilityMonitor(pl.Callback):
         # the checks cannot run on (a forward that wants more than token ids) loses the checks,
         # not the monitor.
         try:
-            self._extra += preflight(trainer, pl_module, batch)
+            self._extra += preflight(trainer, pl_module, batch, self.preflight)
         except Exception as e:
             if self.strict:
                 raise
@@ -412,6 +425,7 @@ class StabilityMonitor(pl.Callback):
 
     def _finish(self, trainer: pl.Trainer) -> None:
         self._emit(trainer, None, self.engine.finish())
+        self._console.finish(trainer.global_step)
         if self._tb is not None:
             self._tb.close(trainer.global_step)
         if self._writer is not None:
@@ -430,8 +444,7 @@ class StabilityMonitor(pl.Callback):
         for item in ([record] if record is not None else []) + list(found):
             if self._writer is not None:
                 self._writer.write(item)
-        for f in found:
-            log.log(int(f.severity), "stabilizer: %s", format_finding(f))
+        self._console.report(record, found)
         if self._tb is not None:
             self._tb.update(record, found, self.heatmap_every)
 
@@ -452,8 +465,3 @@ class StabilityMonitor(pl.Callback):
                 e,
                 exc_info=True,
             )
-
-
-def format_finding(f: Finding) -> str:
-    """One line for a human: `Finding.__str__`."""
-    return str(f)

@@ -9,11 +9,15 @@ import numpy as np
 
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import GRAD_NORM_PREFIX
+from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png
 from stabilizer.outputs.tensorboard import (
+    HEATMAP_DESCRIPTION,
+    HEATMAP_TAG,
     custom_scalars_layout,
     depth_order,
     findings_text,
-    heatmap_summary,
+    heatmap_png,
+    image_summary,
 )
 
 __all__ = ["TensorBoardOutput"]
@@ -30,7 +34,7 @@ class TensorBoardOutput:
 
     def __init__(self, writer: Any, groups: list[str], window: int = 500) -> None:
         self._file = writer._get_file_writer()
-        self._file.add_summary(custom_scalars_layout(groups), 0)
+        self._groups: list[str] | None = groups  # the layout is written with the first record
         self._keys = [
             GRAD_NORM_PREFIX + g for g in depth_order(groups)
         ]  # heatmap rows, input first
@@ -39,6 +43,10 @@ class TensorBoardOutput:
 
     def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:
         """Remember the step's per-layer norms; write the heatmap every ``every`` steps."""
+        if record is not None and self._groups is not None:
+            # Only now are the logged keys known: no loss-scale chart without a grad scaler.
+            self._file.add_summary(custom_scalars_layout(self._groups, record.values), 0)
+            self._groups = None
         if record is not None and self._keys:
             self._steps.append(record.step)
             self._rows.append([record.values.get(k, float("nan")) for k in self._keys])
@@ -55,4 +63,13 @@ class TensorBoardOutput:
 
     def _heatmap(self, step: int) -> None:
         matrix = np.asarray(self._rows, dtype=np.float64).T  # (layers, steps)
-        self._file.add_summary(heatmap_summary(matrix), step)
+        steps, groups = list(self._steps), [k[len(GRAD_NORM_PREFIX) :] for k in self._keys]
+        png = labelled_heatmap_png(steps, groups, matrix)
+        if png is None:  # no matplotlib: the pixel image, its labels in the description
+            summary = image_summary(
+                HEATMAP_TAG, heatmap_png(matrix), description=fallback_description(
+                    steps, groups, matrix)
+            )  # fmt: skip
+        else:
+            summary = image_summary(HEATMAP_TAG, png, description=HEATMAP_DESCRIPTION)
+        self._file.add_summary(summary, step)

@@ -122,7 +122,7 @@ def demo(
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
     from stabilizer.callbacks.demo.run import run_scenario  # Lightning only loads for this command
-    from stabilizer.callbacks.monitor import StabilityMonitor, format_finding
+    from stabilizer.callbacks.monitor import StabilityMonitor
 
     _quiet_lightning()  # after the import: importing lightning resets its loggers' levels
 
@@ -153,7 +153,7 @@ def demo(
     )
     click.echo(f"findings: {len(monitor.findings) or 'none'}")
     for finding in monitor.findings:
-        click.echo(f"  {format_finding(finding)}")
+        click.echo(f"  {finding}")
     if sample:
         click.echo("--- sample ---")
         click.echo(_sample_text(run.module.model, corpus.decode, sample))

@@ -460,4 +460,6 @@ def test_live_only_findings_reach_the_report(tmp_path: Path) -> None:
     assert {"nonfinite_loss", "root_cause", "config_risk"} <= set(kinds)
     assert kinds["root_cause"]["location"] == ["blocks.1.mlp"]
     text = run(log).output
-    assert "blocks.1.mlp" in text and "origin of the NaN/Inf" in text
+    # the root cause is evidence of the NaN's episode, not an episode of its own
+    assert "blocks.1.mlp" in text and "non-finite loss (NaN/Inf)" in text
+    assert "produced NaN/Inf in the forward pass" in text

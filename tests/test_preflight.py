@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
+from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity
 from stabilizer.demo.model import GPT, GPTConfig
-from stabilizer.live.preflight import causal_self_check, config_risks
+from stabilizer.live.preflight import (
+    PREFLIGHT_CHECKS,
+    causal_by_design,
+    causal_self_check,
+    config_risks,
+    preflight_switches,
+)
 
 TINY = {"vocab_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 12}
 SAFE: dict[str, Any] = {
@@ -280,3 +290,136 @@ def test_findings_serialise() -> None:
     )
     assert len(findings) == 4
     assert [Finding.from_dict(f.to_dict()) for f in findings] == findings
+
+
+# -- switching checks off one by one -------------------------------------------------------------
+
+RISKY: dict[str, Any] = {
+    "warmup_steps": 0,
+    "precision": "16-true",
+    "gradient_clip_val": None,
+    "seq_len": 20,
+    "max_positions": 12,
+}
+RULE_REMEDY = {  # each rule's finding, told apart by its first remedy (None: the positions rule)
+    "post_ln_warmup": "swap_to_pre_ln",
+    "fp16_norms": "upcast_to_fp32",
+    "clipping": "clip_gradients",
+    "positions": None,
+}
+
+
+@pytest.mark.parametrize("off", list(RULE_REMEDY))
+def test_each_config_rule_can_be_switched_off_alone(off: str) -> None:
+    model = tiny_gpt(norm_position="post")
+    checks = [name for name, on in preflight_switches({off: False}).items() if on]
+    found = config_risks(model, **RISKY, checks=checks)
+    firsts = [(f.remedies[:1] or (None,))[0] for f in found]
+    assert firsts == [remedy for name, remedy in RULE_REMEDY.items() if name != off]
+
+
+@pytest.mark.parametrize(
+    ("preflight", "on"),
+    [
+        (True, set(PREFLIGHT_CHECKS)),
+        (False, set()),
+        ({"causal": False}, set(PREFLIGHT_CHECKS) - {"causal"}),
+        ({"clipping": False, "causal": True}, set(PREFLIGHT_CHECKS) - {"clipping"}),
+    ],
+    ids=["all", "none", "no-causal", "no-clipping"],
+)
+def test_preflight_switches(preflight: Any, on: set[str]) -> None:
+    assert {name for name, wanted in preflight_switches(preflight).items() if wanted} == on
+
+
+def test_preflight_switches_reject_unknown_names_and_types() -> None:
+    with pytest.raises(
+        ValueError, match=r"`preflight` keys must be among causal, .*got \['casual'\]"
+    ):
+        preflight_switches({"casual": False})
+    with pytest.raises(TypeError, match="`preflight` must be a bool or a dict, got str"):
+        preflight_switches("causal")  # type: ignore[arg-type]
+
+
+# -- is the model meant to be causal? -------------------------------------------------------------
+
+
+def _mlm_batch(seed: int = 0, vocab: int = 64, mask_id: int = 63) -> tuple[Tensor, Tensor]:
+    """A BERT-style masked-LM batch: 15% of positions masked, the others' targets ignored."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab - 1, (4, 16), generator=g)
+    chosen = torch.rand(tokens.shape, generator=g) < 0.15
+    chosen[:, 3] = True  # at least one position per row
+    inputs = torch.where(chosen, torch.full_like(tokens, mask_id), tokens)
+    return inputs, torch.where(chosen, tokens, torch.full_like(tokens, -100))
+
+
+def test_causal_by_design() -> None:
+    tokens = ids()
+    shifted = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], dim=1)
+    assert causal_by_design(tokens, shifted) is True  # nanoGPT: y is x shifted by one
+    assert causal_by_design(tokens, tokens.clone()) is True  # HF: the model shifts inside
+    assert causal_by_design(*_mlm_batch()) is False  # masked LM
+    assert causal_by_design(tokens, None) is None
+    assert causal_by_design(tokens, torch.full_like(tokens, -100)) is None  # nothing scored
+    assert causal_by_design(tokens, tokens[:, 0]) is None  # a label per sequence: not an LM
+
+
+def test_a_bidirectional_model_by_design_gets_info_not_critical() -> None:
+    [finding] = causal_self_check(EncoderLM(causal=False), ids(), bidirectional=True)
+    assert (finding.kind, finding.severity) == ("causal_leak", Severity.INFO)
+    assert "bidirectional model does by design" in finding.message
+    assert finding.evidence["first_position"] == 0
+    assert causal_self_check(EncoderLM(causal=True), ids(), bidirectional=True) == []
+
+
+class MaskedLM(pl.LightningModule):
+    """A BERT-style masked LM: a bidirectional encoder, batches ``{"input_ids", "labels"}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = EncoderLM(causal=False)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        out: Tensor = self.model(idx)
+        return out
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        logits = self(batch["input_ids"])
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), batch["labels"].reshape(-1), ignore_index=-100
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _fit_masked_lm(tmp_path: Path, **monitor: Any) -> StabilityMonitor:
+    batches = [_mlm_batch(seed) for seed in range(3)]
+    data = [{"input_ids": x, "labels": y} for x, y in batches]
+    callback = StabilityMonitor(jsonl=False, **monitor)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        default_root_dir=str(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        callbacks=[callback],
+    )
+    trainer.fit(MaskedLM(), DataLoader(data, batch_size=None))  # type: ignore[arg-type]
+    return callback
+
+
+def test_masked_lm_on_a_trainer_gets_an_info_not_a_critical(tmp_path: Path) -> None:
+    """The regression: a BERT-style run got a critical causal_leak (a false alarm)."""
+    [leak] = [f for f in _fit_masked_lm(tmp_path).findings if f.kind == "causal_leak"]
+    assert leak.severity == Severity.INFO
+    assert "masked-LM objective" in leak.message
+
+
+def test_the_causal_check_switched_off_alone(tmp_path: Path) -> None:
+    found = _fit_masked_lm(tmp_path, preflight={"causal": False}).findings
+    assert not [f for f in found if f.kind == "causal_leak"]

@@ -35,6 +35,7 @@ from stabilizer.report import (
     report_dict,
     verdict,
 )
+from stabilizer.report.advice import RunFacts, cause_for
 from stabilizer.report.inputs import progress_bar
 from stabilizer.report.text import render_overall
 
@@ -65,7 +66,7 @@ NAN_STUCK = Finding(
     300,
     304,
     Severity.CRITICAL,
-    "NaN/Inf loss persist for 5 steps since step 300: the run is not recovering",
+    "NaN/Inf loss persists for 5 steps since step 300: the run is not recovering",
     {"steps": 5.0},
     (),
     ("rollback", "upcast_to_fp32"),
@@ -217,8 +218,10 @@ def test_text_report_layout() -> None:
     assert "#1  steps 50–99  WARNING  starved layers (depth imbalance)" in lines
     assert "    where     block_00, block_01, block_02" in lines
     assert "#3  steps 300–304  CRITICAL  non-finite loss (NaN/Inf)" in lines
-    assert f"    cause     {ADVICE['nonfinite_loss'].cause}" in lines
-    assert "    evidence  loss nan, steps 5" in lines
+    # No loss scale in the log: not known to be fp16, so no fp16 overflow is blamed.
+    assert f"    cause     {cause_for('nonfinite_loss', [], RunFacts())}" in lines
+    assert "fp16" not in cause_for("nonfinite_loss", [], RunFacts())
+    assert "    evidence  steps 5, loss nan" in lines
     assert "never recovers: the loss is non-finite from step 300 to the end of the log" in text
     assert f"    remedy    {REMEDY_TEXT['rollback']} (rollback)" in lines
     assert lines[-1].startswith("verdict: critical: 3 episodes (1 critical, 2 warning)")

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,9 +163,23 @@ def test_event_file_round_trip(tmp_path: Path, make_writer: Callable[[Path], Any
         (None, "stability/update_ratio/block_00", False),
         (None, "stability/grad_norm/block_00/extra", False),
         (["embed", "block_00"], "stability/grad_norm/block_00", True),
-        (["embed", "block_00"], "stability/grad_norm/block_01", False),
+        (["embed", "block_00"], "stability/grad_norm/block_11", True),  # any depth
+        (["embed", "dec"], "stability/grad_norm/dec", True),  # a grouping= name
+        (["embed", "block_00"], "stability/grad_norm/dec", False),
     ],
-    ids=["block", "embed", "3-digit", "total", "heatmap", "update", "deeper", "listed", "unlisted"],
+    ids=[
+        "block",
+        "embed",
+        "3-digit",
+        "total",
+        "heatmap",
+        "update",
+        "deeper",
+        "listed",
+        "any-depth",
+        "custom",
+        "other-custom",
+    ],
 )
 def test_per_layer_regex(groups: list[str] | None, tag: str, matches: bool) -> None:
     value = custom_scalars_layout(groups).value[0]
@@ -275,15 +289,17 @@ def _get_json(opener: urllib.request.OpenerDirector, url: str) -> Any:
         return json.loads(response.read())
 
 
-def _wait_for_tags(opener: urllib.request.OpenerDirector, base: str, proc: Any) -> Any:
-    """Scalar tags once the server has loaded the run; fails if the server exits, or hangs (a
+def _wait_for_tags(
+    opener: urllib.request.OpenerDirector, base: str, proc: Any, runs: Sequence[str] = ("run",)
+) -> Any:
+    """Scalar tags once the server has loaded the runs; fails if the server exits, or hangs (a
     bound on a hang, not on speed: a loaded CPU can take a minute to start the server)."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         assert proc.poll() is None, "tensorboard exited early"
         try:
             tags = _get_json(opener, base + "/data/plugin/scalars/tags")
-            if tags.get("run"):
+            if all(tags.get(run) for run in runs):
                 return tags
         except (urllib.error.URLError, ConnectionError):
             pass

@@ -11,6 +11,8 @@ import torch
 
 from stabilizer.demo.model import GPT, GPTConfig
 
+from ..swap_checkpoint import restore_pre_ln
+
 __all__ = ["LitGPT", "warmup_cosine"]
 
 
@@ -68,6 +70,10 @@ class LitGPT(pl.LightningModule):
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
         self.warmup_steps, self.max_steps, self.min_lr_ratio = warmup_steps, max_steps, min_lr_ratio
         self.model = GPT(self.config)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # a checkpoint of an `auto` run that moved the model to pre-LN loads into a pre-LN GPT
+        restore_pre_ln(self, checkpoint)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.model(idx)[0]

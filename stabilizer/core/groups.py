@@ -10,11 +10,14 @@ Recognised conventions (any prefix such as ``module.``, ``_orig_mod.`` or ``mode
   (GPT-2), ``layer.N.`` (BERT), ``block.N.`` (T5); ``transformer.h.N.``, ``model.layers.N.``,
   ``gpt_neox.layers.N.``, ``encoder.layers.N.``, ``decoder.layers.N.`` are special cases. An
   encoder and a decoder stack share block numbers.
-- ``embed``: ``wte``, ``wpe``, ``embed_tokens``, ``embed_positions``, ``embeddings``, ``tok_emb``,
-  ``pos_emb``, ``embedding``, ``embed_in`` and any other name part containing ``embed``.
+- ``embed``: ``wte``, ``wpe``, ``emb``, ``tok``, ``pos``, ``embed_tokens``, ``embed_positions``,
+  ``embeddings``, ``embedding``, ``embed_in``, any name part containing ``embed``, and any that
+  starts with ``emb_`` or ends with ``_emb`` (``tok_emb``, ``pos_emb``).
 - ``head``: ``lm_head``, ``head``, ``output``, ``embed_out``, ``unembed`` and the final norm
-  (``ln_f``, ``norm``, ``final_layer_norm``, ``final_layernorm``, ``final_norm``).
-- ``other``: everything else.
+  (``ln_f``, ``norm``, ``final_layer_norm``, ``final_layernorm``, ``final_norm``, ``ln_final``,
+  ``norm_f``, and a plain ``ln`` outside the blocks: only the final norm sits there).
+- ``other``: everything else. Its place in the stack is unknown, so pictures draw it apart from
+  the stack, never as its output end.
 """
 
 from __future__ import annotations
@@ -40,13 +43,17 @@ _HEAD_PARTS = frozenset(
         "final_layernorm",
         "final_norm",
         "ln_final",
+        "norm_f",
+        "ln",
     }
 )
-_EMBED_PARTS = frozenset({"wte", "wpe", "tok_emb", "pos_emb"})
+_EMBED_PARTS = frozenset({"wte", "wpe", "emb", "tok", "pos"})
 
 
 def _is_embed(part: str) -> bool:
-    return part in _EMBED_PARTS or "embed" in part
+    return (
+        part in _EMBED_PARTS or "embed" in part or part.endswith("_emb") or part.startswith("emb_")
+    )
 
 
 def depth_group(param_name: str, n_layers: int | None = None) -> str:

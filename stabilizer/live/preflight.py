@@ -3,12 +3,17 @@
 `causal_self_check` runs the model twice on one batch; `config_risks` only reads the model and
 the run's settings. Both return `stabilizer.core.records.Finding` lists (kinds ``causal_leak`` and
 ``config_risk``) and know nothing of Lightning: the callback gathers the arguments.
+
+Each check has a name (`PREFLIGHT_CHECKS`) and can be switched off alone (`preflight_switches`).
+Whether a model is *meant* to be causal is read from its training batch (`causal_by_design`): a
+masked-LM batch, whose targets are not the inputs shifted by one, belongs to a model that sees
+the whole sequence by design, and its "leak" is no fault.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -16,11 +21,24 @@ from torch import Tensor, nn
 
 from stabilizer.core.records import Finding, Severity
 
-__all__ = ["causal_self_check", "config_risks"]
+__all__ = [
+    "IGNORE_INDEX",
+    "PREFLIGHT_CHECKS",
+    "causal_by_design",
+    "causal_self_check",
+    "config_risks",
+    "preflight_switches",
+]
 
 logger = logging.getLogger(__name__)
 
 LEAK_CONSEQUENCE = "training loss will look excellent and generation will fail"
+
+PREFLIGHT_CHECKS = ("causal", "post_ln_warmup", "fp16_norms", "clipping", "positions")
+"""The checks, by name: the causal self-check, then the rules of `config_risks`."""
+
+IGNORE_INDEX = -100  # targets below 0 (PyTorch's and HF's -100) are positions without a loss
+_CAUSAL_SHARE = 0.9  # share of the scored targets that must be the next (or same) token
 
 # Relative tolerance per output dtype: the earlier positions run the same kernels on the same
 # values, so they agree to rounding (in practice bit for bit).
@@ -33,12 +51,56 @@ _NORMS: tuple[type[nn.Module], ...] = (
 _ENCODER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 
 
+def preflight_switches(preflight: bool | Mapping[str, bool]) -> dict[str, bool]:
+    """Which checks run: ``True`` all, ``False`` none, a mapping switches the checks it names.
+
+    ``preflight_switches({"causal": False})`` runs every check but the causal self-check.
+
+    Raises:
+        TypeError: ``preflight`` is neither a bool nor a mapping.
+        ValueError: A key is not a check's name (see `PREFLIGHT_CHECKS`).
+    """
+    if isinstance(preflight, bool):
+        return dict.fromkeys(PREFLIGHT_CHECKS, preflight)
+    if not isinstance(preflight, Mapping):
+        raise TypeError(f"`preflight` must be a bool or a dict, got {type(preflight).__name__}")
+    unknown = sorted(set(preflight) - set(PREFLIGHT_CHECKS))
+    if unknown:
+        names = ", ".join(PREFLIGHT_CHECKS)
+        raise ValueError(f"`preflight` keys must be among {names}, got {unknown}")
+    return {name: bool(preflight.get(name, True)) for name in PREFLIGHT_CHECKS}
+
+
+def causal_by_design(input_ids: Tensor, targets: Tensor | None) -> bool | None:
+    """Whether a batch trains next-token prediction, as a causal model does.
+
+    True when at least 90% of the scored targets (those >= 0) are the next input token (the
+    targets are the inputs shifted by one, as nanoGPT's) or the same token (the model shifts
+    inside, as Hugging Face causal LMs do); False otherwise (a masked-LM batch: most targets
+    ignored, the rest under mask tokens); None when there are no targets to tell by.
+
+    Args:
+        input_ids: Token ids ``(B, T)``.
+        targets: The batch's targets, or None.
+    """
+    if targets is None or targets.shape != input_ids.shape or input_ids.size(-1) < 2:
+        return None
+    scored = targets >= 0
+    if not bool(scored.any()):
+        return None
+    same = (targets == input_ids)[scored].float().mean()
+    ahead = scored[:, :-1]
+    shifted = (targets[:, :-1] == input_ids[:, 1:])[ahead].float().mean() if ahead.any() else 0.0
+    return max(float(same), float(shifted)) >= _CAUSAL_SHARE
+
+
 def causal_self_check(
     model: nn.Module,
     input_ids: Tensor,
     forward: Callable[[Tensor], Tensor] | None = None,
     *,
     step: int = 0,
+    bidirectional: bool = False,
 ) -> list[Finding]:
     """Check that no position's output depends on a later token (a leaking causal mask).
 
@@ -52,9 +114,12 @@ def causal_self_check(
         forward: ``input_ids -> logits (B, T, ...)``; by default ``model(input_ids)``, taking the
             first element of a tuple, the ``"logits"`` of a mapping or the ``.logits`` attribute.
         step: The step the finding is dated to.
+        bidirectional: The model sees the whole sequence by design (see `causal_by_design`):
+            a leak is reported as info, not as a fault.
 
     Returns:
-        One critical ``causal_leak`` finding naming the first position that changed, or nothing.
+        One ``causal_leak`` finding naming the first position that changed (critical; info when
+        ``bidirectional``), or nothing.
 
     Raises:
         ValueError: ``input_ids`` is not ``(B, T)`` with ``T >= 2``.
@@ -75,7 +140,19 @@ def causal_self_check(
     finally:
         for module, training in modes:
             module.training = training
-    return _leak(before, after, step)
+    found = _leak(before, after, step)
+    if bidirectional:
+        return [_by_design(f) for f in found]
+    return found
+
+
+def _by_design(leak: Finding) -> Finding:
+    message = (
+        "every position sees the whole sequence, as a bidirectional model does by design: the "
+        "batch's targets are not the inputs shifted by one (a masked-LM objective), so no "
+        "causal mask is needed; pass preflight={'causal': False} to skip this check"
+    )
+    return Finding("causal_leak", leak.step, None, Severity.INFO, message, leak.evidence)
 
 
 def _logits(out: Any) -> Tensor:
@@ -125,18 +202,19 @@ def config_risks(
     seq_len: int | None,
     max_positions: int | None,
     step: int = 0,
+    checks: Collection[str] = PREFLIGHT_CHECKS,
 ) -> list[Finding]:
     """Settings known to destabilise Transformer training, read before the first step.
 
-    Rules (each ``config_risk``):
+    Rules (each ``config_risk``), by check name:
 
-    - post-LN blocks (any module with ``norm_position == "post"``, as the reference ``Block``,
-      or PyTorch encoder/decoder layers with ``norm_first=False``) and ``warmup_steps == 0``:
-      warning;
-    - LayerNorm or attention softmax in fp16 (``precision == "16-true"`` or fp16 parameters):
-      warning;
-    - no gradient clipping (``gradient_clip_val`` None or 0): info;
-    - ``seq_len > max_positions``: critical.
+    - ``post_ln_warmup``: post-LN blocks (any module with ``norm_position == "post"``, as the
+      reference ``Block``, or PyTorch encoder/decoder layers with ``norm_first=False``) and
+      ``warmup_steps == 0``: warning;
+    - ``fp16_norms``: LayerNorm or attention softmax in fp16 (``precision == "16-true"`` or fp16
+      parameters): warning;
+    - ``clipping``: no gradient clipping (``gradient_clip_val`` None or 0): info;
+    - ``positions``: ``seq_len > max_positions``: critical.
 
     Args:
         model: The model about to be trained.
@@ -146,6 +224,7 @@ def config_risks(
         seq_len: Training sequence length; None when not known.
         max_positions: Longest sequence the model has positions for; None when unbounded.
         step: The step the findings are dated to.
+        checks: The rules to apply, by name (other names, such as ``causal``, are ignored).
 
     Raises:
         ValueError: A count or threshold is negative (or a length below 1).
@@ -154,12 +233,16 @@ def config_risks(
     for name, value in (("seq_len", seq_len), ("max_positions", max_positions)):
         if value is not None and value < 1:
             raise ValueError(f"`{name}` must be >= 1 or None, got {value}")
-    return [
-        *_post_ln_without_warmup(model, warmup_steps, step),
-        *_fp16_norms(model, precision, step),
-        *_no_clipping(gradient_clip_val, step),
-        *_too_long(seq_len, max_positions, step),
-    ]
+    found: list[Finding] = []
+    if "post_ln_warmup" in checks:
+        found += _post_ln_without_warmup(model, warmup_steps, step)
+    if "fp16_norms" in checks:
+        found += _fp16_norms(model, precision, step)
+    if "clipping" in checks:
+        found += _no_clipping(gradient_clip_val, step)
+    if "positions" in checks:
+        found += _too_long(seq_len, max_positions, step)
+    return found
 
 
 def _check_non_negative(**values: float | None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -113,11 +113,19 @@ def _chart(title: str, *regexes: str) -> layout_pb2.Chart:
     return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=regexes))
 
 
-def custom_scalars_layout(groups: Sequence[str] | None = None) -> Summary:
+DEPTH_GROUPS = r"(?:embed|block_\d+|head|other)"
+"""The standard depth groups of any depth: runs of 4 and 12 layers share one chart."""
+
+
+def custom_scalars_layout(
+    groups: Sequence[str] | None = None,
+    keys: Collection[str] | None = None,
+) -> Summary:
     """The custom-scalars layout: one ``stability`` category of multi-line charts.
 
-    Write it once per run, at step 0 (TensorBoard merges the layouts of the runs in a logdir by
-    category title and drops repeated charts). The charts, each a list of tag regexes:
+    Write it once per run (TensorBoard merges the layouts of the runs in a logdir by category
+    title and keeps the first chart of a title: so a chart's regex must fit every run). The
+    charts, each a list of tag regexes:
 
     - ``gradient norm per layer``: every ``stability/grad_norm/<group>`` (not the total);
     - ``gradient norm (total) and clip threshold``: ``stability/grad_norm``, ``stability/clip_val``;
@@ -126,22 +134,34 @@ def custom_scalars_layout(groups: Sequence[str] | None = None) -> Summary:
     - ``activation max |x|``: every ``stability/act_absmax/<module>``.
 
     Args:
-        groups: The depth groups of the per-layer charts; None (the default) matches any group,
-            so the layout fits any model depth.
+        groups: The run's depth groups. The standard ones (`DEPTH_GROUPS`, any depth) are
+            always matched; other names (a ``grouping=`` of the user's) are added. None: any.
+        keys: The signal keys the run logs: ``loss scale`` is written only when ``loss_scale``
+            is among them, ``update ratio per layer`` only with an ``update_ratio/`` key (no
+            empty charts). None: all charts.
     """
     if groups is None:
         group = r"[^/]+"
     else:
-        group = "(?:" + "|".join(re.escape(name) for name in groups) + ")"
+        extra = [re.escape(g) for g in groups if not re.fullmatch(DEPTH_GROUPS, g)]
+        group = "(?:" + "|".join([DEPTH_GROUPS, *extra]) + ")"
+
+    def has(prefix: str) -> bool:
+        return keys is None or any(key.startswith(prefix) for key in keys)
+
     charts = [
         _chart("gradient norm per layer", _tag(GRAD_NORM_PREFIX) + group + "$"),
         _chart(
             "gradient norm (total) and clip threshold", _tag(GRAD_NORM) + "$", _tag(CLIP_VAL) + "$"
         ),
         _chart("loss", _tag(LOSS) + "$"),
-        _chart("loss scale", _tag(LOSS_SCALE) + "$"),
+        *([_chart("loss scale", _tag(LOSS_SCALE) + "$")] if has(LOSS_SCALE) else []),
         _chart("clipped and skipped steps", _tag(CLIPPED) + "$", _tag(SKIPPED) + "$"),
-        _chart("update ratio per layer", _tag(UPDATE_RATIO_PREFIX) + group + "$"),
+        *(
+            [_chart("update ratio per layer", _tag(UPDATE_RATIO_PREFIX) + group + "$")]
+            if has(UPDATE_RATIO_PREFIX)
+            else []
+        ),
         _chart("activation max |x|", _tag(ACT_ABSMAX_PREFIX) + ".*"),
     ]
     layout = layout_pb2.Layout(category=[layout_pb2.Category(title="stability", chart=charts)])

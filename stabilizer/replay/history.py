@@ -13,11 +13,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, LR
+from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE, LR, SKIPPED
 
 __all__ = ["TRACKED", "Bin", "History", "Series"]
 
-TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR})
+TRACKED = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, LR, SKIPPED})
 """Signal keys kept, besides every per-group gradient norm (``grad_norm/<group>``)."""
 
 

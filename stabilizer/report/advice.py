@@ -9,9 +9,22 @@ falls back to its own name.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ADVICE", "REMEDY_TEXT", "Advice", "advice_for", "remedy_text"]
+from stabilizer.core.records import Finding
+from stabilizer.outputs.wording import LOW_PRECISION_REMEDIES
+
+__all__ = [
+    "ADVICE",
+    "REMEDY_TEXT",
+    "Advice",
+    "RunFacts",
+    "advice_for",
+    "cause_for",
+    "fitting_remedies",
+    "remedy_text",
+]
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,70 @@ REMEDY_TEXT: dict[str, str] = {
     "eps (1e-8 is 0 in fp16)",
 }
 """What to do, by remedy name (the names of `stabilizer.core.records.REMEDIES`)."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a log tells about the run, beyond its findings.
+
+    Args:
+        fp16: A loss scale was logged (fp16 mixed precision); False: not known to be fp16.
+        skipped: Spans of steps ``(first, last)`` in which an update was skipped (by the
+            monitor's guard or a grad scaler).
+    """
+
+    fp16: bool = False
+    skipped: tuple[tuple[int, int], ...] = ()
+
+    def was_skipped(self, step: int) -> bool:
+        """Whether the update of ``step`` was (as far as the log tells) skipped."""
+        return any(first <= step <= last for first, last in self.skipped)
+
+
+_IN_THE_LOSS = "every module output is finite"  # the root cause's words for a NaN in the loss
+_NONFINITE = frozenset({"nonfinite_loss", "nonfinite_grad", "nonfinite_update", "root_cause"})
+_LOSS_CAUSE = (
+    "the loss computation or its inputs: every module output was finite, so look at the loss "
+    "itself (a log of 0, a division by a count of 0, NaN labels or loss weights)"
+)
+_NOT_FP16_CAUSE = {
+    "nonfinite_loss": "values past their dtype's range, a softmax computed without "
+    "max-subtraction, or LayerNorm in low precision; once a NaN update reaches the weights the "
+    "run never recovers",
+    "nonfinite_grad": "an overflow in the backward pass: a softmax without max-subtraction, "
+    "a division by a tiny norm, or LayerNorm in low precision",
+}
+
+
+def in_the_loss(findings: Iterable[Finding]) -> bool:
+    """Whether a root cause found the NaN/Inf outside every module (in the loss)."""
+    return any(f.kind == "root_cause" and _IN_THE_LOSS in f.message for f in findings)
+
+
+def cause_for(kind: str, findings: Sequence[Finding], facts: RunFacts) -> str:
+    """The usual cause of ``kind``, as far as the episode's evidence and the run tell."""
+    if kind in _NONFINITE and in_the_loss(findings):
+        return _LOSS_CAUSE
+    if not facts.fp16 and kind in _NOT_FP16_CAUSE:
+        return _NOT_FP16_CAUSE[kind]
+    return advice_for(kind).cause
+
+
+def fitting_remedies(
+    remedies: Sequence[str], findings: Sequence[Finding], facts: RunFacts
+) -> tuple[str, ...]:
+    """The remedies that the evidence supports, each once, in their order.
+
+    A NaN made in the loss gets no fp32 islands; ``skip_step`` is dropped where the step was
+    skipped already.
+    """
+    dropped: set[str] = set()
+    if in_the_loss(findings):
+        dropped |= LOW_PRECISION_REMEDIES
+    nonfinite = [f for f in findings if f.kind in _NONFINITE or f.kind == "fp16_overflow"]
+    if nonfinite and all(f.kind == "fp16_overflow" or facts.was_skipped(f.step) for f in nonfinite):
+        dropped.add("skip_step")
+    return tuple(name for name in dict.fromkeys(remedies) if name not in dropped)
 
 
 def advice_for(kind: str) -> Advice:

@@ -1,9 +1,12 @@
 """What the text and markdown reports share: episodes, number formats, notes and the verdict.
 
-An *episode* is what a reader of the report thinks of as one event. Detectors report most
-episodes as one finding; a NaN that persists is two (the first step at once, then "not
-recovering"), so findings of one kind that start at the same step of the same segment are shown
-as one episode, at the worst severity. The JSON report keeps every finding as it is.
+An *episode* is what a reader of the report thinks of as one event. Detectors report one event
+as several findings: a NaN that persists is two (the first step at once, then "not
+recovering"), a loss spike comes with the gradient spike at its start, an fp16 overflow cascade
+with the NaN loss it causes and the root cause of that NaN. Findings of one family (`FAMILIES`)
+in one segment whose steps touch (a finding starting at most one step after the episode's last
+step) are one episode, with every piece of evidence, titled by its main finding. The JSON report
+keeps every finding as it is.
 """
 
 from __future__ import annotations
@@ -11,15 +14,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stabilizer.core.records import Finding, Severity
+from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 from stabilizer.replay.diagnose import Diagnosis, Segment, severity_counts
 from stabilizer.replay.readers import Note
 
-from .advice import advice_for, remedy_text
+from .advice import RunFacts, advice_for, cause_for, fitting_remedies, remedy_text
 
 __all__ = [
+    "FAMILIES",
     "Episode",
     "episodes",
     "evidence_text",
@@ -28,11 +33,22 @@ __all__ = [
     "number",
     "outcome",
     "remedy_lines",
+    "run_facts",
     "step_range",
     "verdict",
 ]
 
 MAX_NOTES = 12  # distinct notes listed; the JSON report has them all
+
+FAMILIES = (
+    ("divergence", "loss_spike", "grad_spike"),
+    ("nonfinite_loss", "nonfinite_grad", "nonfinite_update", "fp16_overflow", "root_cause"),
+)
+"""Kinds that one event raises together, the one that titles the episode first."""
+
+# kind -> (its family, its precedence in the family: the main kind highest)
+_RANK = {kind: (family, -order) for family, kinds in enumerate(FAMILIES) for order, kind in
+         enumerate(kinds)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,16 +64,25 @@ class Episode:
     number: int
     segment: int
     findings: tuple[Finding, ...]
+    facts: RunFacts = field(default_factory=RunFacts)
 
     @property
     def worst(self) -> Finding:
-        """The finding that sets severity and advice: the most severe, the last of equals."""
-        return max(reversed(self.findings), key=lambda finding: finding.severity)
+        """The finding that sets severity and advice: the most severe; of equals, the main kind
+        of the family, then the last."""
+        return max(
+            reversed(self.findings), key=lambda f: (f.severity, _RANK.get(f.kind, (0, 0))[1])
+        )
+
+    @property
+    def cause(self) -> str:
+        """The likely cause, as the episode's evidence and the run tell."""
+        return cause_for(self.worst.kind, self.findings, self.facts)
 
     @property
     def start(self) -> int:
         """The first step."""
-        return self.worst.step
+        return min(f.step for f in self.findings)
 
     @property
     def end(self) -> int | None:
@@ -72,29 +97,64 @@ class Episode:
 
     @property
     def remedies(self) -> tuple[str, ...]:
-        """Every remedy suggested, the worst finding's first."""
+        """Every remedy suggested that the evidence supports, once, the worst finding's first."""
         ordered = (self.worst, *self.findings)
-        return tuple(dict.fromkeys(name for f in ordered for name in f.remedies))
+        names = tuple(name for f in ordered for name in f.remedies)
+        return fitting_remedies(names, self.findings, self.facts)
 
     @property
     def evidence(self) -> dict[str, float]:
-        """The evidence of all the findings, the worst finding's values winning."""
-        merged: dict[str, float] = {}
-        for finding in (*self.findings, self.worst):
-            merged.update(finding.evidence)
+        """The evidence of all the findings: the worst finding's as it is, another kind's under
+        ``<kind>.<key>`` where the names clash (the gradient spike's ``peak`` beside the loss
+        spike's)."""
+        worst = self.worst
+        merged: dict[str, float] = dict(worst.evidence)
+        for finding in self.findings:
+            for key, value in finding.evidence.items():
+                if finding.kind != worst.kind and key in worst.evidence:
+                    key = f"{finding.kind}.{key}"
+                merged.setdefault(key, value)
         return merged
 
 
 def episodes(diagnosis: Diagnosis) -> list[Episode]:
     """The diagnosis's findings as episodes, by segment, then step (see the module docstring)."""
-    groups: dict[tuple[int, str, int], list[Finding]] = {}
-    for segment, finding in diagnosis.findings:
-        groups.setdefault((segment, finding.kind, finding.step), []).append(finding)
-    ordered = sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1]))
+    ordered = sorted(diagnosis.findings, key=lambda item: (item.segment, item.finding.step))
+    groups: list[tuple[int, list[Finding]]] = []
+    latest: dict[tuple[int, int | str], list[Finding]] = {}  # the open episode by family
+    for segment, finding in ordered:
+        family = _RANK[finding.kind][0] if finding.kind in _RANK else finding.kind
+        found = latest.get((segment, family))
+        if found is None or not _joins(finding, found, in_family=finding.kind in _RANK):
+            found = latest[segment, family] = []
+            groups.append((segment, found))
+        found.append(finding)
+    facts = run_facts(diagnosis)
     return [
-        Episode(number, segment, tuple(found))
-        for number, ((segment, _, _), found) in enumerate(ordered, 1)
+        Episode(number, segment, tuple(found), facts)
+        for number, (segment, found) in enumerate(groups, 1)
     ]
+
+
+def _joins(finding: Finding, found: list[Finding], in_family: bool) -> bool:
+    """Whether ``finding`` belongs to the episode of ``found``: one of its family that starts
+    at most one step after the episode's last step; else one of its kind at its first step."""
+    if not in_family:
+        return finding.step == found[0].step
+    last = max(f.step if f.end_step is None else max(f.step, f.end_step) for f in found)
+    return finding.step <= last + 1
+
+
+def run_facts(diagnosis: Diagnosis) -> RunFacts:
+    """What the log's history tells: fp16 (a loss scale logged), the spans with skipped steps."""
+    bins = diagnosis.history.bins
+    skipped = tuple(
+        (one.first_step, one.last_step)
+        for one in bins
+        if SKIPPED in one.series and one.series[SKIPPED][1] >= 0.5
+    )
+    seen = diagnosis.history.keys()
+    return RunFacts(fp16=LOSS_SCALE in seen, skipped=skipped)
 
 
 def number(value: float) -> str:

@@ -25,6 +25,7 @@ The structure is that of `stabilizer.report.text`, with the same episodes and ve
 from __future__ import annotations
 
 from stabilizer.core.records import Severity
+from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis
 
 from .advice import advice_for, remedy_text
@@ -68,7 +69,7 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
     if len(segments) > 1:
         title += f" · segment {episode.segment}"
     lines = ["", f"#### {title}", ""]
-    lines += [f"- **what:** {_escape(f.message)}" for f in episode.findings]
+    lines += [f"- **what:** {_escape(observation(f))}" for f in episode.findings]
     if episode.location:
         lines.append("- **where:** " + ", ".join(f"`{name}`" for name in episode.location))
     if episode.evidence:
@@ -76,7 +77,7 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
     ended = outcome(episode, segments[episode.segment - 1], len(segments))
     if ended:
         lines.append(f"- **outcome:** {ended}")
-    lines.append(f"- **likely cause:** {advice_for(worst.kind).cause}")
+    lines.append(f"- **likely cause:** {episode.cause}")
     if episode.remedies:
         actions = [f"{remedy_text(name)} (`{name}`)" for name in episode.remedies]
         lines.append("- **remedy:** " + "; ".join(actions))

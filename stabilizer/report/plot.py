@@ -18,6 +18,7 @@ from typing import Any
 
 from stabilizer.core.records import Severity
 from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE
+from stabilizer.outputs.heatmap import draw_heatmap
 from stabilizer.outputs.tensorboard import depth_order
 from stabilizer.replay.diagnose import Diagnosis
 from stabilizer.replay.history import Bin, History
@@ -108,29 +109,9 @@ def _nonfinite_marks(ax: Any, diagnosis: Diagnosis) -> None:
 
 
 def _heatmap(fig: Any, ax: Any, diagnosis: Diagnosis, groups: list[str]) -> None:
-    import numpy as np
-    from matplotlib import colormaps
-
     steps, rows = diagnosis.history.matrix(groups)
-    values = np.asarray(rows, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logged = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
-    logged[np.isnan(values)] = np.nan
-    image = ax.imshow(
-        np.ma.masked_invalid(logged), aspect="auto", interpolation="nearest",
-        extent=(*_span(steps[0], steps[-1]), len(groups) - 0.5, -0.5),
-        cmap=colormaps["viridis"].with_extremes(bad="red"),
-    )  # fmt: skip
-    step = max(1, len(groups) // 16)
-    ax.set_yticks(range(0, len(groups), step), groups[::step], fontsize=7)
-    ax.set_ylabel("layer")
-    fig.colorbar(image, ax=ax, label="log10 grad norm", pad=0.01)
-
-
-def _span(first: int, last: int) -> tuple[float, float]:
-    """``first`` to ``last`` as floats, widened when they are one point (at any magnitude)."""
-    low, high = float(first), float(last)
-    return low, max(high, low + max(1.0, abs(low) * 1e-9))
+    draw_heatmap(fig, ax, steps, groups, rows)  # the drawing TensorBoard's image uses too
+    ax.set_xlabel("")  # the shared step axis is labelled once, below
 
 
 def _plottable(diagnosis: Diagnosis) -> tuple[Diagnosis, list[str]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stabilizer.core.records import Severity
+from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
 from .advice import advice_for
@@ -80,7 +81,7 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
     head += f"{worst.severity.name}  {advice_for(worst.kind).title}"
     if len(segments) > 1:
         head += f"  (segment {episode.segment})"
-    lines = [head, *_block("what", [f.message for f in episode.findings], "    ")]
+    lines = [head, *_block("what", [observation(f) for f in episode.findings], "    ")]
     if episode.location:
         lines += _block("where", [", ".join(episode.location)], "    ")
     if episode.evidence:
@@ -88,7 +89,7 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
     ended = outcome(episode, segments[episode.segment - 1], len(segments))
     if ended:
         lines += _block("outcome", [ended], "    ")
-    lines += _block("cause", [advice_for(worst.kind).cause], "    ")
+    lines += _block("cause", [episode.cause], "    ")
     if episode.remedies:
         lines += _block("remedy", remedy_lines(episode.remedies), "    ")
     return lines

@@ -41,7 +41,7 @@ def test_persistent_nan_is_critical_once_when_it_reaches_persistent_after() -> N
         (Severity.ERROR, 3, 3),
         (Severity.CRITICAL, 3, 7),
     ]
-    assert "persist for 5 steps since step 3" in found[1].message
+    assert "NaN/Inf loss persists for 5 steps since step 3" in found[1].message
     assert "not recovering" in found[1].message
     assert found[1].remedies == ("rollback", "upcast_to_fp32")
     assert detector.finish() == []

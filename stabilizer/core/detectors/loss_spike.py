@@ -102,7 +102,8 @@ class LossSpike:
 
     def _spike(self, episode: dict[str, Any], recovery_steps: int | None) -> Finding:
         base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]
-        ratio, back = _ratio(peak, base), f"back after {recovery_steps} steps"
+        ratio, back = _ratio(peak, base), f"back after {recovery_steps} step"
+        back += "s" if recovery_steps != 1 else ""
         message = (
             f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
             f"{back if recovery_steps is not None else 'still up at the end'}: "

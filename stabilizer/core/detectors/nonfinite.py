@@ -117,7 +117,8 @@ class NonFinite:
             advice = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
             remedies = ("mixed_precision",)
         message = (
-            f"NaN/Inf {what} persist for {self._length} steps since step {self._start}: "
+            f"NaN/Inf {what} {'persists' if what == 'loss' else 'persist'} for {self._length} "
+            f"steps since step {self._start}: "
             f"the run is not recovering; {advice}"
         )
         evidence = {"steps": float(self._length)}

@@ -1,0 +1,237 @@
+"""What the monitor says on the console (rank 0): a start line, the findings, one end line.
+
+    stabilizer: on, policy protect; 14 depth groups: embed, block_00…block_11, head; log: ...
+    stabilizer: step 62 error nonfinite_loss: loss is nan at step 62; step skipped, weights intact
+    stabilizer: nonfinite_loss at 5 more steps (70…102), each skipped; weights intact
+    stabilizer: done at step 300: 7 findings (2 error, 5 warning); 9 steps skipped ...
+
+Lines go through the ``stabilizer`` logger, each finding at its severity, ``info`` included. As
+Lightning does for its own logger (``rank_zero_info``), the monitor makes INFO visible: the
+logger's level becomes INFO unless the program set one, and a program that configured no logging
+(the root logger has no handler) gets a stream handler on stderr; one that did gets the lines in
+its own handlers. ``logging.getLogger("stabilizer").setLevel(logging.WARNING)`` hides the info.
+
+Repeats are folded: the first finding of a kind at a severity prints in full; later ones are
+counted and printed as one line after `FOLD_STEPS` steps or at the end. ``remedy_applied`` and
+critical findings always print in full.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from stabilizer.core.groups import depth_group
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import NONFINITE_UPDATE, OTHER, SKIPPED, block_index
+from stabilizer.outputs.wording import applicable_remedies, observation
+
+__all__ = ["FOLD_STEPS", "Console", "compact_groups", "show_info"]
+
+log = logging.getLogger("stabilizer")
+
+FOLD_STEPS = 50
+"""Repeats of a finding are summed up in one line at most this many steps after the first."""
+
+_NONFINITE = frozenset({"nonfinite_loss", "nonfinite_grad", "nonfinite_update"})
+_NOUNS = {
+    "nonfinite_loss": "NaN/Inf loss",
+    "nonfinite_grad": "NaN/Inf gradients",
+    "root_cause": "root cause",
+}
+_FULL_PRECISION = ("32", "64")  # Lightning's "32-true", "64-true" (and the short forms)
+
+
+def show_info() -> None:
+    """Make the ``stabilizer`` logger's INFO lines visible, as Lightning does for its own."""
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    if not logging.getLogger().hasHandlers() and not log.handlers:
+        log.addHandler(logging.StreamHandler())
+        log.propagate = False
+
+
+def compact_groups(groups: Sequence[str]) -> str:
+    """``"embed, block_00…block_11, head"``: runs of consecutive blocks shortened."""
+    parts: list[str] = []
+    run: list[str] = []  # consecutive blocks not written yet
+    last = -2
+    for group in [*groups, ""]:
+        index = block_index(group)
+        if index is not None and run and index == last + 1:
+            run.append(group)
+        else:
+            if run:
+                parts.append(run[0] if len(run) == 1 else f"{run[0]}…{run[-1]}")
+            run = [group] if index is not None else []
+            if index is None and group:
+                parts.append(group)
+        last = index if index is not None else -2
+    return ", ".join(parts)
+
+
+@dataclass
+class _Fold:
+    """Repeats of one (kind, severity) not printed yet."""
+
+    first: int
+    last: int
+    count: int = 1
+    skipped: bool = True
+
+
+class Console:
+    """The monitor's lines on the console; only rank 0 prints.
+
+    Args:
+        policy: The monitor's policy (``protect`` and ``auto`` skip non-finite steps).
+        fold_steps: Print a line for folded repeats at most this many steps after the first.
+    """
+
+    def __init__(self, policy: str, fold_steps: int = FOLD_STEPS) -> None:
+        self.policy, self.fold_steps = policy, fold_steps
+        self.enabled = False
+        self.low_precision: bool | None = None
+        self.jsonl: Path | None = None
+        self.counts: Counter[Severity] = Counter()
+        self.skipped = 0  # steps whose update was skipped (guard or grad scaler)
+        self.applied = 0  # remedies applied
+        self.worst: Finding | None = None
+        self._shown: set[tuple[str, Severity]] = set()
+        self._folds: dict[tuple[str, Severity], _Fold] = {}
+
+    def start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        groups: Sequence[str],
+        grouping: Callable[[str], str] | None,
+        jsonl: Path | None,
+    ) -> None:
+        """The start line: policy, depth groups (and what fell into ``other``), the log file."""
+        self.enabled = trainer.is_global_zero
+        if not self.enabled:
+            return
+        show_info()
+        self.low_precision = not str(trainer.precision).startswith(_FULL_PRECISION)
+        self.jsonl = jsonl
+        parts = [f"on, policy {self.policy}"]
+        parts.append(f"{len(groups)} depth groups: {compact_groups(groups)}")
+        group_of = grouping or depth_group
+        names = [n for n, p in pl_module.named_parameters() if p.requires_grad]
+        other = [n for n in names if group_of(n) == OTHER]
+        if other:
+            shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+            parts.append(f"in {OTHER} (no depth; grouping= places them): {shown}")
+        parts.append(f"log: {jsonl}" if jsonl is not None else "no JSONL log")
+        log.info("stabilizer: %s", "; ".join(parts))
+
+    def report(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+        """Count the step; print each finding, or fold it into the line of its repeats."""
+        if not self.enabled:
+            return
+        if record is not None:
+            self.skipped += int(record.values.get(SKIPPED, 0.0) >= 0.5)
+            self._flush(lambda fold: record.step - fold.first >= self.fold_steps)
+        for finding in found:
+            self._finding(finding, record)
+
+    def finish(self, step: int) -> None:
+        """Print what is still folded, then the one end-of-run line."""
+        if not self.enabled:
+            return
+        self._flush(lambda fold: True)
+        log.info("stabilizer: %s", self.summary(step))
+
+    def summary(self, step: int) -> str:
+        """``"done at step 300: 7 findings (2 error, 5 warning), worst: ...; 9 steps skipped"``."""
+        total = sum(self.counts.values())
+        if total:
+            tally = ", ".join(
+                f"{self.counts[s]} {s.name.lower()}" for s in reversed(Severity) if self.counts[s]
+            )
+            head = f"{total} finding{'s' if total > 1 else ''} ({tally})"
+            if self.worst is not None and self.worst.severity >= Severity.WARNING:
+                head += f", worst: {_span(self.worst)} {self.worst.kind}"
+        else:
+            head = "healthy, no findings"
+        parts = [f"done at step {step}: {head}"]
+        plural = "s" if self.skipped != 1 else ""
+        intact = ", weights intact" if self.skipped and self.policy != "observe" else ""
+        parts.append(f"{self.skipped} step{plural} skipped{intact}")
+        if self.applied:
+            parts.append(f"{self.applied} remed{'ies' if self.applied > 1 else 'y'} applied")
+        if self.jsonl is not None:
+            parts.append(f"details: stabilizer diagnose {self.jsonl}")
+        return "; ".join(parts)
+
+    def line(self, finding: Finding, record: StepRecord | None = None) -> str:
+        """One finding as printed: span, severity, kind, where, what, what became of the step."""
+        skipped = finding.kind == "fp16_overflow" or (
+            finding.kind in (*_NONFINITE, "root_cause") and _skipped(record)
+        )
+        where = f" [{', '.join(finding.location)}]" if finding.location else ""
+        text = f"{_span(finding)} {finding.severity.name.lower()} {finding.kind}{where}: "
+        text += observation(finding)
+        if finding.kind in _NONFINITE and record is not None:
+            text += "; " + _fate(record, self.policy)
+        remedies = applicable_remedies(
+            finding.remedies, skipped=skipped, low_precision=self.low_precision
+        )
+        if remedies and finding.kind != "remedy_applied":
+            text += f" -> try: {', '.join(remedies)}"
+        return text
+
+    def _finding(self, finding: Finding, record: StepRecord | None) -> None:
+        self.counts[finding.severity] += 1
+        self.applied += finding.kind == "remedy_applied"
+        if self.worst is None or finding.severity > self.worst.severity:
+            self.worst = finding
+        key = (finding.kind, finding.severity)
+        folds = finding.kind != "remedy_applied" and finding.severity < Severity.CRITICAL
+        if not folds or key not in self._shown:
+            self._shown.add(key)
+            log.log(int(finding.severity), "stabilizer: %s", self.line(finding, record))
+            return
+        fold = self._folds.get(key)
+        if fold is None:
+            fold = self._folds[key] = _Fold(finding.step, finding.step, 0)
+        fold.last, fold.count = finding.step, fold.count + 1
+        fold.skipped = fold.skipped and _skipped(record)
+
+    def _flush(self, due: Callable[[_Fold], bool]) -> None:
+        for (kind, severity), fold in list(self._folds.items()):
+            if not due(fold):
+                continue
+            del self._folds[(kind, severity)]
+            noun = _NOUNS.get(kind, kind)
+            steps = f"{fold.first}…{fold.last}" if fold.last != fold.first else str(fold.first)
+            plural = "s" if fold.count > 1 else ""
+            text = f"{noun} at {fold.count} more step{plural} ({steps})"
+            if kind in _NONFINITE and fold.skipped and self.policy != "observe":
+                text += ", each skipped; weights intact"
+            log.log(int(severity), "stabilizer: %s", text)
+
+
+def _span(finding: Finding) -> str:
+    if finding.end_step is None or finding.end_step == finding.step:
+        return f"step {finding.step}"
+    return f"steps {finding.step}-{finding.end_step}"
+
+
+def _skipped(record: StepRecord | None) -> bool:
+    return record is not None and record.values.get(SKIPPED, 0.0) >= 0.5
+
+
+def _fate(record: StepRecord, policy: str) -> str:
+    """What became of a non-finite step's update."""
+    if record.values.get(NONFINITE_UPDATE, 0.0) >= 0.5:
+        return "the step's update was undone, weights intact"
+    if _skipped(record):
+        return "step skipped, weights intact"
+    return f"the update was applied (policy {policy})"

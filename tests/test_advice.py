@@ -1,0 +1,124 @@
+"""The reports' advice follows the evidence; one event is one episode; each remedy said once."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from stabilizer.core.detectors.loss_spike import LossSpike
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.replay.diagnose import Diagnosis, Located, Segment, diagnose
+from stabilizer.report.episodes import episodes
+from stabilizer.report.markdown import render_markdown
+from stabilizer.report.text import render_text
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SPIKE = Finding(
+    "loss_spike",
+    120,
+    128,
+    Severity.WARNING,
+    "loss spiked from 2.5 to 7.5 (3.0x) at step 121, back after 8 steps: clip gradients",
+    {"baseline": 2.5, "peak": 7.5, "ratio": 3.0, "peak_step": 121},
+    (),
+    ("clip_gradients", "rollback"),
+)
+GRAD_SPIKE = Finding(
+    "grad_spike",
+    119,
+    120,
+    Severity.WARNING,
+    "gradient norm spiked to 40 (20x the 2 baseline) at step 119, back after 1 step: clip the "
+    "gradient norm near its usual level",
+    {"baseline": 2.0, "peak": 40.0, "ratio": 20.0, "peak_step": 119},
+    (),
+    ("clip_gradients",),
+)
+OVERFLOW = Finding(
+    "fp16_overflow",
+    60,
+    62,
+    Severity.ERROR,
+    "fp16 overflow cascade: 3 skipped steps since step 60, loss scale 65536 -> 16384: train in "
+    "bf16 or run LayerNorm/softmax in fp32",
+    {"skipped": 3.0},
+    (),
+    ("upcast_to_fp32", "skip_step"),
+)
+NAN = Finding(
+    "nonfinite_loss",
+    60,
+    60,
+    Severity.ERROR,
+    "loss is nan at step 60: skip the step; if it recurs, run LayerNorm/softmax in fp32",
+    {"loss": math.nan},
+    (),
+    ("skip_step", "upcast_to_fp32", "rollback"),
+)
+
+
+def _diagnosis(*found: Finding) -> Diagnosis:
+    segment = Segment(1, 0, 400, records=401)
+    return Diagnosis("run.log", "jsonl", [], [segment], [Located(1, f) for f in found])
+
+
+def test_a_loss_spike_and_the_gradient_spike_at_its_start_are_one_episode() -> None:
+    [episode] = episodes(_diagnosis(SPIKE, GRAD_SPIKE))
+    assert episode.worst.kind == "loss_spike"  # the loss spike titles it
+    assert (episode.start, episode.end) == (119, 128)
+    assert episode.remedies == ("clip_gradients", "rollback")
+    text = render_text(_diagnosis(SPIKE, GRAD_SPIKE))
+    assert "timeline: 1 episode" in text
+    assert "loss spiked from 2.5" in text and "gradient norm spiked to 40" in text
+
+
+def test_an_fp16_overflow_and_its_nan_are_one_episode() -> None:
+    [episode] = episodes(_diagnosis(OVERFLOW, NAN))
+    assert episode.worst.kind == "nonfinite_loss"
+
+
+def test_events_apart_stay_apart() -> None:
+    later = Finding("loss_spike", 300, 305, Severity.WARNING, "loss spiked", {}, (), ())
+    assert len(episodes(_diagnosis(SPIKE, later, NAN))) == 3
+
+
+@pytest.mark.parametrize("render", [render_text, render_markdown], ids=["text", "markdown"])
+def test_each_remedy_is_said_once_per_episode(render: object) -> None:
+    out = render(_diagnosis(SPIKE, GRAD_SPIKE))  # type: ignore[operator]
+    timeline = out.split("erdict")[0]
+    assert "clip gradients" not in timeline  # the detectors' own advice is not repeated
+    assert "clip the gradient norm near" not in timeline
+    assert timeline.count("clip the global gradient norm to 1.0") == 1
+
+
+def test_a_spike_back_after_one_step_reads_in_the_singular() -> None:
+    detector = LossSpike()
+    found = []
+    for step in range(120):
+        loss = 2.0 + 0.01 * math.sin(step) + (8.0 if step == 100 else 0.0)
+        found += detector.update(StepRecord(step, {"loss": loss}))
+    [spike] = [f for f in found if f.kind == "loss_spike"]
+    assert "back after 1 step:" in spike.message
+
+
+def test_a_nan_made_in_the_loss_of_a_protected_fp32_run(tmp_path: Path) -> None:
+    """A real run: the NaN comes from the loss (every module output finite), the guard skips
+    the step, the run is fp32. The report blames the loss computation, offers no fp32 islands,
+    no fp16, and no "skip the step"."""
+    from test_console import TinyLM, _fit
+
+    _fit(tmp_path, TinyLM(nan_every=8), steps=10)  # a NaN loss at step 6, made after the model
+    diagnosis = diagnose(str(tmp_path / "stability.jsonl"))
+    [episode] = [e for e in episodes(diagnosis) if e.worst.kind == "nonfinite_loss"]
+    assert {f.kind for f in episode.findings} == {"nonfinite_loss", "root_cause"}
+    assert "the loss computation or its inputs" in episode.cause
+    assert "upcast_to_fp32" not in episode.remedies
+    assert "skip_step" not in episode.remedies  # the guard skipped the step
+    assert episode.remedies == ("rollback",)
+    text = render_text(diagnosis)
+    [block] = [b for b in text.split("\n#") if "non-finite loss" in b]
+    assert "fp16" not in block and "fp32" not in block

@@ -1,0 +1,217 @@
+"""The monitor's console: a start line, every finding once (repeats folded), one end line."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from stabilizer.callbacks.console import Console, compact_groups
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.core.records import Finding, Severity, StepRecord
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB, SEQ = 32, 8
+
+
+class TinyLM(pl.LightningModule):
+    """A user's own small LM: embedding, two blocks, a head; NaN loss on chosen steps."""
+
+    def __init__(self, nan_every: int = 0) -> None:
+        super().__init__()
+        self.nan_every = nan_every
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        out: torch.Tensor = self.head(x)
+        return out
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        (ids,) = batch
+        logits = self(ids[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        if self.nan_every and self.global_step % self.nan_every == self.nan_every - 2:
+            loss = loss * float("nan")  # a deterministic fault in the loss
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def _fit(
+    tmp_path: Path, module: pl.LightningModule, steps: int, clip: float | None = 1.0, **monitor: Any
+) -> None:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randint(0, VOCAB, (steps * 4, SEQ)))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        default_root_dir=str(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=clip,
+        callbacks=[StabilityMonitor(**monitor)],
+    )
+    trainer.fit(module, DataLoader(data, batch_size=4))
+
+
+def test_start_line_and_summary_of_a_healthy_run(tmp_path: Path, printed: list[str]) -> None:
+    _fit(tmp_path, TinyLM(), steps=6)
+    jsonl = tmp_path / "stability.jsonl"
+    assert printed[0] == (
+        f"on, policy protect; 4 depth groups: embed, block_00…block_01, head; log: {jsonl}"
+    )
+    assert printed[-1] == (
+        f"done at step 6: healthy, no findings; 0 steps skipped; "
+        f"details: stabilizer diagnose {jsonl}"
+    )
+    assert len(printed) == 2
+
+
+def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> None:
+    _fit(tmp_path, TinyLM(nan_every=8), steps=48)
+    assert printed[1] == (
+        "step 6 error nonfinite_loss [embed, block_00, block_01, head]: loss is nan at step 6; "
+        "step skipped, weights intact -> try: rollback"
+    )  # the guard skipped the step and the run is fp32: no skip_step, no upcast_to_fp32
+    assert printed[2].startswith("step 6 error root_cause:")
+    assert "every module output is finite" in printed[2]
+    folded = "NaN/Inf loss at 5 more steps (14…46), each skipped; weights intact"
+    assert printed[3:5] == [folded, "root cause at 5 more steps (14…46)"]
+    assert printed[-1].startswith(
+        "done at step 48: 12 findings (12 error), worst: step 6 nonfinite_loss; "
+        "6 steps skipped, weights intact"
+    )
+    assert len(printed) == 6  # start, NaN, root cause, two folds, end: not two printed per NaN
+
+
+def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
+    console = _console()
+    for step in range(0, 200, 8):
+        record = StepRecord(step, {"skipped": 1.0})
+        console.report(record, [_nan(step)])
+    assert printed[0].startswith("step 0 error nonfinite_loss")
+    assert printed[1:4] == [
+        "NaN/Inf loss at 7 more steps (8…56), each skipped; weights intact",
+        "NaN/Inf loss at 7 more steps (64…112), each skipped; weights intact",
+        "NaN/Inf loss at 7 more steps (120…168), each skipped; weights intact",
+    ]
+    console.finish(200)
+    assert printed[4] == "NaN/Inf loss at 3 more steps (176…192), each skipped; weights intact"
+
+
+def test_remedy_applied_and_critical_findings_always_print(printed: list[str]) -> None:
+    console = _console(policy="auto")
+    applied = Finding("remedy_applied", 5, 5, Severity.INFO, "clip_gradients after grad_spike")
+    stuck = Finding("nonfinite_loss", 3, 12, Severity.CRITICAL, "NaN/Inf loss persists")
+    for _ in range(3):
+        console.report(None, [applied, stuck])
+    assert len(printed) == 6
+    assert printed[0] == "step 5 info remedy_applied: clip_gradients after grad_spike"
+
+
+@pytest.mark.parametrize(
+    ("precision", "remedies"),
+    [("32-true", "rollback"), ("bf16-mixed", "upcast_to_fp32, rollback")],
+    ids=["fp32", "bf16"],
+)
+def test_fp16_advice_only_in_low_precision(
+    precision: str, remedies: str, printed: list[str]
+) -> None:
+    console = _console(policy="observe")
+    console.low_precision = precision != "32-true"
+    record = StepRecord(9, {"loss": float("nan"), "skipped": 0.0})
+    console.report(record, [_nan(9)])
+    assert printed == [
+        "step 9 error nonfinite_loss: loss is nan at step 9; the update was applied "
+        f"(policy observe) -> try: skip_step, {remedies}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("groups", "text"),
+    [
+        (["embed", "block_00", "block_01", "block_02", "head"], "embed, block_00…block_02, head"),
+        (["block_00", "block_02", "block_03", "other"], "block_00, block_02…block_03, other"),
+        (["encoder", "decoder"], "encoder, decoder"),
+        ([], ""),
+    ],
+    ids=["stack", "gap", "custom", "none"],
+)
+def test_compact_groups(groups: list[str], text: str) -> None:
+    assert compact_groups(groups) == text
+
+
+def test_info_reaches_stderr_without_any_logging_config(tmp_path: Path) -> None:
+    """A user's script that configures no logging still sees info lines (as Lightning's)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from pathlib import Path
+        from test_console import TinyLM, _fit
+        _fit(Path({str(tmp_path)!r}), TinyLM(), steps=2, clip=None)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "stabilizer: on, policy protect; 4 depth groups" in done.stderr
+    assert "stabilizer: step 0 info config_risk: no gradient clipping" in done.stderr
+    assert "stabilizer: done at step 2: 1 finding (1 info); 0 steps skipped" in done.stderr
+
+
+@pytest.fixture
+def printed() -> Iterator[list[str]]:
+    """The lines the ``stabilizer`` logger prints, without the ``stabilizer: `` prefix."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage().removeprefix("stabilizer: "))
+
+    logger, handler = logging.getLogger("stabilizer"), Collect(logging.DEBUG)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _console(policy: str = "protect") -> Console:
+    """A console that prints (the trainer, which only tells the rank, plays no part)."""
+    console = Console(policy)
+    console.enabled = True
+    return console
+
+
+def _nan(step: int) -> Finding:
+    return Finding(
+        "nonfinite_loss",
+        step,
+        step,
+        Severity.ERROR,
+        f"loss is nan at step {step}: skip the step; if it recurs, run LayerNorm/softmax in fp32",
+        {"loss": float("nan")},
+        (),
+        ("skip_step", "upcast_to_fp32", "rollback"),
+    )

@@ -1,0 +1,159 @@
+"""Runs of different depths in one logdir share the per-layer chart; no chart is left empty.
+
+Two real Trainer runs (4 and 12 blocks) write their TensorBoard files through the monitor; a real
+``tensorboard`` server reads the logdir, and its HTTP API must show every layer of both runs in
+"gradient norm per layer" and no chart for a signal neither run logs.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from test_tensorboard import _free_port, _get_json, _wait_for_tags
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from stabilizer.callbacks import StabilityMonitor
+from stabilizer.outputs import heatmap
+from stabilizer.outputs.heatmap import draw_heatmap
+from stabilizer.outputs.tensorboard import HEATMAP_TAG
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 16
+
+
+class Stack(pl.LightningModule):
+    """A user's small LM with ``depth`` residual blocks."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(depth))
+        self.head = nn.Linear(8, VOCAB)
+
+    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        (ids,) = batch
+        x = self.emb(ids[:, :-1])
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        logits = self.head(x)
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _run(logdir: Path, depth: int) -> None:
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=TensorBoardLogger(str(logdir), name=f"depth{depth}", version=0),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StabilityMonitor(jsonl=False, preflight=False)],
+    )
+    data = TensorDataset(torch.randint(0, VOCAB, (12, 6)))
+    trainer.fit(Stack(depth), DataLoader(data, batch_size=4))
+
+
+def _groups(depth: int) -> list[str]:
+    return ["embed", *(f"block_{i:02d}" for i in range(depth)), "head"]
+
+
+@pytest.mark.slow
+def test_runs_of_4_and_12_layers_share_the_per_layer_chart(tmp_path: Path) -> None:
+    executable = Path(sys.executable).with_name("tensorboard")
+    if not executable.exists():
+        pytest.skip(f"no tensorboard executable beside {sys.executable}")
+    for depth in (4, 12):
+        _run(tmp_path, depth)
+    runs = {4: "depth4/version_0", 12: "depth12/version_0"}
+    port = _free_port()
+    log = (tmp_path / "tensorboard.log").open("wb")
+    command = [str(executable), "--logdir", str(tmp_path), "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--load_fast", "false", "--reload_interval", "1"]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        tags = _wait_for_tags(opener, base, proc, runs=list(runs.values()))
+        layout = _get_json(opener, base + "/data/plugin/custom_scalars/layout")
+        (category,) = layout["category"]
+        charts = {chart["title"]: chart for chart in category["chart"]}
+        # fp32 runs without update ratios: no chart that would stay empty
+        assert "loss scale" not in charts and "update ratio per layer" not in charts
+        (regex,) = charts["gradient norm per layer"]["multiline"]["tag"]
+        for depth, run in runs.items():
+            query = urllib.parse.urlencode({"run": run, "tag": regex})
+            matched = _get_json(opener, f"{base}/data/plugin/custom_scalars/scalars?{query}")
+            assert matched["regex_valid"]
+            expected = sorted(f"stability/grad_norm/{g}" for g in _groups(depth))
+            assert sorted(matched["tag_to_events"]) == expected  # every layer of each run
+            assert set(expected) <= set(tags[run])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _heatmap_images(logdir: Path) -> list[Any]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"images": 0})
+    acc.Reload()
+    return list(acc.Images(HEATMAP_TAG))
+
+
+def test_the_heatmap_image_has_layer_labels_a_step_axis_and_a_colour_bar(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    _run(tmp_path, depth=4)
+    [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
+    picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
+    assert picture.size == (900, int(100 * (1.2 + 0.22 * 6)))  # the labelled figure
+    figure = pytest.importorskip("matplotlib.figure")
+    backend = pytest.importorskip("matplotlib.backends.backend_agg")
+    fig = figure.Figure()
+    backend.FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    groups = [*_groups(4), "other"]
+    draw_heatmap(fig, ax, [0, 1, 2], groups, np.ones((len(groups), 3)))
+    assert [t.get_text() for t in ax.get_yticklabels()] == groups
+    assert ax.get_xlabel() == "step" and len(fig.axes) == 2  # the colour bar's axis
+    assert any(line.get_ydata()[0] == len(groups) - 1.5 for line in ax.get_lines())  # other
+
+
+def test_without_matplotlib_the_heatmap_says_its_labels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heatmap, "matplotlib_available", lambda: False)
+    _run(tmp_path, depth=4)
+    [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
+    picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
+    assert picture.size[0] != 900  # not the matplotlib figure: the pixel image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "depth4" / "version_0"))
+    acc.Reload()
+    description = acc.summary_metadata[HEATMAP_TAG].summary_description
+    assert description.startswith("rows top to bottom: embed, block_00, block_01, block_02")
+    assert "steps 0–2 left to right" in description and "colour: log10 grad norm" in description
