@@ -169,7 +169,9 @@ class AutoRemedies:
 
     def _wants_rollback(self, f: Finding) -> bool:
         critical = f.kind in _ROLLBACK_CRITICAL and f.severity >= Severity.CRITICAL
-        return "rollback" in self.allow and (f.kind == "divergence" or critical)
+        # A divergence's closing INFO finding (the loss came back) calls for nothing.
+        diverged = f.kind == "divergence" and f.severity >= Severity.ERROR
+        return "rollback" in self.allow and (diverged or critical)
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding

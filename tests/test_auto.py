@@ -87,6 +87,14 @@ def test_remedy_is_never_applied_twice() -> None:
     assert [f.remedies for f in applied(monitor)] == [("upcast_to_fp32",)]
 
 
+def test_a_divergence_that_came_back_calls_for_no_rollback() -> None:
+    back = Finding("divergence", 150, 190, Severity.INFO, "loss back under its band", {})
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    auto = AutoRemedies()
+    assert auto.after_step(trainer, pl.LightningModule(), 191, [back]) == []
+    assert not auto.exhausted()  # no rollback was wanted (and none could be done)
+
+
 def test_unknown_remedy_name_is_refused() -> None:
     with pytest.raises(ValueError, match="`allow` must name remedies among clip_gradients"):
         AutoRemedies(allow=["clip", "rollback"])

@@ -186,7 +186,8 @@ def test_json_report() -> None:
     kinds = {(f["kind"], f["severity"], f["input"], f["segment"]) for f in report["findings"]}
     assert ("nonfinite_loss", "critical", 0, 1) in kinds
     assert ("fp16_overflow", "error", 0, 1) in kinds
-    assert report["summary"]["counts"]["critical"] == 1
+    # The persisting NaN's finding, and its closing one: "until the end of the log".
+    assert report["summary"]["counts"]["critical"] == 2
     assert report["summary"]["exit_code"] == 1 and report["summary"]["fail_on"] == "critical"
 
 

@@ -78,7 +78,8 @@ def test_post_ln_deep_names_the_starved_input_side(
 ) -> None:
     found = scenario_run("post-ln-deep").monitor.findings
     depth = [f for f in found if f.kind == "depth_imbalance"]
-    assert len(depth) == 1, [f.to_dict() for f in found]
+    # One episode: its finding, and the closing one with the same start at the end of the run.
+    assert len({f.step for f in depth}) == 1, [f.to_dict() for f in found]
     assert "block_00" in depth[0].location and "block_11" not in depth[0].location
     assert "input" in depth[0].message
     assert "swap_to_pre_ln" in depth[0].remedies

@@ -41,8 +41,8 @@ def _order(finding: Finding) -> tuple[Any, ...]:
 class Engine:
     """Feeds step records to detectors and collects their findings.
 
-    A record that holds none of a detector's `requires` keys is not passed to it (detectors treat
-    such records as no-ops anyway). A detector whose signals have not appeared after
+    A detector gets records from the first that holds one of its `requires` keys on (it treats
+    records without them as no-ops). A detector whose signals have not appeared after
     `signal_grace` records is logged once at INFO; it keeps waiting, so sparse signals (activation
     statistics sampled every 500 steps) still reach it when they come.
 
@@ -86,13 +86,24 @@ class Engine:
         """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
         self._records += 1
         found: list[Finding] = []
-        for detector in self._enabled():
-            if _has_signals(detector.requires, record.values):
-                self._seen.add(detector.name)
-                found += self._run(detector, detector.update, record)
-            elif detector.name not in self._seen and detector.name not in self._noted:
-                self._note_missing(detector)
-        return self._emit(found)
+        for detector in self.detectors:
+            name = detector.name
+            if name in self._disabled:
+                continue
+            if name not in self._seen:
+                if not _has_signals(detector.requires, record.values):
+                    if name not in self._noted:
+                        self._note_missing(detector)
+                    continue
+                self._seen.add(name)
+            try:
+                result = detector.update(record)
+            except Exception:
+                self._disable(detector, "raised", exc_info=True)
+                continue
+            if result != []:
+                found += self._checked(detector, result)
+        return self._emit(found) if found else found
 
     def finish(self) -> list[Finding]:
         """End of stream: let every detector close its open episodes; return their findings."""

@@ -27,6 +27,7 @@ KINDS = (
     "fp16_overflow",
     "overflow_risk",
     "depth_imbalance",
+    "stall",
     "nonfinite_update",
     "root_cause",
     "config_risk",

@@ -82,6 +82,11 @@ ADVICE: dict[str, Advice] = {
         "starved layers (depth imbalance)",
         "post-LN residual blocks in a deep stack: the gradient vanishes towards one end of it",
     ),
+    "stall": Advice(
+        "not learning (stall)",
+        "the loss has not moved from where it started: an LR far too high or far too low, "
+        "frozen parameters, or labels that do not match the inputs",
+    ),
     "nonfinite_update": Advice(
         "non-finite optimizer update",
         "the optimizer's own arithmetic overflowed from finite gradients: in pure fp16, AdamW's "

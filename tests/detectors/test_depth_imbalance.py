@@ -29,8 +29,8 @@ def _stack(norms: list[float], n: int, sigma: float = 0.3, seed: int = 0) -> lis
 STARVED_INPUT = [1e-4] * 6 + [1.0] * 6
 
 
-def test_starved_input_band_is_one_warning_after_patience() -> None:
-    [finding] = feed(DepthImbalance(), _stack(STARVED_INPUT, 300))
+def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() -> None:
+    [finding, closing] = feed(DepthImbalance(), _stack(STARVED_INPUT, 300))
     assert (finding.kind, finding.severity) == ("depth_imbalance", Severity.WARNING)
     assert (finding.step, finding.end_step) == (0, 49)
     assert finding.location == tuple(f"block_{i:02d}" for i in range(6))
@@ -39,17 +39,25 @@ def test_starved_input_band_is_one_warning_after_patience() -> None:
     assert (finding.evidence["band_first"], finding.evidence["band_last"]) == (0, 5)
     assert finding.evidence["blocks"] == 12
     assert finding.remedies == ("swap_to_pre_ln", "scale_lr")
+    # The band lasts to the end of the stream: the closing finding covers all of it.
+    assert (closing.kind, closing.severity) == ("depth_imbalance", Severity.WARNING)
+    assert (closing.step, closing.end_step) == (0, 299)
+    assert closing.message == (
+        "input side: blocks 0-5 get 1e-04x the gradient of the rest from step 0 until the end of "
+        "the log (300 records): switch to pre-LN and keep LR warmup"
+    )
+    assert (closing.location, closing.evidence) == (finding.location, finding.evidence)
 
 
 def test_starved_output_band() -> None:
-    [finding] = feed(DepthImbalance(patience=10), _stack([1.0] * 8 + [1e-3] * 4, 100))
+    [finding, _] = feed(DepthImbalance(patience=10), _stack([1.0] * 8 + [1e-3] * 4, 100))
     assert finding.location == ("block_08", "block_09", "block_10", "block_11")
     assert finding.message.startswith("output side: blocks 8-11")
 
 
 def test_geometric_post_ln_decay_is_caught() -> None:
     # 12 blocks, gradients shrinking 3x per block towards the input: 3^11 ~ 1.8e5 end to end.
-    [finding] = feed(DepthImbalance(), _stack([3.0 ** (i - 11) for i in range(12)], 200))
+    finding = feed(DepthImbalance(), _stack([3.0 ** (i - 11) for i in range(12)], 200))[0]
     assert finding.location[0] == "block_00"
     assert finding.message.startswith("input side")
 
@@ -85,7 +93,16 @@ def test_episode_ends_when_the_band_goes_and_can_recur() -> None:
     stream = [r for k, norms in enumerate(phases) for r in _stack(norms, 100, sigma=0.1, seed=k)]
     stream = [StepRecord(i, r.values) for i, r in enumerate(stream)]
     found = feed(DepthImbalance(alpha=1.0), stream)
-    assert [(f.step, f.end_step) for f in found] == [(0, 49), (200, 249)]
+    assert [(f.step, f.end_step, f.severity) for f in found] == [
+        (0, 49, Severity.WARNING),
+        (0, 99, Severity.INFO),  # back in balance at step 100
+        (200, 249, Severity.WARNING),
+        (200, 299, Severity.WARNING),  # until the end of the log
+    ]
+    assert found[1].message == (
+        "input side: blocks 0-5 back within 100x of the rest's gradient at step 100, after 100 "
+        "records"
+    )
 
 
 def test_update_ratio_is_secondary_evidence() -> None:
@@ -93,13 +110,13 @@ def test_update_ratio_is_secondary_evidence() -> None:
     for record in stream:
         for i in range(12):
             record.values[f"update_ratio/block_{i:02d}"] = 1e-6 if i < 6 else 1e-3  # type: ignore[index]
-    [finding] = feed(DepthImbalance(), stream)
+    finding = feed(DepthImbalance(), stream)[0]
     assert finding.evidence["update_ratio_band"] == 1e-6
     assert finding.evidence["update_ratio_rest"] == 1e-3
 
 
 def test_hundred_layers_sort_by_depth() -> None:
-    [finding] = feed(DepthImbalance(patience=5), _stack([1e-5] * 10 + [1.0] * 90, 10))
+    finding = feed(DepthImbalance(patience=5), _stack([1e-5] * 10 + [1.0] * 90, 10))[0]
     assert finding.location == tuple(f"block_{i:03d}" for i in range(10))
 
 
@@ -110,7 +127,7 @@ def test_bad_block_norms_are_skipped(bad: float) -> None:
     stream = _stack(STARVED_INPUT, 60)
     for record in stream[10:20]:
         record.values["grad_norm/block_00"] = bad  # type: ignore[index]
-    [finding] = feed(DepthImbalance(), stream)
+    finding = feed(DepthImbalance(), stream)[0]
     assert (finding.step, finding.end_step) == (0, 49)
 
 

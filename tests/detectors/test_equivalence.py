@@ -42,7 +42,7 @@ GOLDEN = Path(__file__).with_name("golden_findings.jsonl")  # [config, stream, f
 def _odd_arguments() -> list[Detector]:
     return [
         NonFinite(persistent_after=2),
-        LossSpike(window=8, min_history=8, k=2.0, rel_floor=0.0, recover_k=0.0, recovery_window=5),
+        LossSpike(window=8, min_history=8, k=2.0, rel_floor=0.0, recover_k=0.0, settle_steps=5),
         GradSpike(window=7, min_history=2, k=3.0, sigma_floor=0.0, min_ratio=2.0, recover_k=0.0),
         Fp16Overflow(cascade=2, drop_pow=2, window=10, floor=4.0, quiet=5),
         OverflowRisk(fraction=0.2, growth=1.5, samples=2, min_level=100.0),
@@ -52,7 +52,7 @@ def _odd_arguments() -> list[Detector]:
 
 def _wide_arguments() -> list[Detector]:
     return [
-        LossSpike(window=51, min_history=2, k=3.0, rel_floor=0.01, recovery_window=30),
+        LossSpike(window=51, min_history=2, k=3.0, rel_floor=0.01, settle_steps=30),
         GradSpike(window=64, min_history=64, k=2.0, clip_window=10, clip_fraction=0.2),
         Fp16Overflow(window=2, cascade=40, drop_pow=1, floor=0.0, quiet=1),
         DepthImbalance(ratio=1e6, patience=3, alpha=0.5, min_blocks=12),

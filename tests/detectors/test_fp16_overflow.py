@@ -69,6 +69,13 @@ def test_consecutive_skips_are_one_error_at_the_third(with_flag: bool) -> None:
     assert (finding.step, finding.end_step) == (500, 502)
     assert finding.evidence == {"skips": 3.0, "scale_start": 2048.0, "scale_min": 256.0}
     assert finding.remedies == ("upcast_to_fp32", "skip_step")
+    # The cascade goes on to the end of the stream: the closing finding has the final count.
+    [closing] = detector.finish()
+    assert (closing.kind, closing.severity) == ("fp16_overflow", Severity.ERROR)
+    assert (closing.step, closing.end_step) == (500, 599)
+    assert closing.evidence["skips"] == 100.0
+    assert closing.message.startswith("fp16 overflow cascade: 100 skipped steps since step 500")
+    assert closing.message.endswith(", until the end of the log")
     assert detector.finish() == []
 
 
@@ -102,17 +109,19 @@ def test_scale_falling_32x_within_the_window_is_a_cascade() -> None:
         if i % 10 == 9:
             scale /= 2
         events.append((scale, int(i % 10 == 9)))
-    [finding] = feed(Fp16Overflow(), _run(events))
+    [finding, closing] = feed(Fp16Overflow(), _run(events))
     assert (finding.step, finding.end_step) == (309, 349)
     assert finding.evidence["scale_start"] / finding.evidence["scale_min"] == 32.0
+    assert (closing.step, closing.end_step, closing.evidence["skips"]) == (309, 399, 10.0)
 
 
 def test_scale_at_floor_during_start_up_is_a_cascade() -> None:
     # NaN from the first step: the scaler never finds a working scale.
     events = [(65536.0 / 2 ** (i + 1), 1) for i in range(40)]
-    [finding] = feed(Fp16Overflow(), _run(events))
+    [finding, closing] = feed(Fp16Overflow(), _run(events))
     assert (finding.step, finding.end_step) == (0, 15)
     assert finding.evidence["scale_min"] == 1.0
+    assert (closing.step, closing.end_step) == (0, 39)
 
 
 def test_a_new_cascade_after_a_quiet_stretch_is_a_new_episode() -> None:
@@ -123,12 +132,22 @@ def test_a_new_cascade_after_a_quiet_stretch_is_a_new_episode() -> None:
         scale /= 2
         events.append((scale, 1))
     found = feed(Fp16Overflow(quiet=50), _run(events))
-    assert [(f.step, f.end_step) for f in found] == [(300, 302), (365, 367)]
+    assert [(f.step, f.end_step, f.severity) for f in found] == [
+        (300, 302, Severity.ERROR),
+        (300, 304, Severity.INFO),  # closed by 50 good steps: 5 skips in all
+        (365, 367, Severity.ERROR),
+        (365, 368, Severity.ERROR),  # until the end of the log
+    ]
+    assert found[1].message == (
+        "fp16 overflow cascade: 5 skipped steps since step 300, loss scale 2048 -> 64; over, "
+        "the scale holds at 64 since step 305"
+    )
 
 
 def test_skips_inside_an_episode_do_not_report_again() -> None:
     events = _cascade_at(300, n=5) + [(1.0, 0)] * 10 + [(0.5, 1)] * 5
-    assert len(feed(Fp16Overflow(quiet=50), _run(events))) == 1
+    found = feed(Fp16Overflow(quiet=50), _run(events))
+    assert [(f.step, f.end_step) for f in found] == [(300, 302), (300, 319)]  # the 2nd: finish
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])

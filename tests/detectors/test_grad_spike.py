@@ -46,7 +46,7 @@ def test_lasting_level_shift_is_reported_once_and_rebaselined() -> None:
 def test_open_spike_is_closed_by_finish() -> None:
     [finding] = feed(GradSpike(), records("grad_norm", [*_lognormal(60), 40.0, 40.0]))
     assert (finding.step, finding.end_step) == (60, 61)
-    assert "still up at the end" in finding.message
+    assert "up until the end of the log" in finding.message
 
 
 @pytest.mark.parametrize(

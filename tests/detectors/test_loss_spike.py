@@ -56,28 +56,53 @@ def test_spike_still_up_at_the_end_is_closed_by_finish() -> None:
     assert detector.finish() == []
 
 
-def test_long_spike_is_one_episode_and_does_not_raise_its_own_bar() -> None:
-    # 60 steps up: with a rolling (unfrozen) median the spike would become the baseline.
+def test_long_excursion_is_a_divergence_closed_when_the_loss_is_back() -> None:
+    # 60 steps up: with a rolling (unfrozen) median the excursion would become the baseline and
+    # never end; frozen, it ends when the loss is back.
     losses = _flat(100) + [6.0] * 60 + _flat(100)
-    [finding] = feed(LossSpike(), records("loss", losses))
-    assert (finding.kind, finding.step, finding.end_step) == ("loss_spike", 100, 159)
+    found = feed(LossSpike(), records("loss", losses))
+    assert [(f.kind, f.severity, f.step, f.end_step) for f in found] == [
+        ("divergence", Severity.ERROR, 100, 120),  # called 20 steps in
+        ("divergence", Severity.INFO, 100, 159),  # the loss is back at step 160
+    ]
+    assert found[0].message == (
+        "loss diverged at step 100: 6 against a 2.455 baseline for 20 steps (21 records): roll "
+        "back and lower the LR"
+    )
+    assert found[1].message == (
+        "loss back under its 2.455 baseline's band 60 steps after it diverged at step 100"
+    )
+    assert found[1].evidence["recovery_steps"] == 60
 
 
-def test_divergence_after_recovery_window_then_rebaselines() -> None:
+def test_divergence_is_called_20_steps_in_and_lasts_until_the_end_of_the_log() -> None:
     losses = _flat(100) + _flat(400, level=6.0, seed=2)
-    [finding] = feed(LossSpike(), records("loss", losses))
-    assert finding.kind == "divergence"
-    assert finding.severity is Severity.ERROR
-    assert (finding.step, finding.end_step) == (100, 201)
-    assert finding.evidence["baseline"] == pytest.approx(2.5, rel=0.05)
-    assert finding.evidence["level"] == pytest.approx(6.0, rel=0.2)
-    assert finding.remedies == ("rollback", "scale_lr", "clip_gradients")
+    called, closing = feed(LossSpike(), records("loss", losses))
+    assert (called.kind, called.severity) == ("divergence", Severity.ERROR)
+    assert (called.step, called.end_step) == (100, 120)
+    assert called.evidence["baseline"] == pytest.approx(2.5, rel=0.05)
+    assert called.evidence["baseline_records"] == 50
+    assert called.evidence["level"] == pytest.approx(6.0, rel=0.2)
+    assert called.remedies == ("rollback", "scale_lr", "clip_gradients")
+    assert (closing.kind, closing.severity) == ("divergence", Severity.ERROR)
+    assert (closing.step, closing.end_step) == (100, 499)
+    assert "and stayed up until the end of the log" in closing.message
 
 
-def test_recovery_window_is_configurable() -> None:
+def test_settle_steps_is_configurable() -> None:
     losses = _flat(100) + [6.0] * 30
-    [finding] = feed(LossSpike(recovery_window=10), records("loss", losses))
-    assert (finding.kind, finding.step, finding.end_step) == ("divergence", 100, 111)
+    called, _ = feed(LossSpike(settle_steps=10), records("loss", losses))
+    assert (called.kind, called.step, called.end_step) == ("divergence", 100, 110)
+
+
+def test_a_sparse_log_calls_a_divergence_after_settle_records() -> None:
+    # One record every 100 steps: 3 records up (200 steps) make a divergence.
+    losses = _flat(30) + [6.0] * 5
+    stream = [StepRecord(100 * i, {"loss": loss}) for i, loss in enumerate(losses)]
+    called, closing = feed(LossSpike(), stream)
+    assert (called.kind, called.step, called.end_step) == ("divergence", 3000, 3200)
+    assert "for 200 steps (3 records)" in called.message
+    assert (closing.step, closing.end_step) == (3000, 3400)
 
 
 def test_two_spikes_are_two_findings() -> None:
@@ -115,8 +140,34 @@ def test_silent_on_healthy_curves(losses: list[float]) -> None:
     assert feed(LossSpike(), records("loss", losses)) == []
 
 
-def test_warmup_makes_no_decisions() -> None:
-    assert feed(LossSpike(min_history=20), records("loss", [2.5] * 19 + [9.0, 2.5])) == []
+def test_the_first_two_losses_make_no_decision() -> None:
+    assert feed(LossSpike(), records("loss", [2.5, 9.0, 2.5, 2.5])) == []
+    [finding] = feed(LossSpike(), records("loss", [2.5, 2.6, 9.0, 2.5]))
+    assert (finding.kind, finding.step, finding.evidence["baseline_records"]) == (
+        "loss_spike",
+        2,
+        2,
+    )
+    assert finding.message == (
+        "loss spiked from 2.55 to 9 (3.5x) at step 2, back after 1 step: clip gradients (norm 1.0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("losses", "spike"),
+    [
+        ([2.5, 2.6, 2.45, 4.9], False),  # 1.9x: under the short excerpt's 2x
+        ([2.5, 2.6, 2.45, 5.2], True),
+        ([1.0, 2.0, 1.5, 3.1], False),  # 2x, but the stretch spans 1-2: not stable
+        ([1.0, 2.0, 1.5, 6.0], True),
+    ],
+    ids=["1.9x-stable", "2.1x-stable", "2x-unstable", "4x-unstable"],
+)
+def test_short_excerpts_need_a_doubling_over_a_stable_stretch(
+    losses: list[float], spike: bool
+) -> None:
+    found = feed(LossSpike(), records("loss", losses))
+    assert [f.kind for f in found] == (["loss_spike"] if spike else [])
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
@@ -144,9 +195,11 @@ def test_records_without_loss_change_nothing() -> None:
             r"`min_history` must be <= window \(10\), got 20",
             id="history-over-window",
         ),
+        pytest.param({"settle_steps": 0}, "`settle_steps` must be >= 1, got 0", id="settle_steps"),
         pytest.param(
-            {"recovery_window": 0}, "`recovery_window` must be >= 1, got 0", id="recovery_window"
+            {"settle_records": 1}, "`settle_records` must be >= 2, got 1", id="settle_records"
         ),
+        pytest.param({"short_ratio": 0.9}, "`short_ratio` must be >= 1.0, got 0.9", id="short"),
         pytest.param({"k": -1.0}, "`k` must be >= 0.0, got -1.0", id="k"),
         pytest.param({"rel_floor": math.nan}, "`rel_floor` must be >= 0.0, got nan", id="nan"),
         pytest.param({"min_jump": -0.5}, "`min_jump` must be >= 0.0, got -0.5", id="min_jump"),

@@ -41,10 +41,36 @@ def test_persistent_nan_is_critical_once_when_it_reaches_persistent_after() -> N
         (Severity.ERROR, 3, 3),
         (Severity.CRITICAL, 3, 7),
     ]
-    assert "NaN/Inf loss persists for 5 steps since step 3" in found[1].message
-    assert "not recovering" in found[1].message
+    assert found[1].message == (
+        "NaN/Inf loss persists for 5 steps since step 3: the run is not recovering; roll back "
+        "and run LayerNorm/softmax in fp32"
+    )
     assert found[1].remedies == ("rollback", "upcast_to_fp32")
+    # Still NaN at the end of the stream: the closing finding covers the whole episode.
+    [closing] = detector.finish()
+    assert (closing.kind, closing.severity, closing.step, closing.end_step) == (
+        "nonfinite_loss",
+        Severity.CRITICAL,
+        3,
+        52,
+    )
+    assert closing.message.startswith(
+        "NaN/Inf loss persists until the end of the log (50 steps) since step 3"
+    )
     assert detector.finish() == []
+
+
+def test_persistent_nan_that_ends_is_closed_at_its_last_step() -> None:
+    found = feed(NonFinite(persistent_after=3), records("grad_norm", [1.0] + [NAN] * 4 + [1.0]))
+    assert [(f.severity, f.step, f.end_step) for f in found] == [
+        (Severity.ERROR, 1, 1),
+        (Severity.CRITICAL, 1, 3),
+        (Severity.INFO, 1, 4),
+    ]
+    assert found[1].message.startswith("NaN/Inf gradients persist for 3 steps since step 1")
+    assert (
+        found[2].message == "gradients finite again at step 5 after 4 non-finite steps since step 1"
+    )
 
 
 def test_nonfinite_group_grad_names_its_groups() -> None:
@@ -75,6 +101,7 @@ def test_grad_then_loss_episode_becomes_persistent_loss() -> None:
     assert [(f.kind, f.severity, f.step, f.end_step) for f in found] == [
         ("nonfinite_grad", Severity.ERROR, 0, 0),
         ("nonfinite_loss", Severity.CRITICAL, 0, 2),
+        ("nonfinite_loss", Severity.CRITICAL, 0, 5),  # until the end of the log
     ]
 
 

@@ -15,6 +15,7 @@ from .grad_spike import GradSpike
 from .loss_spike import LossSpike
 from .nonfinite import NonFinite
 from .overflow_risk import OverflowRisk
+from .stall import Stall
 
 __all__ = [
     "DETECTORS",
@@ -25,13 +26,14 @@ __all__ = [
     "LossSpike",
     "NonFinite",
     "OverflowRisk",
+    "Stall",
     "default_detectors",
     "make_detector",
 ]
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (NonFinite, LossSpike, GradSpike, Fp16Overflow, OverflowRisk, DepthImbalance)
+    for cls in (NonFinite, LossSpike, GradSpike, Fp16Overflow, OverflowRisk, DepthImbalance, Stall)
 }
 """Every built-in detector class by its snake_case name, in the engine's default order."""
 

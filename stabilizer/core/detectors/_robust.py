@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -28,8 +29,8 @@ def finite(values: Mapping[str, float], key: str) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def median(values: Sequence[float]) -> float:
-    """The median of a non-empty sequence."""
+def median(values: Iterable[float]) -> float:
+    """The median of non-empty values."""
     return _middle(sorted(values))
 
 
@@ -49,29 +50,37 @@ class RobustWindow:
 
     Median and MAD ignore a few outliers entirely (up to half the window), where a mean and a
     standard deviation are dragged by them: one spike of 8.0 in a window of 2.5s moves the mean but
-    not the median.
+    not the median. The values are kept twice: by age (to drop the oldest) and sorted (so the
+    median is the middle one).
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.values: deque[float] = deque(maxlen=size)
+        self.values: deque[float] = deque()  # oldest first
+        self.ordered: list[float] = []  # the same values, sorted
 
     def __len__(self) -> int:
         return len(self.values)
 
     def push(self, value: float) -> None:
         """Append a finite value, dropping the oldest when full."""
+        if len(self.values) == self.size:
+            del self.ordered[bisect_left(self.ordered, self.values.popleft())]
         self.values.append(value)
+        insort(self.ordered, value)
 
     def clear(self) -> None:
         """Forget everything (re-baseline)."""
         self.values.clear()
+        self.ordered.clear()
 
-    def stats(self) -> tuple[float, float]:
-        """``(median, sigma)``: sigma is ``MAD_TO_SIGMA`` times the median absolute deviation."""
-        ordered = sorted(self.values)
-        med = _middle(ordered)
-        return med, _sigma(ordered, med)
+    def median(self) -> float:
+        """The median of the values (the window must not be empty)."""
+        return _middle(self.ordered)
+
+    def sigma(self, med: float) -> float:
+        """``MAD_TO_SIGMA`` times the median absolute deviation from ``med`` (the median)."""
+        return MAD_TO_SIGMA * median([abs(v - med) for v in self.ordered])
 
     def state(self) -> list[float]:
         """The values, oldest first."""
@@ -79,67 +88,60 @@ class RobustWindow:
 
     def load(self, values: Iterable[float]) -> None:
         """Replace the values (from `state`)."""
-        self.values.clear()
-        self.values.extend(float(v) for v in values)
+        self.clear()
+        for value in values:
+            self.push(float(value))
 
 
-def _sigma(ordered: Sequence[float], med: float) -> float:
-    return MAD_TO_SIGMA * _middle(sorted([abs(v - med) for v in ordered]))
-
-
-Classify = Callable[[float, float, float], "float | None"]
-"""``(value, median, sigma) -> recovery limit`` when the value is a spike, else None."""
+Classify = Callable[[float, RobustWindow], "tuple[float, float] | None"]
+"""``(value, baseline window) -> (baseline, recovery limit)`` when the value is a spike, else
+None."""
 
 
 class SpikeTracker:
     """A robust baseline frozen during spikes, and the spike episode's bookkeeping.
 
     `observe` feeds one finite value. Outside a spike the value either opens an episode (the
-    ``classify`` callable says it is a spike and under which limit it counts as over) or joins the
-    baseline. Inside, it extends the episode (start, last, peak, peak_step, baseline, limit) until
-    a value falls back under the limit (``"recovered"``) or the episode outlasts
-    ``recovery_window`` steps (``"stuck"``: the baseline restarts from the new level).
+    ``classify`` callable says it is a spike, against which baseline, and under which limit it
+    counts as over) or joins the baseline. Inside, it extends the open `episode` (``start``,
+    ``last``, ``records``, ``peak``, ``peak_step``, ``baseline``, ``baseline_records``, ``limit``)
+    until a value falls back under the limit: the episode ends and `observe` returns it. What a
+    long episode means (a divergence, a level shift) is the detector's to say; `rebaseline` ends
+    an episode by starting the baseline over from the new level.
     """
 
-    def __init__(
-        self, window: int, min_history: int, recovery_window: int, classify: Classify
-    ) -> None:
+    def __init__(self, window: int, classify: Classify) -> None:
         check_at_least("window", window, 2)
-        check_at_least("min_history", min_history, 2)
-        if min_history > window:
-            raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
-        check_at_least("recovery_window", recovery_window, 1)
         self.window = RobustWindow(window)
-        self.min_history, self.recovery_window = min_history, recovery_window
         self.classify = classify
         self.episode: dict[str, Any] | None = None
 
-    def observe(self, step: int, value: float) -> tuple[str, dict[str, Any]] | None:
-        """Feed one value; ``(outcome, episode)`` when an episode ends, else None."""
+    def observe(self, step: int, value: float) -> dict[str, Any] | None:
+        """Feed one value; the episode it ended by falling back under the limit, else None."""
         episode = self.episode
         if episode is None:
-            if len(self.window) >= self.min_history:
-                med, sigma = self.window.stats()
-                limit = self.classify(value, med, sigma)
-                if limit is not None:
-                    self.episode = {"start": step, "last": step, "peak": value, "peak_step": step}
-                    self.episode.update(baseline=med, limit=limit)
-                    return None
-            self.window.push(value)
+            spike = self.classify(value, self.window)
+            if spike is None:
+                self.window.push(value)
+                return None
+            self.episode = {"start": step, "last": step, "records": 1, "peak": value}
+            self.episode.update(peak_step=step, baseline=spike[0], limit=spike[1])
+            self.episode["baseline_records"] = len(self.window)
             return None
         if value <= episode["limit"]:
             self.episode = None
             self.window.push(value)
-            return "recovered", episode
-        episode["last"] = step
+            return episode
+        episode["last"], episode["records"] = step, episode["records"] + 1
         if value > episode["peak"]:
             episode["peak"], episode["peak_step"] = value, step
-        if step - episode["start"] <= self.recovery_window:
-            return None
+        return None
+
+    def rebaseline(self, value: float) -> None:
+        """End the open episode: a lasting shift, the baseline starts over from ``value``."""
         self.episode = None
-        self.window.clear()  # a lasting shift: re-baseline on the new level
+        self.window.clear()
         self.window.push(value)
-        return "stuck", episode
 
     def close(self) -> dict[str, Any] | None:
         """End of stream: the open episode, if any, now closed."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from stabilizer.core.records import Finding, Severity, StepRecord
@@ -15,6 +16,7 @@ from .base import check_at_least
 __all__ = ["DepthImbalance"]
 
 _BLOCKS = GRAD_NORM_PREFIX + "block_"  # the keys of per-block norms
+_ADVICE = "switch to pre-LN and keep LR warmup"
 
 
 class DepthImbalance:
@@ -30,7 +32,9 @@ class DepthImbalance:
     (`patience` counts those records, not steps). A healthy pre-LN stack has larger gradients in
     early blocks than in late ones (NormFormer), typically a smooth 3-10× from first to last,
     far below `ratio`. One WARNING per side per episode, the starved groups as location,
-    ``update_ratio/<group>`` as extra evidence; it ends when the band does. Zero norms are ignored.
+    ``update_ratio/<group>`` as extra evidence, emitted after `patience` records; it ends when the
+    band does, with a closing finding of the same start: INFO when the band is gone, WARNING
+    "until the end of the log" when the stream ends first. Zero norms are ignored.
 
     Args:
         ratio: How many times smaller the band's norms must be than the rest's median.
@@ -53,13 +57,14 @@ class DepthImbalance:
         self.ratio, self.gap, self.patience = ratio, math.log10(ratio), patience
         self.alpha, self.min_blocks = alpha, min_blocks
         self._ema: dict[str, float] = {}  # block group -> EMA of log10 norm, as they appeared
-        self._streak: dict[str, list[int]] = {}  # side -> [first step, records] of a band
-        self._open: set[str] = set()  # sides whose episode was reported
+        self._order: list[str] = []  # the groups of `_ema` in depth order
+        self._streak: dict[str, list[int]] = {}  # side -> [first step, records, last step]
+        self._open: dict[str, Finding] = {}  # side -> the finding that reported its band
 
     def update(self, record: StepRecord) -> list[Finding]:
         if not self._smooth(record.values) or len(self._ema) < self.min_blocks:
             return []
-        ordered = sorted(self._ema, key=lambda group: block_index(group) or 0)
+        ordered = self._order
         levels = [self._ema[group] for group in ordered]
         findings: list[Finding] = []
         for side, groups, side_levels in (
@@ -75,14 +80,17 @@ class DepthImbalance:
         """Move each block's EMA towards the record's finite positive norm; whether any was."""
         updated = False
         for key, value in values.items():
-            group = key[len(GRAD_NORM_PREFIX) :]
-            if not key.startswith(_BLOCKS) or block_index(group) is None:
+            if not key.startswith(_BLOCKS) or not 0.0 < value < math.inf:
                 continue
-            if not 0.0 < value < math.inf:
-                continue
-            level = math.log10(value)
+            group, level = key[len(GRAD_NORM_PREFIX) :], math.log10(value)
             old = self._ema.get(group)
-            self._ema[group] = level if old is None else old + self.alpha * (level - old)
+            if old is not None:
+                self._ema[group] = old + self.alpha * (level - old)
+            elif block_index(group) is not None:  # a new block: it starts at its first norm
+                self._ema[group] = level
+                self._order = _depth_order(self._ema)
+            else:
+                continue
             updated = True
         return updated
 
@@ -91,44 +99,68 @@ class DepthImbalance:
     ) -> Finding | None:
         size = _band(levels, self.gap)
         if size == 0:
-            self._streak.pop(side, None)
-            self._open.discard(side)
-            return None
-        streak = self._streak.setdefault(side, [record.step, 0])
-        streak[1] += 1
+            streak, opened = self._streak.pop(side, None), self._open.pop(side, None)
+            if streak is None or opened is None:
+                return None
+            top, low = int(opened.evidence["band_first"]), int(opened.evidence["band_last"])
+            message = (
+                f"{side} side: blocks {top}-{low} back within {self.ratio:g}x of the rest's "
+                f"gradient at step {record.step}, after {streak[1]} records"
+            )
+            return replace(opened, end_step=streak[2], severity=Severity.INFO, message=message)
+        streak = self._streak.setdefault(side, [record.step, 0, record.step])
+        streak[1], streak[2] = streak[1] + 1, record.step
         if streak[1] < self.patience or side in self._open:
             return None
-        self._open.add(side)
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
         ema = self._ema
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
         first, last = block_index(band[0]), block_index(band[-1])
-        message = (
-            f"{side} side: blocks {first}-{last} get {1 / ratio:.0e}x the gradient of the rest "
-            f"for {streak[1]} records: switch to pre-LN and keep LR warmup"
-        )
         evidence = {"band_min": exp10(min(levels)), "band_max": exp10(max(levels))}
         evidence.update(rest_median=exp10(rest_level), ratio=ratio, band_first=first or 0)
         evidence.update(band_last=last or 0, blocks=len(groups))
         evidence.update(_update_ratios(record.values, band, rest))
+        message = f"{_blocks(side, evidence)} for {streak[1]} records: {_ADVICE}"
         head = ("depth_imbalance", streak[0], record.step, Severity.WARNING, message)
-        return Finding(*head, evidence, tuple(band), ("swap_to_pre_ln", "scale_lr"))
+        self._open[side] = Finding(*head, evidence, tuple(band), ("swap_to_pre_ln", "scale_lr"))
+        return self._open[side]
 
     def finish(self) -> list[Finding]:
+        found = []
+        for side, opened in sorted(self._open.items()):
+            streak = self._streak[side]
+            span = f"from step {streak[0]} until the end of the log ({streak[1]} records)"
+            message = f"{_blocks(side, opened)} {span}: {_ADVICE}"
+            found.append(replace(opened, end_step=streak[2], message=message))
         self._streak.clear()
         self._open.clear()
-        return []
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         streak = {side: list(value) for side, value in self._streak.items()}
-        return {"ema": dict(self._ema), "streak": streak, "open": sorted(self._open)}
+        opened = {side: finding.to_dict() for side, finding in self._open.items()}
+        return {"ema": dict(self._ema), "streak": streak, "open": opened}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ema = {str(g): float(v) for g, v in state["ema"].items()}
+        self._order = _depth_order(self._ema)
         self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
-        self._open = {str(side) for side in state["open"]}
+        self._open = {str(s): Finding.from_dict(data) for s, data in state["open"].items()}
+
+
+def _blocks(side: str, opened: Finding | Mapping[str, float]) -> str:
+    """``input side: blocks 0-5 get 1e-02x the gradient of the rest``, from a finding's evidence."""
+    evidence = opened.evidence if isinstance(opened, Finding) else opened
+    first, last = int(evidence["band_first"]), int(evidence["band_last"])
+    share = f"{1 / evidence['ratio']:.0e}x"
+    return f"{side} side: blocks {first}-{last} get {share} the gradient of the rest"
+
+
+def _depth_order(groups: Iterable[str]) -> list[str]:
+    """Block groups in depth order (ties: in the order given)."""
+    return sorted(groups, key=lambda group: block_index(group) or 0)
 
 
 def _band(levels: Sequence[float], gap: float) -> int:

@@ -25,9 +25,11 @@ class Fp16Overflow:
     does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
     fits; skips before the first good step are that calibration, only the floor rule applies. The
     finding is emitted when the cascade is recognised (the run may never leave it); later skips
-    extend the episode silently, and `quiet` good records in a row close it. The finding starts
-    at the cascade's first skip (that of the run of skips, or, for a fall of the scale, the first
-    after its last top), so an earlier isolated skip in the window is not counted.
+    extend the episode silently, and `quiet` good records in a row close it. An episode that
+    grew after it was reported gets a closing finding with the same start and the final count:
+    INFO when it closes, ERROR "until the end of the log" when the stream ends first. The finding
+    starts at the cascade's first skip (that of the run of skips, or, for a fall of the scale, the
+    first after its last top), so an earlier isolated skip in the window is not counted.
 
     Args:
         cascade: Consecutive skipped steps that make a cascade.
@@ -61,6 +63,7 @@ class Fp16Overflow:
         self._run = 0  # consecutive skipped records
         self._active = False  # whether an episode is open (already reported)
         self._good = 0  # good records in a row inside an episode
+        self._episode: dict[str, Any] = {}  # the open episode: steps, skips, scales
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -79,8 +82,7 @@ class Fp16Overflow:
         self._run = self._run + 1 if skipped else 0
         self._window.append((record.step, scale, int(skipped)))
         if self._active:
-            self._extend(skipped)
-            return []
+            return self._extend(record.step, scale, skipped)
         begin = self._cascade(scale) if skipped else None
         return [] if begin is None else [self._open(begin)]
 
@@ -102,26 +104,43 @@ class Fp16Overflow:
         entries = list(self._window)[begin:]
         scales = [s for _, s, _ in entries]
         skips = [step for step, _, flag in entries if flag]
-        start, end, count = skips[0], skips[-1], len(skips)
         self._active, self._good = True, 0
-        since = f"{count} skipped steps since step" if count > 1 else "1 skipped step at step"
-        message = (
-            f"fp16 overflow cascade: {since} {start}, loss scale {max(scales):g} -> "
-            f"{min(scales):g}: train in bf16 or run LayerNorm/softmax in fp32"
-        )
-        evidence = {"skips": count, "scale_start": max(scales), "scale_min": min(scales)}
-        remedies = ("upcast_to_fp32", "skip_step")
-        return Finding("fp16_overflow", start, end, Severity.ERROR, message, evidence, (), remedies)
+        self._episode = {"start": skips[0], "last": skips[-1], "skips": len(skips)}
+        self._episode.update(scale_start=max(scales), scale_min=min(scales), reported=len(skips))
+        return self._finding(Severity.ERROR, "")
 
-    def _extend(self, skipped: bool) -> None:
+    def _finding(self, severity: Severity, outcome: str) -> Finding:
+        episode = self._episode
+        start, count = episode["start"], episode["skips"]
+        since = f"{count} skipped steps since step" if count > 1 else "1 skipped step at step"
+        top, low = episode["scale_start"], episode["scale_min"]
+        message = f"fp16 overflow cascade: {since} {start}, loss scale {top:g} -> {low:g}"
+        message += outcome or ": train in bf16 or run LayerNorm/softmax in fp32"
+        evidence = {"skips": count, "scale_start": top, "scale_min": low}
+        head = ("fp16_overflow", start, episode["last"], severity, message, evidence)
+        return Finding(*head, (), ("upcast_to_fp32", "skip_step"))
+
+    def _extend(self, step: int, scale: float, skipped: bool) -> list[Finding]:
+        """A record inside an open episode: a skip extends it, `quiet` good records close it."""
+        episode = self._episode
+        episode["scale_min"] = min(episode["scale_min"], scale)
+        if skipped:
+            episode["last"], episode["skips"] = step, episode["skips"] + 1
         self._good = 0 if skipped else self._good + 1
-        if self._good >= self.quiet:
-            self._active, self._good = False, 0
-            self._window.clear()  # measure the next fall from the recovered scale
+        if self._good < self.quiet:
+            return []
+        self._active, self._good = False, 0
+        self._window.clear()  # measure the next fall from the recovered scale
+        if episode["skips"] == episode["reported"]:
+            return []
+        outcome = f"; over, the scale holds at {scale:g} since step {episode['last'] + 1}"
+        return [self._finding(Severity.INFO, outcome)]
 
     def finish(self) -> list[Finding]:
+        grew = self._active and self._episode["skips"] > self._episode["reported"]
+        found = [self._finding(Severity.ERROR, ", until the end of the log")] if grew else []
         self._active, self._good = False, 0
-        return []
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -131,6 +150,7 @@ class Fp16Overflow:
             "run": self._run,
             "active": self._active,
             "good": self._good,
+            "episode": dict(self._episode),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -140,3 +160,4 @@ class Fp16Overflow:
         self._calibrated, self._run = bool(state["calibrated"]), int(state["run"])
         self._active = bool(state["active"])
         self._good = int(state["good"])
+        self._episode = dict(state.get("episode", {}))

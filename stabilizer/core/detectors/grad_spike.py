@@ -3,30 +3,39 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from typing import Any, ClassVar
 
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import CLIP_VAL, CLIPPED, GRAD_NORM
 
 from ._clipping import ClipWindow
-from ._robust import SpikeTracker, exp10
+from ._robust import RobustWindow, SpikeTracker, exp10
 from .base import check_at_least, check_fraction
 
 __all__ = ["GradSpike"]
 
 
 class GradSpike:
-    """Gradient-norm spikes (one outsized batch), and clipping saturation (the LR is too high).
+    """Gradient-norm spikes (one outsized batch, or a norm growing geometrically), and clipping
+    that fires on most steps (the LR is too high).
 
     Requires: ``grad_norm`` (total, unscaled, before clipping); ``clipped`` or ``clip_val``.
-    Rule: log10(norm) > med + k·max(σ, sigma_floor) and norm ≥ min_ratio·10^med; clipped > half.
+    Rule: log10(norm) > med + k·max(σ, sigma_floor), and norm ≥ min_ratio·10^med once
+    `min_history` norms are in the baseline, ≥ short_ratio·10^med before (from the third norm on),
+    or `growth`× each of the last `grow_records` records; clipped on more than half the steps.
 
     Gradient norms are roughly log-normal, so the baseline lives in log10 space: median and MAD of
-    the last `window` positive finite norms, frozen while a spike lasts. A spike is one
-    ``grad_spike`` (WARNING) emitted when the norm is back under ``med + recover_k·σ``; still up
-    after `recovery_window` steps, it is reported as a level shift and the baseline restarts.
-    Defaults: typical step-to-step noise is 10-30% (σ ≈ 0.05-0.1 decades), so 5σ with a 3× floor
-    ignores it and catches the 10-100× outliers that precede loss spikes.
+    the last `window` positive finite norms, frozen while a spike lasts. The baseline rests on what
+    is there (``baseline_records`` in the evidence), so a pasted excerpt is judged from its third
+    record on; on so few records the norm must reach 10× their median. A norm that doubles record
+    after record is an explosion under way whatever its ratio to the median (BLOOM-176B:
+    0.24 → 0.95 → 2.39 → 15.9). A spike is one ``grad_spike`` (WARNING) emitted when the norm is
+    back under ``med + recover_k·σ``, or at the end of the log; still up after `recovery_window`
+    steps, it is reported as a level shift and the baseline restarts. Defaults: typical
+    step-to-step noise is 10-30% (σ ≈ 0.05-0.1 decades), so 5σ with a 3× floor ignores it and
+    catches the 10-100× outliers that precede loss spikes; large norms at the start of training
+    fall, and a fall is never a spike.
 
     When ``clipped`` is logged (or derivable as ``grad_norm > clip_val``), more than half of the
     last `clip_window` steps clipped means clipping has become the optimizer's step-size control:
@@ -35,10 +44,13 @@ class GradSpike:
 
     Args:
         window: Number of recent norms in the baseline.
-        min_history: Norms seen before any decision (warm-up; also after a level shift).
+        min_history: Norms in the baseline from which the long-log rule applies.
         k: Spike threshold in robust standard deviations of log10(norm).
         sigma_floor: Lower bound of that standard deviation, in decades.
-        min_ratio: A spike is at least this multiple of the baseline norm.
+        min_ratio: Long logs: a spike is at least this multiple of the baseline norm.
+        short_ratio: Short excerpts: a spike is at least this multiple of the baseline norm.
+        growth: Growth factor per record that counts as geometric growth...
+        grow_records: ...over this many records in a row.
         recover_k: Recovered when within this many standard deviations of the baseline.
         recovery_window: Steps a spike may last before it counts as a level shift.
         clip_window: Steps over which the clipped fraction is measured.
@@ -55,27 +67,57 @@ class GradSpike:
         k: float = 5.0,
         sigma_floor: float = 0.05,
         min_ratio: float = 3.0,
+        short_ratio: float = 10.0,
+        growth: float = 2.0,
+        grow_records: int = 3,
         recover_k: float = 2.5,
         recovery_window: int = 100,
         clip_window: int = 100,
         clip_fraction: float = 0.5,
     ) -> None:
-        self._tracker = SpikeTracker(window, min_history, recovery_window, self._classify)
+        self._tracker = SpikeTracker(window, self._classify)
+        check_at_least("min_history", min_history, 2)
+        if min_history > window:
+            raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
         for arg, value, low in (("k", k, 0.0), ("sigma_floor", sigma_floor, 0.0)):
             check_at_least(arg, value, low)
-        check_at_least("min_ratio", min_ratio, 1.0)
+        for arg, value in (("min_ratio", min_ratio), ("short_ratio", short_ratio)):
+            check_at_least(arg, value, 1.0)
+        check_at_least("growth", growth, 1.0)
+        check_at_least("grow_records", grow_records, 1)
+        if grow_records >= window:
+            raise ValueError(f"`grow_records` must be < window ({window}), got {grow_records}")
         check_at_least("recover_k", recover_k, 0.0)
+        check_at_least("recovery_window", recovery_window, 1)
         check_at_least("clip_window", clip_window, 1)
         check_fraction("clip_fraction", clip_fraction)
-        self.k, self.sigma_floor, self.min_jump = k, sigma_floor, math.log10(min_ratio)
+        self.min_history, self.k, self.sigma_floor = min_history, k, sigma_floor
+        self.min_jump, self.short_jump = math.log10(min_ratio), math.log10(short_ratio)
+        self.growth, self.grow_records = math.log10(growth), grow_records
         self.recover_k, self.recovery_window = recover_k, recovery_window
         self.clip_window, self.clip_fraction = clip_window, clip_fraction
         self._clips = ClipWindow(clip_window, clip_fraction)
 
-    def _classify(self, x: float, med: float, sigma: float) -> float | None:
-        band = max(sigma, self.sigma_floor)
-        spike = x > med + self.k * band and x >= med + self.min_jump
-        return med + self.recover_k * band if spike else None
+    def _classify(self, x: float, window: RobustWindow) -> tuple[float, float] | None:
+        if len(window) < 2:
+            return None
+        med = window.median()
+        jump = self.min_jump if len(window) >= self.min_history else self.short_jump
+        if x > med and self._growing(x, window):
+            # Growth is its own evidence, and the spread of the norms before is its trend.
+            return med, med + self.recover_k * self.sigma_floor
+        if x < med + jump:
+            return None  # most norms: no jump, so no need to measure the noise
+        band = max(window.sigma(med), self.sigma_floor)
+        return (med, med + self.recover_k * band) if x > med + self.k * band else None
+
+    def _growing(self, x: float, window: RobustWindow) -> bool:
+        """Whether ``x`` ends `grow_records` records in a row, each `growth`× the one before."""
+        values = window.values
+        if len(values) < self.grow_records or x - values[-1] < self.growth:
+            return False
+        run = [values[i] for i in range(-self.grow_records, 0)] + [x]
+        return all(b - a >= self.growth for a, b in pairwise(run))
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -84,28 +126,32 @@ class GradSpike:
         norm = values.get(GRAD_NORM)
         if norm is None or not 0.0 < norm < math.inf:
             return findings
-        ended = self._tracker.observe(record.step, math.log10(norm))
+        level, tracker = math.log10(norm), self._tracker
+        ended = tracker.observe(record.step, level)
         if ended is not None:
-            lasting = f"still up after {self.recovery_window} steps"
-            recovered = ended[0] == "recovered"
-            findings.append(self._spike(ended[1], "back to normal" if recovered else lasting))
+            findings.append(self._spike(ended, "back to normal"))
+        episode = tracker.episode
+        if episode is not None and record.step - episode["start"] > self.recovery_window:
+            tracker.rebaseline(level)  # a lasting shift: re-baseline on the new level
+            findings.append(self._spike(episode, f"still up after {self.recovery_window} steps"))
         return findings
 
     def _spike(self, episode: dict[str, Any], outcome: str) -> Finding:
         base, peak = exp10(episode["baseline"]), exp10(episode["peak"])
-        ratio, peak_step = peak / base, episode["peak_step"]
+        ratio, peak_step, records = peak / base, episode["peak_step"], episode["baseline_records"]
         message = (
-            f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x the {base:.3g} baseline) at step "
-            f"{peak_step}, {outcome}: clip the gradient norm near its usual level"
+            f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x the {base:.3g} median of "
+            f"{records} records before) at step {peak_step}, {outcome}: clip the gradient norm "
+            "near its usual level"
         )
-        evidence = {"baseline": base, "peak": peak, "ratio": ratio, "peak_step": peak_step}
-        evidence["steps"] = episode["last"] - episode["start"] + 1
+        evidence = {"baseline": base, "baseline_records": records, "peak": peak, "ratio": ratio}
+        evidence.update(peak_step=peak_step, steps=episode["last"] - episode["start"] + 1)
         start, end, remedies = episode["start"], episode["last"], ("clip_gradients", "skip_step")
         return Finding("grad_spike", start, end, Severity.WARNING, message, evidence, (), remedies)
 
     def finish(self) -> list[Finding]:
         episode = self._tracker.close()
-        return [] if episode is None else [self._spike(episode, "still up at the end")]
+        return [] if episode is None else [self._spike(episode, "up until the end of the log")]
 
     def state_dict(self) -> dict[str, Any]:
         return {**self._tracker.state(), **self._clips.state()}

@@ -8,25 +8,37 @@ from typing import Any, ClassVar
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS
 
-from ._robust import SpikeTracker
+from ._robust import RobustWindow, SpikeTracker
 from .base import check_at_least
 
 __all__ = ["LossSpike"]
 
+_SPIKE_REMEDIES = ("clip_gradients", "rollback")
+_DIVERGENCE_REMEDIES = ("rollback", "scale_lr", "clip_gradients")
+_HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
+
 
 class LossSpike:
-    """Loss spikes that recover, and loss jumps that never come back (divergence).
+    """Loss spikes that recover, and loss jumps that stay up (divergence).
 
     Requires: ``loss``.
-    Rule: loss > med + k·max(σ, rel_floor·|med|) and loss ≥ min(min_ratio·med, med + min_jump).
+    Rule: loss > med + k·max(σ, rel_floor·|med|), and ≥ min(min_ratio·med, med + min_jump) once
+    `min_history` losses are in the baseline, ≥ short_ratio·med before (from the third loss on).
 
-    Here med and σ (MAD-based) are those of the last `window` finite losses before the spike.
+    Here med and σ (MAD-based) are those of the last `window` finite losses before the spike:
+    the baseline rests on what is there, so a pasted excerpt of a few records is judged from its
+    third record on (the evidence says how many records: ``baseline_records``). On so few, σ says
+    little, so the jump must be larger (a doubling) and stand out of the stretch's own spread.
 
     While a spike lasts the baseline is frozen, so the spike cannot raise its own bar. The episode
     ends when the loss is back under ``med + recover_k·max(σ, rel_floor·|med|)``: one
     ``loss_spike`` (WARNING), emitted then, because only its end tells a spike from a divergence.
-    Still up after `recovery_window` steps, it is one ``divergence`` (ERROR), and the detector
-    re-baselines on the new level. Non-finite losses are skipped (`NonFinite` reports them).
+    Still up after `settle_steps` steps and `settle_records` records, and not falling back (the
+    loss keeps half its largest excess of those records), it is a ``divergence`` (ERROR), emitted
+    at once (a live monitor rolls back on it); the episode then runs on, and a
+    second ``divergence`` finding with the same start closes it: INFO where the loss is back under
+    the bar, ERROR "until the end of the log" when the stream ends first. Non-finite losses are
+    skipped (`NonFinite` reports them).
 
     Why these defaults, and not those of other tools:
 
@@ -39,16 +51,21 @@ class LossSpike:
     - k = 6 on a MAD σ: minibatch noise of ±5-10% never reaches 6σ, while 2.5 → 5 clears it. The
       floor ``rel_floor = 0.05`` keeps a near-constant loss (σ ≈ 0) from firing on a 1% wobble.
       The jump test (≥ 1.5× or ≥ +0.5 nats) keeps tiny, very smooth losses from firing on noise.
+    - 20 steps and 3 records to call a divergence: a spike from one bad batch is back within a
+      few steps; the loss of a run thrown into a worse region stays up. Calling it late costs the
+      rollback what the run learns meanwhile.
 
     Args:
         window: Number of recent finite losses in the baseline.
-        min_history: Losses seen before any decision (warm-up; also after a divergence).
+        min_history: Losses in the baseline from which the long-log rule applies.
         k: Spike threshold in robust standard deviations.
         rel_floor: Lower bound of the standard deviation, relative to the median.
-        min_ratio: A spike is at least this multiple of the baseline...
+        min_ratio: Long logs: a spike is at least this multiple of the baseline...
         min_jump: ...or at least this many nats above it (whichever is smaller).
+        short_ratio: Short excerpts: a spike is at least this multiple of the baseline.
         recover_k: Recovered when the loss is within this many standard deviations of the baseline.
-        recovery_window: Steps a spike may last before it counts as a divergence.
+        settle_steps: Steps a spike may last before it counts as a divergence...
+        settle_records: ...and records (for logs that print every N steps).
     """
 
     name: ClassVar[str] = "loss_spike"
@@ -62,69 +79,140 @@ class LossSpike:
         rel_floor: float = 0.05,
         min_ratio: float = 1.5,
         min_jump: float = 0.5,
+        short_ratio: float = 2.0,
         recover_k: float = 3.0,
-        recovery_window: int = 100,
+        settle_steps: int = 20,
+        settle_records: int = 3,
     ) -> None:
-        self._tracker = SpikeTracker(window, min_history, recovery_window, self._classify)
+        self._tracker = SpikeTracker(window, self._classify)
+        check_at_least("min_history", min_history, 2)
+        if min_history > window:
+            raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
         for arg, value in (("k", k), ("rel_floor", rel_floor), ("min_jump", min_jump)):
             check_at_least(arg, value, 0.0)
         check_at_least("min_ratio", min_ratio, 1.0)
+        check_at_least("short_ratio", short_ratio, 1.0)
         check_at_least("recover_k", recover_k, 0.0)
         if recover_k > k:
             raise ValueError(f"`recover_k` must be <= k ({k}), got {recover_k}")
-        self.k, self.rel_floor, self.min_ratio, self.min_jump = k, rel_floor, min_ratio, min_jump
-        self.recover_k, self.recovery_window = recover_k, recovery_window
+        check_at_least("settle_steps", settle_steps, 1)
+        check_at_least("settle_records", settle_records, 2)
+        self.min_history, self.k, self.rel_floor = min_history, k, rel_floor
+        self.min_ratio, self.min_jump, self.short_ratio = min_ratio, min_jump, short_ratio
+        self.recover_k = recover_k
+        self.settle_steps, self.settle_records = settle_steps, settle_records
 
-    def _classify(self, loss: float, med: float, sigma: float) -> float | None:
-        band = max(sigma, self.rel_floor * abs(med))
-        jumped = loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
-        return med + self.recover_k * band if loss > med + self.k * band and jumped else None
+    def _classify(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
+        if len(window) < 2:
+            return None
+        med = window.median()
+        if len(window) < self.min_history:
+            jumped = loss >= med + (self.short_ratio - 1.0) * abs(med)
+        else:
+            jumped = loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
+        if not jumped:
+            return None  # most losses: no jump, so no need to measure the noise
+        band = max(window.sigma(med), self.rel_floor * abs(med))
+        return (med, med + self.recover_k * band) if loss > med + self.k * band else None
 
     def update(self, record: StepRecord) -> list[Finding]:
         loss = record.values.get(LOSS)
-        if loss is None:
+        if loss is None or not isfinite(loss):
             return []
-        ended = self._tracker.observe(record.step, loss) if isfinite(loss) else None
-        if ended is None:
+        tracker = self._tracker
+        ended = tracker.observe(record.step, loss)
+        if ended is not None:
+            back = record.step - ended["start"]
+            return [self._back(ended, back) if "called" in ended else self._spike(ended, back)]
+        episode = tracker.episode
+        if episode is None:
             return []
-        outcome, episode = ended
-        if outcome == "recovered":
-            return [self._spike(episode, recovery_steps=record.step - episode["start"])]
-        base, start = episode["baseline"], episode["start"]
-        message = (
-            f"loss diverged at step {start}: {loss:.4g} against a {base:.4g} baseline for over "
-            f"{self.recovery_window} steps: roll back and lower the LR"
-        )
-        evidence = {"baseline": base, "peak": episode["peak"], "peak_step": episode["peak_step"]}
-        evidence.update(level=loss, ratio=_ratio(loss, base))
-        head = ("divergence", start, record.step, Severity.ERROR, message, evidence, ())
-        return [Finding(*head, ("rollback", "scale_lr", "clip_gradients"))]
+        episode["level"] = loss
+        # A new list, not an append: `state` copies the episode shallowly.
+        episode["recent"] = [*episode.get("recent", [])[1 - self.settle_records :], loss]
+        if "called" in episode or not self._settled(episode):
+            return []
+        episode["called"] = record.step
+        return [self._divergence(episode, end_of_log=False)]
 
-    def _spike(self, episode: dict[str, Any], recovery_steps: int | None) -> Finding:
+    def _settled(self, episode: dict[str, Any]) -> bool:
+        """Whether the loss has stayed up long enough, and is not on its way back down.
+
+        A spike that decays over several records (5.7, 4.7, 3.8, 3.0 on a 2.05 baseline) is not
+        a divergence: the loss must hold at least `_HOLD` of its largest excess over the baseline
+        in the last `settle_records` records.
+        """
+        if episode["last"] - episode["start"] < self.settle_steps:
+            return False
+        if episode["records"] < self.settle_records:
+            return False
+        base: float = episode["baseline"]
+        recent: list[float] = episode["recent"]
+        return recent[-1] - base >= _HOLD * (max(recent) - base)
+
+    def _spike(self, episode: dict[str, Any], back: int | None) -> Finding:
         base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]
-        ratio, back = _ratio(peak, base), f"back after {recovery_steps} step"
-        back += "s" if recovery_steps != 1 else ""
+        ratio = _ratio(peak, base)
+        how = "up until the end of the log" if back is None else f"back after {_steps(back)}"
         message = (
             f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
-            f"{back if recovery_steps is not None else 'still up at the end'}: "
-            "clip gradients (norm 1.0)"
+            f"{how}: clip gradients (norm 1.0)"
         )
-        evidence = {"baseline": base, "peak": peak, "peak_step": peak_step, "ratio": ratio}
-        evidence["recovered"] = float(recovery_steps is not None)
-        if recovery_steps is not None:
-            evidence["recovery_steps"] = recovery_steps
-        start, end, remedies = episode["start"], episode["last"], ("clip_gradients", "rollback")
-        return Finding("loss_spike", start, end, Severity.WARNING, message, evidence, (), remedies)
+        evidence = _evidence(episode)
+        evidence["recovered"] = float(back is not None)
+        if back is not None:
+            evidence["recovery_steps"] = back
+        head = ("loss_spike", episode["start"], episode["last"], Severity.WARNING, message)
+        return Finding(*head, evidence, (), _SPIKE_REMEDIES)
+
+    def _divergence(self, episode: dict[str, Any], end_of_log: bool) -> Finding:
+        base, start, level = episode["baseline"], episode["start"], episode["level"]
+        if end_of_log:
+            span = "and stayed up until the end of the log"
+        else:
+            span = f"for {_steps(episode['last'] - start)} ({episode['records']} records)"
+        message = (
+            f"loss diverged at step {start}: {level:.4g} against a {base:.4g} baseline {span}: "
+            "roll back and lower the LR"
+        )
+        head = ("divergence", start, episode["last"], Severity.ERROR, message)
+        return Finding(*head, _evidence(episode), (), _DIVERGENCE_REMEDIES)
+
+    def _back(self, episode: dict[str, Any], back: int) -> Finding:
+        start, end = episode["start"], episode["last"]
+        message = (
+            f"loss back under its {episode['baseline']:.4g} baseline's band "
+            f"{_steps(back)} after it diverged at step {start}"
+        )
+        evidence = {**_evidence(episode), "recovery_steps": float(back)}
+        return Finding("divergence", start, end, Severity.INFO, message, evidence)
 
     def finish(self) -> list[Finding]:
         episode = self._tracker.close()
-        return [] if episode is None else [self._spike(episode, recovery_steps=None)]
+        if episode is None:
+            return []
+        if "called" in episode:
+            return [self._divergence(episode, end_of_log=True)]
+        return [self._spike(episode, back=None)]
 
     def state_dict(self) -> dict[str, Any]:
         return self._tracker.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._tracker.load(state)
+
+
+def _evidence(episode: dict[str, Any]) -> dict[str, float]:
+    base, peak = episode["baseline"], episode["peak"]
+    evidence = {"baseline": base, "baseline_records": episode["baseline_records"], "peak": peak}
+    evidence.update(peak_step=episode["peak_step"], ratio=_ratio(peak, base))
+    if "level" in episode:
+        evidence["level"] = episode["level"]
+    return evidence
+
+
+def _steps(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
 
 
 def _ratio(value: float, baseline: float) -> float:

@@ -34,6 +34,8 @@ class NonFinite:
     non-finite, else ``nonfinite_grad`` with the non-finite depth groups as location. When the
     episode reaches `persistent_after` records a CRITICAL finding says the run is not recovering;
     it is emitted right then, not at the episode's end, because a NaN that persists never ends.
+    Such an episode gets a closing finding with the same start: INFO at the first finite record,
+    CRITICAL "until the end of the log" when the stream ends first.
 
     An fp16 grad scaler overflow (``loss_scale`` present, ``skipped`` = 1, finite loss) is the
     scaler doing its job: the step was skipped and nothing non-finite reached the weights, so
@@ -53,6 +55,7 @@ class NonFinite:
         check_at_least("persistent_after", persistent_after, 2)
         self.persistent_after = persistent_after
         self._start: int | None = None  # first step of the open episode
+        self._last = 0  # last step of the open episode
         self._length = 0  # non-finite records in the open episode
         self._loss_seen = False  # whether the open episode had a non-finite loss
         self._optimizer_only = False  # whether only the optimizer went non-finite in it
@@ -70,9 +73,8 @@ class NonFinite:
         if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
             groups = ("optimizer",)
         if not (bad_loss or groups):
-            self._start, self._length, self._loss_seen = None, 0, False
-            return []
-        self._length += 1
+            return self._end(record.step)
+        self._length, self._last = self._length + 1, record.step
         self._loss_seen = self._loss_seen or bad_loss
         only_optimizer = groups == ("optimizer",)
         self._optimizer_only = only_optimizer and (self._start is None or self._optimizer_only)
@@ -80,8 +82,22 @@ class NonFinite:
             self._start = record.step
             return [self._first(record.step, loss if bad_loss else None, groups)]
         if self._length == self.persistent_after:
-            return [self._persistent(record.step)]
+            return [self._persistent(f"for {self._length} steps", Severity.CRITICAL)]
         return []
+
+    def _end(self, step: int) -> list[Finding]:
+        """A finite record: the open episode, if any, is over; one that persisted says so."""
+        found = []
+        if self._start is not None and self._length >= self.persistent_after:
+            kind, what, _ = self._what()
+            message = (
+                f"{what} finite again at step {step} after {self._length} non-finite steps "
+                f"since step {self._start}"
+            )
+            evidence = {"steps": float(self._length)}
+            found.append(Finding(kind, self._start, self._last, Severity.INFO, message, evidence))
+        self._start, self._length, self._loss_seen = None, 0, False
+        return found
 
     def _first(self, step: int, loss: float | None, groups: tuple[str, ...]) -> Finding:
         location = tuple(g for g in groups if g != GRAD_NORM)
@@ -106,31 +122,40 @@ class NonFinite:
             remedies = ("skip_step", "mixed_precision")
         return Finding(kind, step, step, Severity.ERROR, message, evidence, location, remedies)
 
-    def _persistent(self, step: int) -> Finding:
-        assert self._start is not None
-        kind = "nonfinite_loss" if self._loss_seen else "nonfinite_grad"
-        what = "loss" if self._loss_seen else "gradients"
-        advice = "roll back and run LayerNorm/softmax in fp32"
-        remedies: tuple[str, ...] = ("rollback", "upcast_to_fp32")
+    def _what(self) -> tuple[str, str, str]:
+        """The open episode's kind, what went non-finite in it, and the advice."""
         if self._optimizer_only:
-            kind, what = "nonfinite_update", "optimizer updates"
             advice = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
-            remedies = ("mixed_precision",)
+            return "nonfinite_update", "optimizer updates", advice
+        advice = "roll back and run LayerNorm/softmax in fp32"
+        if self._loss_seen:
+            return "nonfinite_loss", "loss", advice
+        return "nonfinite_grad", "gradients", advice
+
+    def _persistent(self, span: str, severity: Severity) -> Finding:
+        assert self._start is not None
+        kind, what, advice = self._what()
+        verb = "persists" if what == "loss" else "persist"  # "gradients", "updates"
         message = (
-            f"NaN/Inf {what} {'persists' if what == 'loss' else 'persist'} for {self._length} "
-            f"steps since step {self._start}: "
-            f"the run is not recovering; {advice}"
+            f"NaN/Inf {what} {verb} {span} since step {self._start}: the run is not recovering; "
+            f"{advice}"
         )
+        remedies = ("mixed_precision",) if self._optimizer_only else ("rollback", "upcast_to_fp32")
         evidence = {"steps": float(self._length)}
-        return Finding(kind, self._start, step, Severity.CRITICAL, message, evidence, (), remedies)
+        return Finding(kind, self._start, self._last, severity, message, evidence, (), remedies)
 
     def finish(self) -> list[Finding]:
+        found = []
+        if self._length >= self.persistent_after:
+            span = f"until the end of the log ({self._length} steps)"
+            found.append(self._persistent(span, Severity.CRITICAL))
         self._start, self._length, self._loss_seen = None, 0, False
-        return []
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "start": self._start,
+            "last": self._last,
             "length": self._length,
             "loss_seen": self._loss_seen,
             "optimizer_only": self._optimizer_only,
@@ -138,6 +163,7 @@ class NonFinite:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start, self._length = state["start"], int(state["length"])
+        self._last = int(state.get("last", self._start or 0))
         self._loss_seen = bool(state["loss_seen"])
         self._optimizer_only = bool(state.get("optimizer_only", False))
 

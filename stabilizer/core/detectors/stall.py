@@ -1,0 +1,128 @@
+"""`Stall`: a run that never learns, its loss still where it started after the first steps."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, ClassVar
+
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import LOSS, LR
+
+from ._robust import median
+from .base import check_at_least, check_fraction
+
+__all__ = ["Stall"]
+
+_SAMPLE = 5  # losses whose median stands for the start, and for the level now
+
+
+class Stall:
+    """A run that never learns: the loss stays where it started, or at chance level.
+
+    Requires: ``loss``; ``lr`` when logged.
+    Rule: at step `steps` (after any LR warm-up), the median of the last 5 losses is still within
+    `tolerance` of the first 5 (or of ln(`vocab_size`) when known), while the LR is non-zero.
+
+    A language model at initialisation predicts about uniformly: its loss is ln(vocab) (5.55 for
+    bytes, 10.8 for GPT-2's 50k tokens), and any model that learns leaves it within a few hundred
+    steps. A loss that has not moved by then means the updates do nothing useful: an LR far too
+    high (the loss bounces back to chance) or far too low, frozen parameters, labels that do not
+    match the inputs. Healthy runs may sit on a plateau at the start (a from-scratch LM at ln(vocab)
+    for its first ~100 steps, while the LR warms up), so the check waits `steps` steps, and for the
+    LR to stop rising when it is logged; a plateau that ends before then is not a stall. The check
+    runs once, and only on a stream that starts at the beginning of training (its first step
+    within the first quarter of `steps`): a resumed run or an excerpt from mid-run is not judged.
+    One ``stall`` (WARNING) from the first step to the step of the decision.
+
+    Args:
+        steps: Steps of training after which a loss still at its start is a stall.
+        tolerance: How far below the start (a fraction of it) still counts as "at the start".
+        vocab_size: The model's vocabulary size, when known: chance level is ln(vocab_size).
+    """
+
+    name: ClassVar[str] = "stall"
+    requires: ClassVar[tuple[str, ...]] = (LOSS,)
+
+    def __init__(
+        self, steps: int = 300, tolerance: float = 0.1, vocab_size: int | None = None
+    ) -> None:
+        check_at_least("steps", steps, 1)
+        check_fraction("tolerance", tolerance)
+        if vocab_size is not None:
+            check_at_least("vocab_size", vocab_size, 2)
+        self.steps, self.tolerance, self.vocab_size = steps, tolerance, vocab_size
+        self._done = False  # decided (or not the start of a run): nothing more to do
+        self._first_step: int | None = None
+        self._first: list[float] = []  # the first losses
+        self._last: deque[float] = deque(maxlen=_SAMPLE)  # the latest losses
+        self._lr: float | None = None  # the latest LR
+        self._rising = False  # whether the LR rose since the record before: warm-up
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        if self._done:
+            return []
+        self._note_lr(record.values.get(LR))
+        loss = record.values.get(LOSS)
+        if loss is None or not math.isfinite(loss):
+            return []
+        if self._first_step is None:
+            self._first_step = record.step
+            self._done = record.step > self.steps // 4  # the start of training is not in view
+        if len(self._first) < _SAMPLE:
+            self._first.append(loss)
+        self._last.append(loss)
+        if record.step < self.steps or len(self._first) < _SAMPLE or self._rising:
+            return []
+        self._done = True
+        return self._decide(record.step)
+
+    def _note_lr(self, lr: float | None) -> None:
+        if lr is not None and math.isfinite(lr):
+            self._rising = self._lr is not None and lr > self._lr
+            self._lr = lr
+
+    def _decide(self, step: int) -> list[Finding]:
+        assert self._first_step is not None
+        start, level = median(self._first), median(self._last)
+        chance = math.log(self.vocab_size) if self.vocab_size else None
+        reference = start if chance is None else min(start, chance)
+        if reference <= 0.0 or self._lr == 0.0:
+            return []  # a loss at zero has nothing left to learn (or is not a likelihood)
+        if level < (1.0 - self.tolerance) * reference:
+            return []
+        where = f"where it started ({start:.4g})"
+        if chance is not None:
+            where += f", chance level ln({self.vocab_size}) = {chance:.4g}"
+        lr = "" if self._lr is None else f" while the LR is {self._lr:.3g}"
+        message = (
+            f"loss still {level:.4g} at step {step}, {where}{lr}: the run is not learning; "
+            "check the LR (far too high or too low), frozen parameters and the labels"
+        )
+        evidence = {"start": start, "level": level, "steps": float(step - self._first_step)}
+        if chance is not None:
+            evidence["chance"] = chance
+        if self._lr is not None:
+            evidence["lr"] = self._lr
+        head = ("stall", self._first_step, step, Severity.WARNING, message, evidence)
+        return [Finding(*head, (), ("scale_lr",))]
+
+    def finish(self) -> list[Finding]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "done": self._done,
+            "first_step": self._first_step,
+            "first": list(self._first),
+            "last": list(self._last),
+            "lr": self._lr,
+            "rising": self._rising,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._done, self._first_step = bool(state["done"]), state["first_step"]
+        self._first = [float(v) for v in state["first"]]
+        self._last = deque((float(v) for v in state["last"]), maxlen=_SAMPLE)
+        self._lr = None if state["lr"] is None else float(state["lr"])
+        self._rising = bool(state["rising"])

@@ -1,0 +1,127 @@
+"""`Stall`: a run that never learns. Literal streams, and the reference GPT under a real Trainer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stabilizer.callbacks.demo.run import run_scenario
+from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.core.detectors import Stall, default_detectors
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.demo.config import GPTConfig
+from stabilizer.demo.scenarios import Scenario
+
+CHANCE = math.log(256)  # 5.545: a byte-level model that knows nothing
+
+
+def _feed(detector: Stall, losses: list[float], lrs: list[float] | None = None) -> list[Finding]:
+    found: list[Finding] = []
+    for step, loss in enumerate(losses):
+        values = {"loss": loss} if lrs is None else {"loss": loss, "lr": lrs[step]}
+        found += detector.update(StepRecord(step, values))
+    return found + detector.finish()
+
+
+def test_a_loss_that_never_leaves_its_start_is_a_stall() -> None:
+    losses = [5.55, 5.54, 5.56, 5.53] * 10  # 40 steps at chance level, LR 0.1 throughout
+    [stall] = _feed(Stall(steps=30), losses, [0.1] * 40)
+    assert (stall.kind, stall.step, stall.end_step, stall.severity) == (
+        "stall",
+        0,
+        30,
+        Severity.WARNING,
+    )
+    assert stall.message.startswith(
+        "loss still 5.55 at step 30, where it started (5.55) while the LR is 0.1: the run is not "
+        "learning"
+    )
+    assert stall.evidence["steps"] == 30.0
+
+
+def test_a_plateau_that_ends_is_not_a_stall() -> None:
+    # custom_llm_pretrain_ep_batch (reallogs): at ln(vocab) for 80 batches, then down.
+    losses = [10.984375, 10.976562, 10.984375, 10.914062, 10.3125, 10.078125, 9.765625]
+    losses += [9.601562, 9.398438, 9.109375, 8.898438, 8.6875, 8.390625]
+    found: list[Finding] = []
+    stall = Stall()
+    for step, loss in zip(range(20, 280, 20), losses, strict=True):
+        found += stall.update(StepRecord(step, {"loss": loss}))
+    assert found + stall.finish() == []
+
+
+def test_no_decision_while_the_lr_warms_up() -> None:
+    lrs = [0.001 * (step + 1) for step in range(40)] + [0.04] * 5  # warm-up over 40 steps
+    losses = [5.5] * 36 + [5.0, 4.6, 4.2, 4.0, 3.9, 3.8, 3.8, 3.7, 3.7]  # learns once the LR is up
+    assert _feed(Stall(steps=10), losses, lrs) == []
+
+
+def test_silent_when_the_lr_is_zero() -> None:
+    assert _feed(Stall(steps=10), [5.5] * 20, [0.0] * 20) == []
+
+
+def test_a_loss_at_zero_is_not_a_stall() -> None:
+    assert _feed(Stall(steps=10), [0.0] * 20, [0.1] * 20) == []
+
+
+def test_a_stream_from_mid_run_is_not_judged() -> None:
+    found: list[Finding] = []
+    stall = Stall(steps=100)
+    for step in range(5000, 5300):
+        found += stall.update(StepRecord(step, {"loss": 2.1}))
+    assert found == []
+
+
+def test_near_chance_level_counts_when_the_vocabulary_is_known() -> None:
+    # A bad initialisation starts above chance (6.8); falling to chance is not learning.
+    losses = [7.0, 6.9, 6.8, 6.7, 6.6] + [5.6] * 35
+    assert _feed(Stall(steps=30), losses) == []
+    [stall] = _feed(Stall(steps=30, vocab_size=256), losses)
+    assert stall.evidence["chance"] == pytest.approx(CHANCE)
+    assert "chance level ln(256) = 5.545" in stall.message
+
+
+def test_state_round_trip_keeps_the_decision() -> None:
+    first, second = Stall(steps=30), Stall(steps=30)
+    for step in range(15):
+        first.update(StepRecord(step, {"loss": 5.5, "lr": 0.1}))
+    second.load_state_dict(first.state_dict())
+    found: list[Finding] = []
+    for step in range(15, 40):
+        found += second.update(StepRecord(step, {"loss": 5.5, "lr": 0.1}))
+    assert [f.step for f in found] == [0]
+
+
+@pytest.mark.parametrize("steps", [0, -1])
+def test_bad_steps_are_refused(steps: int) -> None:
+    with pytest.raises(ValueError, match="`steps` must be >= 1"):
+        Stall(steps=steps)
+
+
+def _train(lr: float, warmup_steps: int) -> list[Finding]:
+    """The reference GPT (tiny) for 40 steps under a real Trainer; the monitor's findings."""
+    model = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
+    scenario = Scenario("tiny", "stall test", model=model, steps=40, batch_size=8, lr=lr)
+    scenario = Scenario(**{**scenario.__dict__, "warmup_steps": warmup_steps})
+    detectors = [d for d in default_detectors() if d.name != "stall"]
+    monitor = StabilityMonitor(
+        detectors=[*detectors, Stall(steps=20, vocab_size=256)], jsonl=False, preflight=False
+    )
+    run_scenario(scenario, callbacks=[monitor], accelerator="cpu", validate=False)
+    return monitor.findings
+
+
+def test_the_reference_gpt_at_a_far_too_high_lr_stalls() -> None:
+    found = [f for f in _train(lr=1.0, warmup_steps=0) if f.kind == "stall"]
+    assert [(f.step, f.end_step) for f in found] == [(0, 20)]
+    assert found[0].evidence["level"] > 0.95 * CHANCE
+
+
+def test_the_reference_gpt_at_a_sound_lr_does_not_stall() -> None:
+    assert [f for f in _train(lr=3e-3, warmup_steps=10) if f.kind == "stall"] == []
+
+
+def test_the_default_engine_runs_stall() -> None:
+    assert "stall" in [d.name for d in Engine().detectors]
