@@ -4,7 +4,8 @@
 
 A small LM of your own (an embedding, residual blocks, a head). With ``--nan-at`` its loss goes
 NaN at that step: the monitor says so on the console, skips the step (weights intact) and names
-where the NaN came from; ``stabilizer diagnose <log_dir>/stability.jsonl`` explains it later.
+where the NaN came from; ``stabilizer diagnose <log_dir>`` explains it later (without a logger
+the monitor writes ``<log_dir>/stability_logs/version_N/stability.jsonl``, one per run).
 """
 
 from __future__ import annotations

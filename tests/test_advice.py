@@ -112,7 +112,7 @@ def test_a_nan_made_in_the_loss_of_a_protected_fp32_run(tmp_path: Path) -> None:
     from test_console import TinyLM, _fit
 
     _fit(tmp_path, TinyLM(nan_every=8), steps=10)  # a NaN loss at step 6, made after the model
-    diagnosis = diagnose(str(tmp_path / "stability.jsonl"))
+    diagnosis = diagnose(str(tmp_path))  # the run directory: its stability.jsonl
     [episode] = [e for e in episodes(diagnosis) if e.worst.kind == "nonfinite_loss"]
     assert {f.kind for f in episode.findings} == {"nonfinite_loss", "root_cause"}
     assert "the loss computation or its inputs" in episode.cause

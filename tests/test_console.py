@@ -75,7 +75,7 @@ def _fit(
 
 def test_start_line_and_summary_of_a_healthy_run(tmp_path: Path, printed: list[str]) -> None:
     _fit(tmp_path, TinyLM(), steps=6)
-    jsonl = tmp_path / "stability.jsonl"
+    jsonl = tmp_path / "stability_logs" / "version_0" / "stability.jsonl"  # logger=False
     assert printed[0] == (
         f"on, policy protect; 4 depth groups: embed, block_00…block_01, head; log: {jsonl}"
     )

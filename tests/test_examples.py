@@ -35,9 +35,9 @@ def test_own_module_example_and_the_ci_gate(tmp_path: Path) -> None:
         out.stderr
     )
     assert "loss is nan at step 4; step skipped, weights intact" in out.stderr
-    gate = _run("sh", "examples/ci_gate.sh", str(bad / "stability.jsonl"))
+    gate = _run("sh", "examples/ci_gate.sh", str(bad))
     assert gate.returncode == 1, gate.stdout[-2000:] + gate.stderr[-2000:]
     assert "non-finite loss" in gate.stdout
     out = _run(sys.executable, "examples/own_module.py", "--steps", "4", "--log-dir", str(good))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert _run("sh", "examples/ci_gate.sh", str(good / "stability.jsonl")).returncode == 0
+    assert _run("sh", "examples/ci_gate.sh", str(good)).returncode == 0

@@ -52,6 +52,21 @@ def test_a_plateau_that_ends_is_not_a_stall() -> None:
     assert found + stall.finish() == []
 
 
+def test_a_loss_that_fell_and_came_back_is_no_stall() -> None:
+    # generic_failing.log's shape: learns 6.3 -> 2.6, then jumps back to 6.6 before step 300.
+    losses = [6.3 - 0.2 * i for i in range(19)] + [6.6] * 21
+    assert _feed(Stall(steps=30), losses, [3e-4] * 40) == []
+
+
+def test_too_few_records_are_not_judged() -> None:
+    # 7 records spread over the first steps (tests/fixtures/hostile/steps_past_int64.jsonl)
+    found: list[Finding] = []
+    stall = Stall(steps=30)
+    for step in (0, 10, 20, 30, 40, 50, 60):
+        found += stall.update(StepRecord(step, {"loss": 2.6, "lr": 0.1}))
+    assert found + stall.finish() == []
+
+
 def test_no_decision_while_the_lr_warms_up() -> None:
     lrs = [0.001 * (step + 1) for step in range(40)] + [0.04] * 5  # warm-up over 40 steps
     losses = [5.5] * 36 + [5.0, 4.6, 4.2, 4.0, 3.9, 3.8, 3.8, 3.7, 3.7]  # learns once the LR is up

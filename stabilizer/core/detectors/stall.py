@@ -15,14 +15,18 @@ from .base import check_at_least, check_fraction
 __all__ = ["Stall"]
 
 _SAMPLE = 5  # losses whose median stands for the start, and for the level now
+_MIN_RECORDS = 10  # fewer losses by the decision are too few to call a run stalled
+_LOW = 20  # the losses whose median says how low the loss has been (noise averages out)
 
 
 class Stall:
     """A run that never learns: the loss stays where it started, or at chance level.
 
     Requires: ``loss``; ``lr`` when logged.
-    Rule: at step `steps` (after any LR warm-up), the median of the last 5 losses is still within
-    `tolerance` of the first 5 (or of ln(`vocab_size`) when known), while the LR is non-zero.
+    Rule: at step `steps` (after any LR warm-up), the median of the last 5 losses, and the median
+    of every 20 consecutive losses so far, have stayed within `tolerance` of the first 5 (or of
+    ln(`vocab_size`) when known), over at least 10 losses, while the LR is non-zero. A loss that
+    fell and came back up is a divergence (`LossSpike`'s), not a stall.
 
     A language model at initialisation predicts about uniformly: its loss is ln(vocab) (5.55 for
     bytes, 10.8 for GPT-2's 50k tokens), and any model that learns leaves it within a few hundred
@@ -56,6 +60,9 @@ class Stall:
         self._first_step: int | None = None
         self._first: list[float] = []  # the first losses
         self._last: deque[float] = deque(maxlen=_SAMPLE)  # the latest losses
+        self._recent: deque[float] = deque(maxlen=_LOW)
+        self._lowest = math.inf  # the lowest median of `_LOW` consecutive losses so far
+        self._count = 0  # finite losses seen
         self._lr: float | None = None  # the latest LR
         self._rising = False  # whether the LR rose since the record before: warm-up
 
@@ -72,6 +79,10 @@ class Stall:
         if len(self._first) < _SAMPLE:
             self._first.append(loss)
         self._last.append(loss)
+        self._count += 1
+        self._recent.append(loss)
+        if len(self._recent) == _LOW:
+            self._lowest = min(self._lowest, median(self._recent))
         if record.step < self.steps or len(self._first) < _SAMPLE or self._rising:
             return []
         self._done = True
@@ -87,10 +98,10 @@ class Stall:
         start, level = median(self._first), median(self._last)
         chance = math.log(self.vocab_size) if self.vocab_size else None
         reference = start if chance is None else min(start, chance)
-        if reference <= 0.0 or self._lr == 0.0:
+        if reference <= 0.0 or self._lr == 0.0 or self._count < _MIN_RECORDS:
             return []  # a loss at zero has nothing left to learn (or is not a likelihood)
-        if level < (1.0 - self.tolerance) * reference:
-            return []
+        if min(level, self._lowest) < (1.0 - self.tolerance) * reference:
+            return []  # it learned (and maybe came back up: a divergence, not a stall)
         where = f"where it started ({start:.4g})"
         if chance is not None:
             where += f", chance level ln({self.vocab_size}) = {chance:.4g}"
@@ -118,6 +129,9 @@ class Stall:
             "last": list(self._last),
             "lr": self._lr,
             "rising": self._rising,
+            "recent": list(self._recent),
+            "lowest": None if math.isinf(self._lowest) else self._lowest,
+            "count": self._count,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -126,3 +140,7 @@ class Stall:
         self._last = deque((float(v) for v in state["last"]), maxlen=_SAMPLE)
         self._lr = None if state["lr"] is None else float(state["lr"])
         self._rising = bool(state["rising"])
+        self._recent = deque((float(v) for v in state.get("recent", ())), maxlen=_LOW)
+        lowest = state.get("lowest")
+        self._lowest = math.inf if lowest is None else float(lowest)
+        self._count = int(state.get("count", len(self._first)))

@@ -1,0 +1,73 @@
+"""`stabilizer diagnose` on real logs nobody here wrote: each gets its label right.
+
+The logs and their labels are in ``tests/fixtures/real`` (sources in its README). A case is right
+by the rule of the labelled set's scorer (``shared/reallogs/score.py``, restated in `right`): a
+healthy log gets no finding at warning or above; a troubled one gets a finding of an accepted kind
+whose step range overlaps the labelled steps, widened by two logging intervals.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stabilizer.cli import main
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+CASES = [json.loads(line) for line in (REAL / "labels.jsonl").read_text().splitlines() if line]
+
+# The kinds that count for each label (a substring of the finding's kind), as score.py has them.
+ACCEPT = {
+    "nan": ("nonfinite", "nan", "overflow"),
+    "spike": ("spike",),
+    "divergence": ("diverg", "loss_spike", "stall"),
+    "overflow": ("overflow",),
+    "grad_explosion": ("grad", "diverg"),
+}
+
+
+def right(case: dict[str, Any], report: dict[str, Any]) -> bool:
+    """Whether the ``--json`` report gets the case's label right (score.py's rule)."""
+    findings = [f for f in report["findings"] if f["severity"] not in ("info", "debug")]
+    if case["label"] == "healthy":
+        return not findings
+    source = report["inputs"][0]
+    steps, records = source.get("steps") or {}, source.get("records") or 0
+    interval = (steps["last"] - steps["first"]) / (records - 1) if records > 1 else 0.0
+    window = case.get("steps")
+
+    def matches(finding: dict[str, Any]) -> bool:
+        if not any(kind in finding["kind"].lower() for kind in ACCEPT[case["label"]]):
+            return False
+        if not window:
+            return True
+        start = finding["step"]
+        end = finding["end_step"] if finding.get("end_step") is not None else start
+        return bool(start <= window[1] + 2 * interval and end >= window[0] - 2 * interval)
+
+    return any(matches(f) for f in findings)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_real_log_gets_its_label(case: dict[str, Any]) -> None:
+    path = REAL / "logs" / f"{case['id']}.log"
+    result = CliRunner().invoke(main, ["diagnose", "--json", str(path)])
+    assert result.exit_code in (0, 1), result.output  # 2: refused or unreadable
+    report = json.loads(result.stdout)
+    got = [(f["kind"], f["severity"], f["step"], f.get("end_step")) for f in report["findings"]]
+    assert right(case, report), f"{case['label']} {case.get('steps')}: got {got}"
+
+
+def test_the_rule_can_fail() -> None:
+    """A troubled case with no finding, or a finding elsewhere, is wrong; a false alarm too."""
+    case = {"label": "spike", "steps": [100, 100]}
+    source = {"steps": {"first": 0, "last": 1000}, "records": 101}  # every 10 steps
+    spike = {"kind": "loss_spike", "severity": "warning", "step": 500, "end_step": 510}
+    assert not right(case, {"findings": [], "inputs": [source]})
+    assert not right(case, {"findings": [spike], "inputs": [source]})
+    assert right(case, {"findings": [{**spike, "step": 115}], "inputs": [source]})
+    assert not right({"label": "healthy"}, {"findings": [spike], "inputs": [source]})
