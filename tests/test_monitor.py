@@ -31,7 +31,7 @@ def test_healthy_gives_no_warning(scenario_run: Callable[[str], TracedRun]) -> N
 
 
 def test_pre_ln_twin_has_no_depth_imbalance(scenario_run: Callable[[str], TracedRun]) -> None:
-    # LR 1e-2 without warmup is rough on any 12-layer model: an isolated grad_spike is real
+    # LR 1e-2 (after a 50-step warmup) is rough on a 12-layer model: an isolated grad_spike is real
     # there. What must not appear is a starved band of layers, or a failure.
     found = scenario_run("pre-ln-deep").monitor.findings
     kinds = _kinds(found)
