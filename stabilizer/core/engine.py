@@ -23,13 +23,16 @@ logger = logging.getLogger(__name__)
 _STATE_VERSION = 1
 
 
-def _has_signals(requires: Sequence[str], values: Collection[str]) -> bool:
-    """Whether ``values`` holds one of the keys (or, for names ending in ``/``, prefixes)."""
+def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list[str]) -> bool:
+    """Whether ``values`` holds one of the keys (or, for names ending in ``/``, prefixes).
+
+    ``grouped`` holds the keys of ``values`` with a ``/`` in them: only those can start with a
+    prefix, and most logs have none, so the prefix test scans those alone.
+    """
     for key in requires:
-        if key.endswith("/"):
-            if any(name.startswith(key) for name in values):
-                return True
-        elif key in values:
+        if key in values:
+            return True
+        if key.endswith("/") and any(name.startswith(key) for name in grouped):
             return True
     return False
 
@@ -86,12 +89,16 @@ class Engine:
         """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
         self._records += 1
         found: list[Finding] = []
+        values = record.values
+        grouped: list[str] | None = None  # the keys with a "/", listed once per record if needed
         for detector in self.detectors:
             name = detector.name
             if name in self._disabled:
                 continue
             if name not in self._seen:
-                if not _has_signals(detector.requires, record.values):
+                if grouped is None:
+                    grouped = [key for key in values if "/" in key]
+                if not _has_signals(detector.requires, values, grouped):
                     if name not in self._noted:
                         self._note_missing(detector)
                     continue
