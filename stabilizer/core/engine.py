@@ -32,7 +32,7 @@ def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list
     for key in requires:
         if key in values:
             return True
-        if key.endswith("/") and any(name.startswith(key) for name in grouped):
+        if grouped and key.endswith("/") and any(name.startswith(key) for name in grouped):
             return True
     return False
 
