@@ -23,13 +23,16 @@ logger = logging.getLogger(__name__)
 _STATE_VERSION = 1
 
 
-def _has_signals(requires: Sequence[str], values: Collection[str]) -> bool:
-    """Whether ``values`` holds one of the keys (or, for names ending in ``/``, prefixes)."""
+def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list[str]) -> bool:
+    """Whether ``values`` holds one of the keys (or, for names ending in ``/``, prefixes).
+
+    ``grouped`` holds the keys of ``values`` with a ``/`` in them: only those can start with a
+    prefix, and most logs have none, so the prefix test scans those alone.
+    """
     for key in requires:
-        if key.endswith("/"):
-            if any(name.startswith(key) for name in values):
-                return True
-        elif key in values:
+        if key in values:
+            return True
+        if grouped and key.endswith("/") and any(name.startswith(key) for name in grouped):
             return True
     return False
 
@@ -71,6 +74,9 @@ class Engine:
         self._noted: set[str] = set()  # detectors logged as lacking their signals
         self._disabled: set[str] = set()  # detectors that raised
         self._findings: list[Finding] = []
+        self._running: list[Detector] = []  # enabled, signals seen: updated with every record
+        self._waiting: list[Detector] = []  # enabled, signals not seen yet
+        self._sort_out()
 
     @property
     def findings(self) -> list[Finding]:
@@ -85,17 +91,10 @@ class Engine:
     def observe(self, record: StepRecord) -> list[Finding]:
         """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
         self._records += 1
+        if self._waiting:
+            self._wake(record.values)
         found: list[Finding] = []
-        for detector in self.detectors:
-            name = detector.name
-            if name in self._disabled:
-                continue
-            if name not in self._seen:
-                if not _has_signals(detector.requires, record.values):
-                    if name not in self._noted:
-                        self._note_missing(detector)
-                    continue
-                self._seen.add(name)
+        for detector in self._running:
             try:
                 result = detector.update(record)
             except Exception:
@@ -104,6 +103,19 @@ class Engine:
             if result != []:
                 found += self._checked(detector, result)
         return self._emit(found) if found else found
+
+    def _wake(self, values: Mapping[str, float]) -> None:
+        """Start the waiting detectors whose signals ``values`` holds; note long-idle ones."""
+        grouped = [key for key in values if "/" in key]  # only these can start with a prefix
+        woken = False
+        for detector in self._waiting:
+            if _has_signals(detector.requires, values, grouped):
+                self._seen.add(detector.name)
+                woken = True
+            elif detector.name not in self._noted:
+                self._note_missing(detector)
+        if woken:
+            self._sort_out()
 
     def finish(self) -> list[Finding]:
         """End of stream: let every detector close its open episodes; return their findings."""
@@ -150,6 +162,7 @@ class Engine:
         self._seen, self._noted = set(state["seen"]), set(state["noted"])
         self._disabled = set(state["disabled"])
         self._findings = [Finding.from_dict(data) for data in state["findings"]]
+        self._sort_out()
         saved = state["detectors"]
         for detector in self._enabled():
             if detector.name in saved:
@@ -160,6 +173,13 @@ class Engine:
 
     def _enabled(self) -> list[Detector]:
         return [d for d in self.detectors if d.name not in self._disabled]
+
+    def _sort_out(self) -> None:
+        """Split the enabled detectors, in their order, into running and waiting (after every
+        change of `_seen` or `_disabled`), so that `observe` asks nothing of the others."""
+        enabled = self._enabled()
+        self._running = [d for d in enabled if d.name in self._seen]
+        self._waiting = [d for d in enabled if d.name not in self._seen]
 
     def _note_missing(self, detector: Detector) -> None:
         if self._records >= self.signal_grace:
@@ -195,6 +215,7 @@ class Engine:
 
     def _disable(self, detector: Detector, why: str, exc_info: bool = False) -> None:
         self._disabled.add(detector.name)
+        self._sort_out()
         logger.warning(
             "detector %r %s; it is disabled for the rest of the run",
             detector.name,

@@ -177,9 +177,9 @@ class _Replay:
 
     def _capped(self, record: StepRecord) -> StepRecord:
         """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once)."""
-        new = [key for key in record.values if key not in self.keys]
-        if not new:
+        if self.keys.issuperset(record.values):  # (most records: no new key)
             return record
+        new = [key for key in record.values if key not in self.keys]
         room = MAX_KEYS - len(self.keys)
         self.keys.update(new[:room])
         if len(new) <= room:

@@ -34,20 +34,6 @@ class Bin:
     count: int = 0
     series: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, key: str, value: float) -> None:
-        """Fold one value of series ``key`` into the bin."""
-        entry = self.series.get(key)
-        if entry is None:
-            entry = self.series[key] = [math.nan, math.nan, math.nan, 0.0]
-        if math.isfinite(value):
-            if not value >= entry[0]:  # also when entry[0] is NaN
-                entry[0] = value
-            if not value <= entry[1]:
-                entry[1] = value
-            entry[2] = value
-        else:
-            entry[3] += 1
-
     def merge(self, later: Bin) -> None:
         """Fold the bin that follows this one into it."""
         self.last_step, self.segment = later.last_step, later.segment
@@ -110,9 +96,21 @@ class History:
             self.bins.append(current)
         current.count += 1
         current.last_step = step
-        for key, value in values.items():
-            if key in TRACKED or key.startswith(GRAD_NORM_PREFIX):
-                current.add(key, value)
+        series = current.series
+        for key, value in values.items():  # (folded here, not in a call a value: the hot loop)
+            if key not in TRACKED and not key.startswith(GRAD_NORM_PREFIX):
+                continue
+            entry = series.get(key)
+            if entry is None:
+                entry = series[key] = [math.nan, math.nan, math.nan, 0.0]
+            if math.isfinite(value):
+                if not value >= entry[0]:  # also when entry[0] is NaN
+                    entry[0] = value
+                if not value <= entry[1]:
+                    entry[1] = value
+                entry[2] = value
+            else:
+                entry[3] += 1
 
     def _compact(self) -> None:
         merged = []

@@ -99,10 +99,11 @@ class GradSpike:
         self._clips = ClipWindow(clip_window, clip_fraction)
 
     def _classify(self, x: float, window: RobustWindow) -> tuple[float, float] | None:
-        if len(window) < 2:
+        count = len(window.values)  # (the deque's own len: one Python call less a norm)
+        if count < 2:
             return None
         med = window.median()
-        jump = self.min_jump if len(window) >= self.min_history else self.short_jump
+        jump = self.min_jump if count >= self.min_history else self.short_jump
         if x > med and self._growing(x, window):
             # Growth is its own evidence, and the spread of the norms before is its trend.
             return med, med + self.recover_k * self.sigma_floor

@@ -103,10 +103,11 @@ class LossSpike:
         self.settle_steps, self.settle_records = settle_steps, settle_records
 
     def _classify(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
-        if len(window) < 2:
+        count = len(window.values)  # (the deque's own len: one Python call less a loss)
+        if count < 2:
             return None
         med = window.median()
-        if len(window) < self.min_history:
+        if count < self.min_history:
             jumped = loss >= med + (self.short_ratio - 1.0) * abs(med)
         else:
             jumped = loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)

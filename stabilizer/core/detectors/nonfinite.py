@@ -69,7 +69,12 @@ class NonFinite:
         loss = values.get(LOSS)
         bad_loss = loss is not None and not math.isfinite(loss)
         scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
-        groups = () if scaler_skip else _bad_groups(values)
+        # A finite sum means every value is finite: no gradient group to look for (most records).
+        everything_finite = math.isfinite(sum(values.values()))
+        if scaler_skip or (everything_finite and not values.get(NONFINITE_GRADS)):
+            groups: tuple[str, ...] = ()
+        else:
+            groups = _bad_groups(values)
         if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
             groups = ("optimizer",)
         if not (bad_loss or groups):

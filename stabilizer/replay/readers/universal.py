@@ -253,71 +253,76 @@ class _Joiner:
 
     def line(
         self, lineno: int, line: str, at: tuple[int | None, tuple[int, ...]], values: _Values
-    ) -> Iterator[StepRecord | Restart]:
-        """A line with a step or a metric: it joins the pending record or starts the next one."""
+    ) -> list[Item]:
+        """A line with a step or a metric: it joins the pending record or starts the next one.
+
+        Returns the items it completes (lists, not generators: a line is read in microseconds,
+        and a generator per line costs a good part of that).
+        """
         pend, (step, where) = self.pending, at
         if pend is not None and not pend.overflow:
             if step is not None and where == pend.where and not self.banner:  # later wins
                 pend.values.update(values)
                 pend.end = lineno
-                return
+                return []
             if step is None and lineno == pend.end + 1 and _wraps(pend, values, line):
                 pend.text += line  # re-read joined: "| learning" + " rate: 4.475E-05 |"
                 pend.values = {**pend.values, **_values(pend.text)}
                 pend.end = lineno
-                return
-        yield from self._finish()
+                return []
+        done = self._finish()
         self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
         self.banner = ""
+        return done
 
-    def overflow(self, lineno: int, values: _Values) -> Iterator[StepRecord | Restart]:
+    def overflow(self, lineno: int, values: _Values) -> list[Item]:
         """An overflow line: one more line of the pending overflow, or a new one."""
         pend, scale = self.pending, values.get(LOSS_SCALE)
         same = scale is None or (pend is not None and pend.values.get(LOSS_SCALE, scale) == scale)
         if pend is not None and pend.overflow and same:
             pend.values.update(values)  # no scale named, or the pending one's: the same overflow
-            return
-        yield from self._finish()
+            return []
+        done = self._finish()
         self.pending = _Pending(None, (), values, "", lineno, lineno, overflow=True)
+        return done
 
-    def end(self) -> Iterator[StepRecord | Restart]:
+    def end(self) -> list[Item]:
         """The records still held when the lines end."""
-        yield from self._finish()
-        yield from self._place(None)
+        return self._finish() + self._place(None)
 
-    def _finish(self) -> Iterator[StepRecord | Restart]:
+    def _finish(self) -> list[Item]:
         pend, self.pending = self.pending, None
         if pend is None or not pend.values:
-            return
+            return []
         if pend.step is None:
             if pend.overflow or pend.values != self.previous:  # (a NaN is equal to nothing)
                 self.held.append(pend.values)
                 self.previous = pend.values
-            if len(self.held) >= MAX_HELD:
-                yield from self._place(None)
-            return
+            return self._place(None) if len(self.held) >= MAX_HELD else []
         back = self.logged is not None and pend.step < self.logged
         banner = pend.banner if self.last is not None or self.held else ""  # none before
-        if self.held:
-            yield from self._place(None if back or banner else pend.step)
+        done: list[Item] = self._place(None if back or banner else pend.step) if self.held else []
         if banner:
-            yield Restart(pend.step, pend.start, f"resume banner {pend.banner!r}")
+            done.append(Restart(pend.step, pend.start, f"resume banner {pend.banner!r}"))
         elif back:
             why = f"step went back from {self.logged} to {pend.step}"
-            yield Restart(pend.step, pend.start, why)
+            done.append(Restart(pend.step, pend.start, why))
         self.logged = self.last = pend.step
         self.previous = pend.values
-        yield StepRecord(pend.step, _total(pend.values))
+        done.append(StepRecord(pend.step, _total(pend.values)))
+        return done
 
-    def _place(self, before: int | None) -> Iterator[StepRecord]:
+    def _place(self, before: int | None) -> list[Item]:
         """The held records: just before step ``before``, or (None) after the last record."""
         held, self.held = self.held, []
         after = 1 if self.last is None else self.last + 1  # (1: a position in the log)
         start = after if before is None else max(before - len(held), after if self.last else 0)
+        placed: list[Item] = []
         for offset, values in enumerate(held):
             step = start + offset if before is None else min(start + offset, before)
             self.last = step
-            yield StepRecord(step, _total(values))
+            placed.append(StepRecord(step, _total(values)))
+        return placed
 
 
 def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
