@@ -35,7 +35,9 @@ def test_nan_on_one_rank_skips_everywhere(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "stability.jsonl").read_text().splitlines()]
     found = {x["kind"]: x for x in lines if x["type"] == "finding" and x["step"] == FAULT_STEPS[0]}
     assert sorted(found) == ["nonfinite_loss", "root_cause"]
-    assert done.stderr.count("nonfinite_loss") == 1  # the console line: rank 0 only
+    # The console: rank 0 only, one line for the finding (the end summary names it again).
+    step = FAULT_STEPS[0]
+    assert done.stderr.count(f"stabilizer: step {step} error nonfinite_loss") == 1
     # Every rank replayed the step; the fault was on rank 1, and rank 1's answer is reported.
     cause = found["root_cause"]
     assert cause["location"] == ["blocks.1.mlp"] and cause["message"].startswith("rank 1: ")
