@@ -17,16 +17,8 @@ from stabilizer.report.text import render_text
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-SPIKE = Finding(
-    "loss_spike",
-    120,
-    128,
-    Severity.WARNING,
-    "loss spiked from 2.5 to 7.5 (3.0x) at step 121, back after 8 steps: clip gradients",
-    {"baseline": 2.5, "peak": 7.5, "ratio": 3.0, "peak_step": 121},
-    (),
-    ("clip_gradients", "rollback"),
-)
+from test_report import SPIKE  # the same spike the report tests use
+
 GRAD_SPIKE = Finding(
     "grad_spike",
     119,
