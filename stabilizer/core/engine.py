@@ -76,6 +76,7 @@ class Engine:
         self._findings: list[Finding] = []
         self._running: list[Detector] = []  # enabled, signals seen: updated with every record
         self._waiting: list[Detector] = []  # enabled, signals not seen yet
+        self._keys: set[str] = set()  # value keys the waiting detectors were checked against
         self._sort_out()
 
     @property
@@ -91,7 +92,12 @@ class Engine:
     def observe(self, record: StepRecord) -> list[Finding]:
         """Feed one step; return its new findings, sorted by step, severity (worst first), kind."""
         self._records += 1
-        if self._waiting:
+        # A key checked once cannot wake a waiting detector later: check new keys, and once more
+        # at `signal_grace` to note the idle ones (most logs never log some signals).
+        if self._waiting and (
+            not self._keys.issuperset(record.values) or self._records == self.signal_grace
+        ):
+            self._keys.update(record.values)
             self._wake(record.values)
         found: list[Finding] = []
         for detector in self._running:
@@ -161,6 +167,7 @@ class Engine:
         self._records = int(state["records"])
         self._seen, self._noted = set(state["seen"]), set(state["noted"])
         self._disabled = set(state["disabled"])
+        self._keys = set()
         self._findings = [Finding.from_dict(data) for data in state["findings"]]
         self._sort_out()
         saved = state["detectors"]

@@ -82,9 +82,12 @@ def _require(data: Mapping[str, Any], kind: str, keys: tuple[str, ...]) -> None:
         raise ValueError(f"a {kind} dict must have {', '.join(keys)}; missing {', '.join(missing)}")
 
 
-@dataclass(frozen=True, eq=False)
 class StepRecord:
     """The signals of one optimizer step.
+
+    A plain class with slots, not a dataclass: every line of a log becomes one, and a frozen
+    dataclass costs twice as much to build. Treat a record as read-only; it is shared by the
+    engine, the history and every sink.
 
     Args:
         step: The global optimizer step.
@@ -92,12 +95,14 @@ class StepRecord:
             be missing.
     """
 
-    step: int
-    values: Mapping[str, float] = field(default_factory=dict)
+    __slots__ = ("step", "values")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "step", int(self.step))
-        object.__setattr__(self, "values", _floats(self.values))
+    def __init__(self, step: int, values: Mapping[str, float] | None = None) -> None:
+        self.step = int(step)
+        self.values: Mapping[str, float] = _floats(values) if values else {}
+
+    def __repr__(self) -> str:
+        return f"StepRecord(step={self.step!r}, values={self.values!r})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StepRecord):

@@ -221,7 +221,7 @@ def _overflow(low: str) -> dict[str, float]:
     return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """The record being put together from the lines of one step."""
 
