@@ -30,7 +30,7 @@ def test_console_dicts_never_evaluated() -> None:
         StepRecord(2, {"loss": 2.4, "grad_norm": 0.8, "lr": 9e-5, "epoch": 0.6}),
     ]
     assert recs[2].step == 3 and math.isnan(recs[2].values["loss"])  # a bare nan
-    assert recs[3] == StepRecord(3, {"eval_loss": 2.6, "eval_runtime": 1.2, "epoch": 0.7})
+    assert recs[3] == StepRecord(3, {"val_loss": 2.6, "eval_runtime": 1.2, "epoch": 0.7})
     assert len(recs) == 4  # the summary line, whose train_loss is a mean, is skipped
     assert [n.kind for n in notes] == ["format"]
 
@@ -61,7 +61,7 @@ def test_repeated_losses_are_noted() -> None:
 def test_trainer_state_fixture() -> None:
     recs = records("hf_trainer_state_healthy")
     assert [r.step for r in recs[:3]] == [10, 20, 30] and len(recs) == 250
-    assert recs[49].values.keys() >= {"loss", "grad_norm", "lr", "eval_loss"}  # merged at 500
+    assert recs[49].values.keys() >= {"loss", "grad_norm", "lr", "val_loss"}  # merged at 500
     assert not serious(findings(recs))
     assert kinds(findings(records("hf_trainer_state_failing"))) == {"loss_spike"}
 

@@ -2,10 +2,13 @@
 
 - The monitor's own ``stability/<key>`` tags lose their prefix; ``stability/finding/<kind>``
   (an output, not a signal) is dropped.
-- Loss, gradient norm, loss scale and learning rate aliases map to `LOSS`, `GRAD_NORM`,
-  `LOSS_SCALE` and `LR`, after dropping a ``train/``, ``train_`` or ``training/`` prefix and a
-  ``_step`` suffix (Lightning's ``on_step`` + ``on_epoch`` logging): ``train/loss_step`` is the
-  loss; ``train/loss_epoch`` (an epoch mean) and ``val/loss`` are not.
+- Names map to keys through the one alias table (`aliases.ALIASES`, the universal reader's),
+  after dropping a ``train/``, ``train_`` or ``training/`` prefix and a ``_step`` suffix
+  (Lightning's ``on_step`` + ``on_epoch`` logging): ``train/loss_step`` is the loss;
+  ``train/loss_epoch`` (an epoch mean) and ``val/loss`` are not. Two names of the table are
+  left as they are (`CONSOLE_ONLY`): a structured log names every metric it has, so fairseq's
+  ``nll_loss`` beside its ``loss`` is not the loss again, and a bare ``norm`` (a weight norm, a
+  layer's norm) is only llm.c's console shorthand for the gradient norm.
 - Lightning's `LearningRateMonitor` tags ``lr-<Optimizer>`` (and ``.../pg1``, the first group)
   are `LR`. fairseq's ``clip``, the percentage of clipped updates, becomes `CLIPPED` in 0..1.
 - Lightning's ``grad_norm()`` utility logs ``grad_2.0_norm/<parameter>``: the norms of one depth
@@ -21,28 +24,20 @@ import math
 from collections.abc import Mapping, Sequence
 
 from stabilizer.core.groups import depth_group
-from stabilizer.core.signals import (
-    CLIPPED,
-    GRAD_NORM,
-    LOSS,
-    LOSS_SCALE,
-    LR,
-    group_key,
-    strip_prefix,
-)
+from stabilizer.core.signals import CLIPPED, GRAD_NORM, LR, group_key, strip_prefix
 
-__all__ = ["ALIASES", "PCT", "SET", "SUMSQ", "KeyMap"]
+from . import aliases
+
+__all__ = ["ALIASES", "CONSOLE_ONLY", "PCT", "SET", "SUMSQ", "KeyMap"]
 
 SET, SUMSQ, PCT = 0, 1, 2  # how a value lands on its key: as is, squares summed, percent → 0..1
 
+CONSOLE_ONLY = frozenset(("nll_loss", "norm"))
+"""Names of the alias table that a structured log's names do not mean (see the module doc)."""
+
 ALIASES: dict[str, str] = {
-    **dict.fromkeys(("loss", "lm loss", "lm_loss", "training_loss", "loss_step"), LOSS),
-    **dict.fromkeys(
-        ("grad_norm", "grad norm", "gnorm", "total_grad_norm", "grad_norm_total"), GRAD_NORM
-    ),
-    **dict.fromkeys(("loss scale", "loss_scale", "scale", "grad_scale"), LOSS_SCALE),
-    **dict.fromkeys(("learning rate", "learning_rate", "lr"), LR),
-    "grad_2.0_norm_total": GRAD_NORM,
+    **{name: key for name, key in aliases.ALIASES.items() if name not in CONSOLE_ONLY},
+    "grad_2.0_norm_total": GRAD_NORM,  # Lightning's grad_norm() utility
 }
 """Lower-case metric names (without ``train/`` prefixes) that mean a signal key."""
 
