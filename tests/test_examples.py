@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,23 @@ def test_hf_gpt2_example(tmp_path: Path) -> None:
     assert "#1  step 3  ERROR  non-finite loss (NaN/Inf)" in report.stdout
     assert "model.transformer.h.1.mlp produced NaN/Inf in the forward pass" in report.stdout
 
+
+def test_ddp_example_nan_on_one_rank_skips_everywhere(tmp_path: Path) -> None:
+    """``protect`` under ``Trainer(strategy="ddp")``, 2 CPU ranks over gloo: a NaN on rank 1
+    skips the step on both, the replicas stay identical, rank 0 alone reports."""
+    out = _run(sys.executable, "examples/ddp.py", "--steps", "10", "--nan-at", "4",
+               "--log-dir", str(tmp_path), OMP_NUM_THREADS="1")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = re.findall(r"^rank (\d): step (\d+), (\d+) skipped, weights (\w+)$", out.stdout, re.M)
+    # Nobody hung: both trained to the end, skipped the same step, and did not drift apart.
+    assert sorted(r[:3] for r in ranks) == [("0", "10", "1"), ("1", "10", "1")], out.stdout
+    assert ranks[0][3] == ranks[1][3]
+    # The console: rank 0 only, one line per finding; the root cause is rank 1's answer.
+    assert out.stderr.count("stabilizer: step 4 error nonfinite_loss") == 1
+    assert out.stderr.count("stabilizer: step 4 error root_cause [blocks.1]: rank 1: ") == 1
+    # One JSONL (rank 0's), each finding once; the steps after the NaN train on finite weights.
+    records = _records(tmp_path)
+    found = sorted(str(r["kind"]) for r in records if r["type"] == "finding")
+    assert found == ["nonfinite_loss", "root_cause"]
+    losses = _losses(records)
+    assert math.isnan(losses[4]) and all(math.isfinite(losses[s]) for s in range(5, 10))
