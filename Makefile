@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,plot]"
+	$(BIN)/pip install -q -e ".[dev,plot,hf]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -31,12 +31,16 @@ class MyLM(pl.LightningModule):
         self.ln_f = nn.LayerNorm(32)
         self.head = nn.Linear(32, VOCAB)
 
-    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
-        (ids,) = batch
-        x = self.emb(ids[:, :-1])
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.emb(ids)  # (B, T, 32)
         for block in self.blocks:
             x = x + torch.tanh(block(x))
-        logits = self.head(self.ln_f(x))
+        logits: Tensor = self.head(self.ln_f(x))  # (B, T, VOCAB)
+        return logits
+
+    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        (ids,) = batch
+        logits = self(ids[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
         if self.global_step == self.nan_at:
             loss = loss * float("nan")  # a bug in the loss, for the demonstration
