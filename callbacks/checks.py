@@ -24,7 +24,7 @@ from stabilizer.live.preflight import (
 )
 from stabilizer.live.rootcause import Localization, RngState, locate_nonfinite
 
-__all__ = ["first_token_batch", "preflight", "root_cause", "target_batch"]
+__all__ = ["causal_check", "config_checks", "first_token_batch", "root_cause", "target_batch"]
 
 log = logging.getLogger("stabilizer")
 
@@ -32,13 +32,13 @@ _POSITION_ATTRS = ("block_size", "max_position_embeddings", "n_positions", "max_
 _TARGET_KEYS = ("labels", "label_ids", "lm_labels", "targets", "target", "y")
 
 
-def preflight(
+def config_checks(
     trainer: pl.Trainer,
     pl_module: pl.LightningModule,
     batch: Any,
     switches: Mapping[str, bool] | None = None,
 ) -> list[Finding]:
-    """`config_risk` findings from the Trainer's settings, and the causal self-check.
+    """`config_risk` findings from the Trainer's settings and the model.
 
     Args:
         trainer: The Trainer.
@@ -48,21 +48,34 @@ def preflight(
     """
     on = preflight_switches(True if switches is None else switches)
     ids = first_token_batch(batch)
-    step = trainer.global_step
-    found = config_risks(
+    return config_risks(
         pl_module,
         warmup_steps=_warmup(trainer),
         precision=str(trainer.precision),
         gradient_clip_val=trainer.gradient_clip_val,
         seq_len=None if ids is None else ids.size(1),
         max_positions=_max_positions(pl_module),
-        step=step,
+        step=trainer.global_step,
         checks=[name for name, wanted in on.items() if wanted],
     )
-    if on["causal"] and ids is not None and ids.size(1) >= 2:
-        bidirectional = causal_by_design(ids, target_batch(batch, ids)) is False
-        found += causal_self_check(pl_module, ids[:2], step=step, bidirectional=bidirectional)
-    return found
+
+
+def causal_check(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    switches: Mapping[str, bool] | None = None,
+) -> list[Finding]:
+    """The causal self-check on the first batch's token ids (when it is switched on and the batch
+    has token ids); a model bidirectional by design gets an `info`, not a critical."""
+    on = preflight_switches(True if switches is None else switches)
+    ids = first_token_batch(batch)
+    if not on["causal"] or ids is None or ids.size(1) < 2:
+        return []
+    bidirectional = causal_by_design(ids, target_batch(batch, ids)) is False
+    return causal_self_check(
+        pl_module, ids[:2], step=trainer.global_step, bidirectional=bidirectional
+    )
 
 
 def first_token_batch(batch: Any) -> torch.Tensor | None:
@@ -171,11 +184,16 @@ def root_cause(
 
 
 def _finding(step: int, where: Localization) -> Finding:
-    location = tuple(_strip(name) for name in (where.module,) if name)
+    # Names are relative to the LightningModule, in the location and in the message alike.
+    module = None if where.module is None else _strip(where.module)
+    parameter = None if where.parameter is None else _strip(where.parameter)
+    where = replace(where, module=module, parameter=parameter)
+    location = (module,) if module else ()
     severity = Severity.ERROR if where.reproduced else Severity.WARNING
     message = where.message
-    if where.reproduced:
-        message += f" (reproduced on replay: a {where.cause} fault; replay {where.elapsed_s:.2f} s)"
+    if where.reproduced:  # (a NaN made by the loss code alone is no numerical fault of a module)
+        what = "deterministic" if where.phase == "loss" else "a numerical fault"
+        message += f" (reproduced on replay: {what}; replay {where.elapsed_s:.2f} s)"
     # fp32 islands help a module that overflows, not a NaN made in the loss computation.
     numerical = where.reproduced and where.phase != "loss"
     remedies = ("upcast_to_fp32", "skip_step") if numerical else ("skip_step",)

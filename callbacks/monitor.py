@@ -23,7 +23,7 @@ from stabilizer.live.rootcause import RngState, capture_rng
 from stabilizer.outputs.jsonl import JsonlWriter
 
 from .auto import AutoRemedies
-from .checks import preflight, root_cause
+from .checks import causal_check, config_checks, root_cause
 from .console import Console
 from .guard import BAD_GRADS, BAD_LOSS, UNCHECKED, StepGuard, decide
 from .measure import Measured, measure
@@ -402,14 +402,16 @@ class StabilityMonitor(pl.Callback):
 
     def _preflight(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         # Reported with the first step's record, so that the `auto` policy sees them too. A model
-        # the checks cannot run on (a forward that wants more than token ids) loses the checks,
-        # not the monitor.
-        try:
-            self._extra += preflight(trainer, pl_module, batch, self.preflight)
-        except Exception as e:
-            if self.strict:
-                raise
-            log.warning("StabilityMonitor: preflight checks skipped: %r", e)
+        # a check cannot run on (a forward that wants more than token ids) loses that check, not
+        # the others, nor the monitor.
+        for check, what in ((config_checks, "config checks"), (causal_check, "causal self-check")):
+            try:
+                self._extra += check(trainer, pl_module, batch, self.preflight)
+            except Exception as e:
+                if self.strict:
+                    raise
+                if trainer.is_global_zero:
+                    log.warning("StabilityMonitor: preflight %s skipped: %r", what, e)
 
     def _root_cause(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: Measured

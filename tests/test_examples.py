@@ -53,7 +53,7 @@ def test_own_module_example_and_the_ci_gate(tmp_path: Path) -> None:
         out.stderr
     )
     assert "loss is nan at step 4; step skipped, weights intact" in out.stderr
-    assert "preflight checks skipped" not in out.stderr
+    assert "StabilityMonitor: preflight" not in out.stderr
     gate = _run("sh", "examples/ci_gate.sh", str(bad))
     assert gate.returncode == 1, gate.stdout[-2000:] + gate.stderr[-2000:]
     assert "non-finite loss" in gate.stdout
@@ -72,7 +72,7 @@ def test_hf_gpt2_example(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     start = "stabilizer: on, policy protect; 6 depth groups: embed, block_00…block_03, head; log:"
     assert start in out.stderr  # nothing in `other`: wte/wpe, h.N, ln_f (lm_head is wte) placed
-    assert "preflight checks skipped" not in out.stderr and "causal_leak" not in out.stderr
+    assert "StabilityMonitor: preflight" not in out.stderr and "causal_leak" not in out.stderr
     assert "loss is nan at step 3; step skipped, weights intact" in out.stderr
     assert "root_cause [transformer.h.1.mlp]" in out.stderr
     records = _records(tmp_path)

@@ -283,7 +283,9 @@ def test_checks_that_cannot_run_leave_the_protection_on(caplog: pytest.LogCaptur
     run = run_scenario(tiny("32-true"), accelerator="cpu", callbacks=[Fault("activation"),
                        monitor], validate=False, module_class=KwargsOnlyLitGPT)  # fmt: skip
     assert_intact(run)
-    assert "preflight checks skipped" in caplog.text
+    assert "preflight causal self-check skipped" in caplog.text
+    assert "preflight config checks skipped" not in caplog.text  # (one check lost, not both)
+    assert ("config_risk", "INFO") in [(f.kind, f.severity.name) for f in monitor.findings]
     assert monitor.guard is not None and monitor.guard.skipped == len(FAULT_STEPS)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from stabilizer.callbacks.checks import _finding
 from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.live.rootcause import (
     ROOT,
@@ -318,3 +319,14 @@ def test_localization_evidence_is_floats() -> None:
     assert loc.evidence["output_absmax"] == math.inf
     assert loc.evidence["reproduced"] == 1.0
     assert "blocks.0" in loc.message
+
+
+def test_the_finding_of_a_nan_made_in_the_loss_points_at_the_loss_code() -> None:
+    loss_only = _finding(7, Localization(phase="loss", module=None, loss=math.nan))
+    assert "loss computation" in loss_only.message and "deterministic" in loss_only.message
+    assert "numerical" not in loss_only.message and loss_only.remedies == ("skip_step",)
+    assert loss_only.location == ()
+
+    forward = _finding(7, Localization(phase="forward", module="model.blocks.1.mlp"))
+    assert forward.location == ("blocks.1.mlp",) and "model." not in forward.message
+    assert "numerical fault" in forward.message and "upcast_to_fp32" in forward.remedies

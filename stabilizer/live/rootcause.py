@@ -129,7 +129,10 @@ class Localization:
             "backward": f"{where} produced a NaN/Inf gradient from finite incoming gradients"
             if self.parameter is None
             else f"the gradient of {where} is NaN/Inf; every activation gradient is finite",
-            "loss": "only the loss is non-finite; every module output is finite",
+            "loss": (
+                "only the loss is non-finite; every module output is finite: look at the loss "
+                "computation and its inputs (targets, masks, a division by a zero count)"
+            ),
             "none": "nothing non-finite found",
         }[self.phase]
 
