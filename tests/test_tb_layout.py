@@ -142,6 +142,25 @@ def test_the_heatmap_image_has_layer_labels_a_step_axis_and_a_colour_bar(tmp_pat
     assert any(line.get_ydata()[0] == len(groups) - 1.5 for line in ax.get_lines())  # other
 
 
+def test_the_heatmap_paints_zero_at_the_bottom_nan_red_and_inf_white() -> None:
+    # A post-LN GPT's head group (its unused final LayerNorm) has norm 0 at every step: that is
+    # no gradient at all, the bottom of the scale as in the pixel image, not the red of a NaN.
+    figure = pytest.importorskip("matplotlib.figure")
+    backend = pytest.importorskip("matplotlib.backends.backend_agg")
+    fig = figure.Figure()
+    backend.FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    rows = np.array([[1e-12, 1e-8], [1e-3, np.nan], [1.0, np.inf], [0.0, 0.0]])
+    draw_heatmap(fig, ax, [0, 1], ["embed", "block_00", "block_01", "head"], rows)
+    [image] = ax.get_images()
+    rgba = image.to_rgba(image.get_array())  # the colour of each cell
+    bottom, top = image.cmap(0.0), image.cmap(1.0)
+    assert tuple(rgba[0, 0]) == tuple(rgba[3, 0]) == tuple(rgba[3, 1]) == bottom
+    assert tuple(rgba[2, 0]) == top
+    assert tuple(rgba[1, 1]) == (1.0, 0.0, 0.0, 1.0)  # NaN: red
+    assert tuple(rgba[2, 1]) == (1.0, 1.0, 1.0, 1.0)  # Inf: white
+
+
 def test_without_matplotlib_the_heatmap_says_its_labels(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,8 @@
 """The per-layer gradient-norm heatmap, one drawing for ``diagnose --plot`` and TensorBoard.
 
 Layers are rows (input side at the top, ``other`` apart below a line: its depth is unknown),
-steps the x axis, log10 of the norm the colour, with a colour bar; NaN is red. `draw_heatmap`
+steps the x axis, log10 of the norm the colour, with a colour bar; NaN is red, Inf white, and a
+zero norm (no gradient at all) the bottom of the scale, as in the pixel image. `draw_heatmap`
 draws into a matplotlib axis; `labelled_heatmap_png` makes the TensorBoard image from it when
 matplotlib (the optional extra ``plot``) is installed, and otherwise falls back to the plain
 pixel image of `stabilizer.outputs.tensorboard.heatmap_png` with the labels in its description.
@@ -43,17 +44,20 @@ def draw_heatmap(fig: Any, ax: Any, steps: Sequence[int], groups: Sequence[str],
     """
     from matplotlib import colormaps
 
-    values = np.asarray(rows, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logged = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
-    logged[np.isnan(values)] = np.nan
+    values = np.abs(np.asarray(rows, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        logged = np.log10(values)
+    finite = np.isfinite(logged)
+    low, high = (logged[finite].min(), logged[finite].max()) if finite.any() else (0.0, 1.0)
+    logged[values == 0] = low  # no gradient at all: the bottom of the scale, not a fault
+    logged[np.isinf(values)] = high + 1.0  # above the scale: white
     # floats, widened when one point, at any magnitude (steps may pass 2**63)
     first, last = (float(steps[0]), float(steps[-1])) if len(steps) else (0.0, 1.0)
     last = max(last, first + max(1.0, abs(first) * 1e-9))
     image = ax.imshow(
         np.ma.masked_invalid(logged), aspect="auto", interpolation="nearest",
-        extent=(first, last, len(groups) - 0.5, -0.5),
-        cmap=colormaps["viridis"].with_extremes(bad="red"),
+        extent=(first, last, len(groups) - 0.5, -0.5), vmin=low, vmax=max(high, low + 1e-9),
+        cmap=colormaps["viridis"].with_extremes(bad="red", over="white"),
     )  # fmt: skip
     every = max(1, len(groups) // _MAX_LABELS)
     ticks = sorted({*range(0, len(groups), every), len(groups) - 1})
