@@ -43,6 +43,7 @@ __all__ = ["REMEDY_NAMES", "AutoRemedies"]
 
 log = logging.getLogger("stabilizer")
 
+_FULL_PRECISION = frozenset(("32-true", "32", "64-true", "64"))  # Trainer.precision values
 REMEDY_NAMES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
 
 _TABLE: dict[str, str] = {
@@ -191,6 +192,8 @@ class AutoRemedies:
             change = self.lr.scale(0.5)
             return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
         if name == "upcast_to_fp32":
+            if str(trainer.precision) in _FULL_PRECISION:
+                return None  # norms and softmax already run in fp32 (or wider): nothing to do
             up = upcast_to_fp32(pl_module)
             if not up.changed:
                 return None

@@ -68,6 +68,15 @@ def test_fp16_nan_upcasts_norms_and_softmax() -> None:
     assert all(m.softmax_fp32 for m in run.module.modules() if hasattr(m, "softmax_fp32"))
 
 
+def test_no_fp32_upcast_in_an_fp32_run() -> None:
+    # Everything already runs in fp32: "now in fp32" would be a remedy that changed nothing.
+    monitor = StabilityMonitor(policy="auto", jsonl=False)
+    run = train(tiny("32-true"), monitor, Fault("activation"))
+    assert_intact(run)
+    assert {f.kind for f in monitor.findings} & {"nonfinite_loss", "nonfinite_grad"}
+    assert ("upcast_to_fp32",) not in [f.remedies for f in applied(monitor)]
+
+
 def test_forbidden_remedy_is_not_applied() -> None:
     monitor = StabilityMonitor(policy="auto", jsonl=False, auto=AutoRemedies(allow=["rollback"]))
     run = train(tiny("fp16"), monitor, Fault("activation"))
