@@ -27,7 +27,6 @@ from .base import BaseReader, Item
 __all__ = ["MegatronReader"]
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
-_FIELD = re.compile(r"\| ([^|:]+):([^|]*)")  # "| label: value"; the value runs to the next "|"
 _KEYS = {  # the labels read → their keys
     "lm loss": LOSS,
     "loss scale": LOSS_SCALE,
@@ -37,6 +36,17 @@ _KEYS = {  # the labels read → their keys
     "number of nan iterations": "nan_iterations",
 }
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
+
+
+def _fields(text: str) -> dict[str, str]:
+    """The ``| label: value |`` fields of an iteration line's text after its counter: label →
+    value text (up to the next ``|``); of a label given twice, the first counts."""
+    fields: dict[str, str] = {}
+    for part in text.split("|"):
+        label, colon, value = part.partition(":")
+        if colon:
+            fields.setdefault(label.strip(), value)
+    return fields
 
 
 def _values(fields: dict[str, str]) -> dict[str, float]:
@@ -88,9 +98,7 @@ class MegatronReader(BaseReader):
             elif not interval and last is not None and 0 <= last < step:
                 interval = step - last
                 self._note_interval(interval, lineno)
-            # Of a label given twice, the first counts.
-            fields = dict(reversed(_FIELD.findall(line, match.end() - 1)))
-            yield StepRecord(step, _values(fields))
+            yield StepRecord(step, _values(_fields(line[match.end() - 1 :])))
 
     def _note_interval(self, interval: int, lineno: int) -> None:
         self.note(
