@@ -300,7 +300,9 @@ def main() -> None:
     speed = (before + loop_speed()) / 2
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average {load} on {os.cpu_count()} cores; python probe {speed:.0f} ns a loop")
-    print(f"iteration (a quiet core of the 2-core dev machine: ~20); median of {args.rounds} rounds")
+    print(
+        f"iteration (a quiet core of the 2-core dev machine: ~20); median of {args.rounds} rounds"
+    )
     width = max(len(row[0]) for row in rows)
     print(f"{'input':<{width}}  {'items':<18} {'seconds':>8}  rate")
     for name, items, seconds, rate in rows:

@@ -372,8 +372,9 @@ def findings_text(findings: Sequence[Finding], tag: str = FINDINGS_TAG) -> Summa
 
 HEATMAP_DESCRIPTION = (
     "log10 gradient norm per depth group (rows, input side at the top) over the steps (columns; "
-    "past 512 steps, neighbouring steps share a column showing their maximum); red: NaN, "
-    "white: Inf, a zero norm: the bottom colour"
+    "the live monitor's image covers its most recent 500 steps; where steps outnumber the "
+    "columns, neighbours share one showing their maximum); red: NaN, white: Inf, a zero norm: "
+    "the bottom colour"
 )
 
 
