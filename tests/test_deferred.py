@@ -63,13 +63,15 @@ class Seen(pl.Callback):
             self.on_time = any(f.step == FAULT_STEPS[0] for f in self.monitor.findings)
 
 
-def run(tmp: Path, policy: str, deferred: bool) -> tuple[list[str], list[Finding], Untouched]:
+def run(
+    tmp: Path, policy: str, deferred: bool, precision: str = "32-true"
+) -> tuple[list[str], list[Finding], Untouched]:
     path = tmp / f"{policy}-{deferred}.jsonl"
     monitor = StabilityMonitor(policy=policy, jsonl=path, activation_every=3)
     monitor._defer = deferred  # the switch a CUDA run flips by itself
     watch, seen = Untouched(), Seen(monitor)
     run = run_scenario(
-        tiny("32-true"), accelerator="cpu", validate=False,
+        tiny(precision), accelerator="cpu", validate=False,
         callbacks=[Fault("gradient"), watch, monitor, seen],
     )  # fmt: skip
     assert seen.on_time is not deferred  # the deferred path did defer
@@ -99,7 +101,8 @@ def test_deferred_skip_decision_is_taken_at_the_step(tmp_path: Path) -> None:
 
 
 def test_auto_acts_under_the_deferred_report(tmp_path: Path) -> None:
-    _, found, watch = run(tmp_path, "auto", deferred=True)
+    # (bf16: in a full-precision run the NaN's remedy, fp32 norms and softmax, has nothing to do)
+    _, found, watch = run(tmp_path, "auto", deferred=True, precision="bf16-mixed")
     assert watch.untouched == {step: True for step in FAULT_STEPS}
     applied = [f for f in found if f.kind == "remedy_applied"]
     assert applied  # applied at the next step boundary, for the finding's step
