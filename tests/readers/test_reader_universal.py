@@ -140,7 +140,8 @@ def test_the_metrics(line: str, values: dict[str, float]) -> None:
 @pytest.mark.parametrize(
     "name",
     ["xent", "nll_loss", "lm loss", "total_loss", "train_loss", "Train loss", "loss_total", "trl",
-     "train/loss", "train/loss_step", "loss train"],
+     "train/loss", "train/loss_step", "loss train", "avg_loss", "average_loss", "mean_loss",
+     "running_loss", "batch_loss", "step_loss", "avr_loss", "Loss Total"],
 )  # fmt: skip
 def test_loss_aliases(name: str) -> None:
     assert key_of(name) == "loss"
@@ -155,11 +156,17 @@ def test_loss_aliases(name: str) -> None:
         ],
         *[(name, "loss_scale") for name in ("loss scale", "loss_scale", "scale")],
         *[(name, "lr") for name in ("lr", "learning rate", "Learning Rate", "learning_rate")],
-        *[(name, "val_loss") for name in ("val_loss", "val loss", "eval_loss", "Val loss", "tel")],
+        *[
+            (name, "val_loss")
+            for name in ("val_loss", "val loss", "eval_loss", "Val loss", "tel", "evaluation_loss")
+        ],
         ("params norm", "params_norm"),  # a word in front makes another quantity
         ("aux loss", "aux_loss"),
         ("loss_cls", "loss_cls"),
+        ("records/second. Loss", "loss"),  # a word that ends a sentence qualifies nothing
+        ("model.layers.0 norm", "model.layers.0_norm"),  # a dotted name does
         ("step", None),
+        ("Steps", None),
         ("epoch", None),
     ],
 )
