@@ -9,6 +9,11 @@ A line (new layouts prefix a ``[2024-05-01 12:00:00]`` timestamp; old ones carry
 Quirks: the losses are averages over the log interval (default 100 iterations), so the record
 sits at the interval's last iteration and a one-step spike is diluted; the grad norm is the last
 iteration's. What the fields mean is written once, in `_values`.
+
+Early Megatron-LM (2019-20) printed numbers without a colon (``| learning rate 1.010E-06 | lm loss
+1.020020E+01 |``); a record pasted or printed over several lines (``iteration 5/50 | ... |``, then
+``learning rate: ... |``, ``loss scale: 1.0 | grad norm: nan |``) is one record: the lines right
+below an iteration line that give fields it lacks are read with it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from .base import BaseReader, Item
 __all__ = ["MegatronReader"]
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
-_FIELD = re.compile(r"\| ([^|:]+):([^|]*)")  # "| label: value"; the value runs to the next "|"
+_FIELD = re.compile(  # "| label: value" (the value runs to the next "|") or "| label 1.0E-06 |"
+    r"\| ([^|:]+?)(?::([^|]*)|\s+([-+]?\d+\.?\d*(?:[eE][-+]?\d+)?|(?i:nan|inf))\s*(?=\||$))"
+)
 _KEYS = {  # the labels read → their keys
     "lm loss": LOSS,
     "loss scale": LOSS_SCALE,
@@ -63,6 +70,24 @@ def _values(fields: dict[str, str]) -> dict[str, float]:
     return values
 
 
+def _fields(line: str, start: int) -> dict[str, str]:
+    """The ``label → value text`` fields of a line from ``start`` (a ``|``); of a label given
+    twice, the first counts."""
+    return {label: colon or bare for label, colon, bare in reversed(_FIELD.findall(line, start))}
+
+
+def _more(fields: dict[str, str], line: str) -> bool:
+    """Whether ``line`` goes on with the record of ``fields``: it gives labels of `_KEYS` the
+    record lacks (then they are added)."""
+    if ":" not in line:
+        return False
+    more = {k: v for k, v in _fields("| " + line.strip(), 0).items() if k.strip() in _KEYS}
+    if not more or any(label in fields for label in more):
+        return False
+    fields.update(more)
+    return True
+
+
 class MegatronReader(BaseReader):
     """Reads Megatron-LM console logs; one record per logged interval (see the module doc)."""
 
@@ -76,11 +101,19 @@ class MegatronReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, interval = Segments(), 0  # the log interval, once known
+        step, fields = 0, dict[str, str]()  # the record being read: its step and fields
         for lineno, line in enumerate(text_lines(stream, self.notes), 1):
             match = _ITERATION.search(line) if "iteration" in line else None
             if match is None:
+                if fields and _more(fields, line):  # the record goes on on this line
+                    continue
+                if fields:
+                    yield StepRecord(step, _values(fields))
+                    fields = {}
                 segments.other(line)
                 continue
+            if fields:
+                yield StepRecord(step, _values(fields))
             step, last = int(match[1]), segments.last
             restart = segments.restart(step, lineno)
             if restart is not None:
@@ -88,8 +121,8 @@ class MegatronReader(BaseReader):
             elif not interval and last is not None and 0 <= last < step:
                 interval = step - last
                 self._note_interval(interval, lineno)
-            # Of a label given twice, the first counts.
-            fields = dict(reversed(_FIELD.findall(line, match.end() - 1)))
+            fields = _fields(line, match.end() - 1) or {"iteration": match[1]}
+        if fields:
             yield StepRecord(step, _values(fields))
 
     def _note_interval(self, interval: int, lineno: int) -> None:
