@@ -35,6 +35,33 @@ def test_console_dicts_never_evaluated() -> None:
     assert [n.kind for n in notes] == ["format"]
 
 
+def test_overflows_among_the_dicts_are_skipped_steps() -> None:
+    """DeepSpeed (or apex) prints its fp16 overflows among the dicts, often glued to the bar."""
+    console = (
+        " 14%|█▍        | 378/2724 [13:58:09<86:18:35, 132.44s/it][2023-06-07 22:16:00,018] "
+        "[INFO] [loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. "
+        "Attempted loss scale: 64, reducing to 32\n"
+        "\n"
+        "{'loss': 2.0491, 'learning_rate': 0.0001961913563176343, 'epoch': 0.28}\n"
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 32, reducing to 16\n"
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 32, reducing to 16\n"
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 8.0\n"
+        "[2021-11-27 00:36:54,800] [INFO] [stage2.py:1628:step] [deepscale] OVERFLOW! Rank 0 "
+        "Skipping step. Attempted loss scale: 1, reducing to 1\n"
+        "[2021-11-27 00:36:55,194] [INFO] [stage2.py:1628:step] [deepscale] OVERFLOW! Rank 0 "
+        "Skipping step. Attempted loss scale: 1, reducing to 1\n"
+    )
+    recs = parse("hf_trainer", console, [])
+    assert recs == [
+        StepRecord(1, {"skipped": 1.0, "loss_scale": 32.0}),
+        StepRecord(2, {"loss": 2.0491, "lr": 0.0001961913563176343, "epoch": 0.28}),
+        StepRecord(3, {"skipped": 1.0, "loss_scale": 16.0}),  # printed twice: one overflow
+        StepRecord(4, {"skipped": 1.0, "loss_scale": 8.0}),  # apex says it so
+        StepRecord(5, {"skipped": 1.0, "loss_scale": 1.0}),  # at the floor, step after step:
+        StepRecord(6, {"skipped": 1.0, "loss_scale": 1.0}),  # rank 0 reports each, anew
+    ]
+
+
 def test_healthy_console_fixture() -> None:
     notes: list[Note] = []
     recs = records("hf_trainer_healthy.log", notes)

@@ -44,6 +44,37 @@ def test_old_and_new_layouts_and_nan_interval() -> None:
     assert "averages over the log interval of 100 iterations" in notes[0].message
 
 
+def test_early_layout_without_colons() -> None:
+    """Megatron-LM of 2019-20 printed ``| lm loss 1.020020E+01 |``, no colon."""
+    line = (
+        " iteration      100/   20000 | elapsed time per iteration (ms): 334.9 | learning rate "
+        "1.010E-06 | lm loss 1.020020E+01 | nsp loss 5.515259E-01 |"
+    )
+    (record,) = parse("megatron", line, [])
+    assert (record.step, record.values) == (100, {"loss": 10.2002, "lr": 1.01e-06})
+
+
+def test_a_record_over_several_lines_is_one_record() -> None:
+    text = (
+        "iteration 5/50 | elapsed time per iteration: 21392.5 ms |\n"
+        "learning rate: 1.350000E-04 | global batch size: 4096 |\n"
+        "loss scale: 1.0 | grad norm: nan |\n"
+        "number of skipped iterations: 0 | number of nan iterations: 0\n"
+        "\n"
+        "iteration 6/50 | elapsed time per iteration: 21313.4 ms | lm loss: 2.5 |\n"
+        "time (ms) | forward-compute: 193.77 | backward-compute: 73.02\n"
+        "lm loss: 9.9 | grad norm: 1.0 |\n"  # not right below its iteration line: not its
+    )
+    first, second = parse("megatron", text, [])
+    assert first.step == 5 and math.isnan(first.values["grad_norm"])
+    assert (first.values["lr"], first.values["loss_scale"], first.values["skipped"]) == (
+        1.35e-4,
+        1.0,
+        0.0,
+    )
+    assert second.step == 6 and second.values == {"loss": 2.5}
+
+
 def test_healthy_fixture() -> None:
     recs = records("megatron_healthy.log")
     assert [r.step for r in recs[:3]] == [10, 20, 30] and len(recs) == 200

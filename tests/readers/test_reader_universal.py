@@ -51,6 +51,10 @@ def steps(text: str) -> list[int]:
         ("INFO: 2epoch:train:12009-12640batch: iter_time=3e-4, loss=65.1", 12640),  # ESPnet
         ("420 | loss 4.0625 | lr 9.000000e-04 | 7367.57ms", 420),
         ("STEP 7 LOSS 2.0", 7),  # case-blind
+        ("Steps : 210005, Gen Loss Total : 25.663, Mel-Spec. Error : 0.407", 210005),  # HiFi-GAN
+        ("steps: 16 loss: 0.7332 iter time (s): 3.181 samples/sec: 0.314", 16),
+        # a percentage is no step: the count of the bar is (kohya-ss sd-scripts)
+        ("steps:   1%|▋     | 41/3280 [00:50<1:06:54,  1.24s/it, avr_loss=0.12]", 41),
     ],
 )
 def test_the_step(line: str, step: int) -> None:
@@ -69,6 +73,18 @@ def test_the_step(line: str, step: int) -> None:
         ),
         ("Epoch  1, 12900/37527; acc:   4.48; xent:  10.47", [12900]),  # OpenNMT
         ("Epoch(train) [2][ 50/100]  lr: 1e-4  loss: 2.3", [150]),
+        # Swin-style loggers name no epoch: "[epoch/E][count/N]"
+        (
+            "Train: [0/300][10/100]\tloss 2.0 (2.1)\nTrain: [1/300][10/100]\tloss 1.9 (2.0)",
+            [10, 110],
+        ),
+        # a count that ran on when the epoch (on a line of its own) changed counts the run
+        (
+            "epoch 1/80\nsteps:   1%| | 41/3280 [00:50, avr_loss=0.5]\n"
+            "epoch 2/80\nsteps:   2%| | 82/3280 [01:40, avr_loss=0.4]\n"
+            "epoch 3/80\nsteps:   4%| | 123/3280 [02:28, avr_loss=0.3]",
+            [41, 82, 123],
+        ),
     ],
 )
 def test_counts_within_epochs(text: str, want: list[int]) -> None:
@@ -83,6 +99,8 @@ def test_counts_within_epochs(text: str, want: list[int]) -> None:
         "2023/06/09 21:58:41 - mmengine - INFO - loss: 2.5",
         "global_step/sec: 2.1 loss: 2.5",  # a rate is no step
         "number of skipped iterations:   0 | loss: 2.5",
+        "steps/sec: 2.1 loss: 2.5",
+        "Total optimization steps = 1000 | loss: 2.5",  # "steps" counts only with a colon
     ],
 )
 def test_no_step_where_none_is_printed(line: str) -> None:
@@ -129,6 +147,12 @@ def test_no_step_where_none_is_printed(line: str) -> None:
             {"loss": 1.5, "grad_norm": 2.0, "loss_scale": 8.0},
         ),
         ("step 3 Loss：1.98", {"loss": 1.98}),  # a full-width colon
+        (  # BigDL: sentences; the word before "Loss" ends one and qualifies nothing
+            "[Iteration 45459] Throughput is 447.2 records/second. Loss is Infinity. Current "
+            "learning rate is 0.0462.",
+            {"loss": math.inf, "lr": 0.0462},
+        ),
+        ("step 3 box_loss=0.25 cls_loss=0.5 dfl_loss=1.0", {"loss": 1.75}),  # parts: YOLO's
     ],
 )
 def test_the_metrics(line: str, values: dict[str, float]) -> None:
@@ -140,7 +164,8 @@ def test_the_metrics(line: str, values: dict[str, float]) -> None:
 @pytest.mark.parametrize(
     "name",
     ["xent", "nll_loss", "lm loss", "total_loss", "train_loss", "Train loss", "loss_total", "trl",
-     "train/loss", "train/loss_step", "loss train"],
+     "train/loss", "train/loss_step", "loss train", "avg_loss", "average_loss", "mean_loss",
+     "running_loss", "batch_loss", "step_loss", "avr_loss", "Loss Total"],
 )  # fmt: skip
 def test_loss_aliases(name: str) -> None:
     assert key_of(name) == "loss"
@@ -155,11 +180,17 @@ def test_loss_aliases(name: str) -> None:
         ],
         *[(name, "loss_scale") for name in ("loss scale", "loss_scale", "scale")],
         *[(name, "lr") for name in ("lr", "learning rate", "Learning Rate", "learning_rate")],
-        *[(name, "val_loss") for name in ("val_loss", "val loss", "eval_loss", "Val loss", "tel")],
+        *[
+            (name, "val_loss")
+            for name in ("val_loss", "val loss", "eval_loss", "Val loss", "tel", "evaluation_loss")
+        ],
         ("params norm", "params_norm"),  # a word in front makes another quantity
         ("aux loss", "aux_loss"),
         ("loss_cls", "loss_cls"),
+        ("records/second. Loss", "loss"),  # a word that ends a sentence qualifies nothing
+        ("model.layers.0 norm", "model.layers.0_norm"),  # a dotted name does
         ("step", None),
+        ("Steps", None),
         ("epoch", None),
     ],
 )
@@ -204,6 +235,45 @@ def test_loss_parts_add_up_to_a_missing_loss() -> None:
 DS = "[deepspeed] OVERFLOW! Rank 0 Skipping step."
 
 
+def test_tables_read_by_column() -> None:
+    """A header of names (a counter first, a loss among them) and rows of values below it."""
+    yolo = (
+        "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+        "      22/55      9.02G     0.1157      5.355      2.998         17        640: 100%|###| "
+        "954/954 [11:33<00:00,  1.38it/s]\n"
+        "                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95): "
+        "100%|###| 66/66 [00:37<00:00,  1.74it/s]\n"
+        "                   all       1049       1164      0.455      0.827      0.458       0.35\n"
+    )
+    (record,) = records(yolo)
+    assert record.step == 21 * 954 + 954  # epoch 22 of 55 (counted from 1), batch 954 of 954
+    assert record.values["box_loss"] == 0.1157 and record.values["Instances"] == 17
+    assert math.isclose(record.values["loss"], 0.1157 + 5.355 + 2.998)  # the parts add up
+    assert "GPU_mem" not in record.values  # "9.02G" is no number
+    fastai = (
+        "epoch  train_loss  valid_loss  accuracy  time\n"
+        "0  1.25  0.98  0.61  00:12\n"
+        "1  nan  nan  0.10  00:12"
+    )
+    got = [(r.step, r.values) for r in records(fastai)]
+    assert str(got) == str(
+        [(0, {"loss": 1.25, "val_loss": 0.98, "accuracy": 0.61}),
+         (1, {"loss": math.nan, "val_loss": math.nan, "accuracy": 0.1})]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Epoch  gpu_mem  box  obj  cls\n1/99  2.6G  0.1  0.2  0.3",  # no loss named: no table
+        "the loss is going down\n1 2 3 4 5",  # no counter first
+        "epoch train_loss valid_loss\nsome words here 1.0\n0 1.25 0.98",  # a row must follow
+    ],
+)
+def test_no_table_without_a_header_and_its_rows(text: str) -> None:
+    assert not any("valid_loss" in r.values or "box" in r.values for r in records(text))
+
+
 @pytest.mark.parametrize(
     ("line", "scale"),
     [
@@ -231,6 +301,26 @@ def test_one_overflow_printed_by_many_ranks_is_one_skipped_step() -> None:
         "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 8.0, reducing to 4.0\n"
     )
     assert [r.values for r in records(text)] == [{"skipped": 1.0, "loss_scale": 4.0}]
+
+
+def test_the_same_rank_reporting_again_is_another_overflow() -> None:
+    line = "[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to 1\n"
+    bars = "".join(f"  0%|▋      | {n}/24128 [00:40<2:40:10,  2.50it/s]{line}" for n in (98, 99))
+    assert len(records(line + bars)) == 3  # stuck at the floor, rank 0 reports each anew
+    ranks = "".join(line.replace("Rank 0", f"Rank {rank}") for rank in range(3))
+    assert len(records(ranks)) == 1  # one overflow, every rank says it
+    assert len(records(line + line)) == 1  # one overflow, two loggers say it
+
+
+def test_a_record_printed_over_several_lines_is_one_record() -> None:
+    text = (
+        "iteration 5/50 | elapsed time per iteration: 21392.5 ms |\n"
+        "learning rate: 1.350000E-04 | global batch size: 4096 |\n"  # alone: a configuration
+        "loss scale: 1.0 | grad norm: nan |\n"
+    )
+    (record,) = records(text)
+    assert record.step == 5 and (record.values["lr"], record.values["loss_scale"]) == (1.35e-4, 1)
+    assert math.isnan(record.values["grad_norm"])
 
 
 def test_overflows_go_just_before_the_next_step() -> None:

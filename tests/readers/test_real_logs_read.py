@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,60 @@ SEEN = {
     # epochs 147-149 of 351 iterations, counted from epoch 1
     "mmpretrain_issue1632_mae_healthy": seen(6, (146 * 351 + 300, 148 * 351 + 200), LOSS, LR),
     "modded_llama2_pr9_lr_decay_healthy": seen(26, (420, 670), LOSS, LR, VAL),
+    # found in the hunt for other trainers and shapes
+    "torchtitan_pr3393_rank_prefix_healthy": seen(8, (14, 21), LOSS, GNORM),
+    "nanotron_issue390_pipe_fields_healthy": seen(4, (327281, 327284), LOSS, GNORM, LR),
+    # one interval, all 10 iterations skipped: no loss printed
+    "megatron_bert_nccl743_startup_skips": seen(1, (10, 10), SCALE, LR),
+    "megatron_lm_issue5_2019_no_colon_healthy": seen(4, (100, 400), LOSS, LR),  # "lm loss 1.0E+01"
+    "megatron_ds_issue396_gradnorm_nan_no_loss": seen(
+        3, (5426, 5428), GNORM, LR, SCALE, nan=(5426, GNORM)
+    ),
+    # iteration 5 printed over four lines; iteration 6's line shows only a timer
+    "megatron_bridge_issue5306_wrapped_gradnorm_nan": seen(
+        1, (5, 5), GNORM, LR, SCALE, nan=(5, GNORM)
+    ),
+    # the bar counts the run (41 steps an epoch), not the epoch
+    "kohya_sdscripts_issue2137_avr_loss_nan": seen(5, (41, 205), LOSS, nan=(41, LOSS)),
+    "truncated_diffusion_issue3_nan_step5": seen(9, (1, 9), LOSS, nan=(5, LOSS)),
+    "diffusion_pipe_issue531_ltx2_nan_step18": seen(8, (16, 23), LOSS, nan=(18, LOSS)),
+    # overflow lines (glued to the bar) carry no step: positions 1, 2, ...
+    "hf_deepspeed_issue14531_scale_stuck_at_1": seen(4, (1, 4), SKIP, SCALE),
+    "hf_deepspeed_t5_issue9996_startup_probing": seen(3, (1, 3), SKIP, SCALE),
+    "chinese_llama_issue534_scale_to_min": seen(6, (1, 6), SKIP, SCALE, LOSS, LR),  # 5 + a dict
+    "deepspeed_learn_issue1_wrapped_hysteresis_healthy": seen(6, (1, 6), SKIP, SCALE),
+    "verse_issue31_loss_scale_collapse_nan": seen(
+        3, (0, 200), LOSS, GNORM, SCALE, nan=(100, GNORM)
+    ),
+    "gradnorm_tf_issue17_epoch_loss_nan": seen(17, (3442, 3458), LOSS, nan=(3451, LOSS)),
+    # epochs 8-10 of 266 batches; the mean of epoch 8 goes just before epoch 9's bar
+    "radar_detector_issue3_mean_loss_nan": seen(
+        5, (7 * 266 + 266, 9 * 266 + 266), LOSS, nan=(2393, LOSS)
+    ),
+    "mmdet_issue5911_markdown_bold_nan": seen(4, (50, 200), LOSS, LR, nan=(150, LOSS)),
+    "bigdl_issue1486_loss_infinity": seen(3, (45457, 45459), LOSS, LR, nan=(45459, LOSS)),
+    # Keras: 61878 samples an epoch, epochs 0-14
+    "keras_issue21_epoch10_divergence": seen(15, (61878, 15 * 61878), LOSS),
+    "mmdet_issue11708_gradnorm_31M": seen(2, (788 + 50, 788 + 100), LOSS, GNORM, LR),  # epoch 2
+    "yolov5_issue4963_table_nan": seen(1, (7, 7), LOSS, nan=(7, LOSS)),  # box, obj, cls: nan
+    # epochs 22-23 of 954 batches; the loss is box + cls + dfl
+    "ultralytics_issue21765_yolo_table_healthy": seen(2, (21 * 954 + 954, 22 * 954 + 954), LOSS),
+    "rnnt_issue26_global_step_healthy": seen(12, (7, 18), LOSS),
+    "sedd_issue9_training_loss_healthy": seen(11, (0, 500), LOSS, VAL),
+    "dle_bert_squad_issue1107_step_loss_healthy": seen(9, (2872, 3272), LOSS, LR),
+    "fcos_issue6_maskrcnn_benchmark_healthy": seen(5, (60, 140), LOSS, LR),
+    # "[29/300][2670/2859]": epoch 29 (counted from 1), batch 2670 of 2859
+    "vmamba_issue273_swin_logger_healthy": seen(
+        4, (28 * 2859 + 2670, 28 * 2859 + 2700), LOSS, GNORM, LR, SCALE
+    ),
+    "ego_av_loc_issue3_noisy_healthy": seen(12, (36 * 588 + 20, 36 * 588 + 240), LOSS),
+    "hifigan_pitchvc_issue3_steps_healthy": seen(15, (210005, 210075), LOSS),  # "Steps : 210005"
+}
+
+# Read wrong for a reason no general rule settles yet (strict: a fix shows).
+MISREAD = {
+    "yolov5_issue4963_table_nan": "YOLOv5 before v6 names its loss columns box, obj, cls: no "
+    "name says loss, so the table is no table of losses to a general rule",
 }
 
 LABELS = {
@@ -110,7 +165,13 @@ def test_every_real_log_has_its_expectations() -> None:
     assert sum(bool(case.get("added")) for case in LABELS.values()) >= 10
 
 
-@pytest.mark.parametrize("name", sorted(SEEN))
+def _name(name: str) -> Any:
+    miss = MISREAD.get(name)
+    marks = [pytest.mark.xfail(reason=miss, strict=True)] if miss else []
+    return pytest.param(name, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("name", [_name(name) for name in sorted(SEEN)])
 def test_real_log_reads_as_a_person_reads_it(name: str) -> None:
     records, want = read(name), SEEN[name]
     steps = [r.step for r in records]

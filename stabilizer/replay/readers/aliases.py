@@ -5,7 +5,8 @@ Lower-case names, as console logs print them (one word, or two for ``lm loss``, 
 prefix and a ``_step`` suffix (Lightning's ``on_step`` logging) are dropped first, so
 ``train/loss_step`` is the loss. Validation losses land on ``val_loss``, never on the training
 ``loss``. Two words that are not in the table are not the signal of the second: ``params norm``
-is no gradient norm, ``aux loss`` no training loss; they pass through as ``params_norm``.
+is no gradient norm, ``aux loss`` no training loss; they pass through as ``params_norm``. A word
+that ends a sentence qualifies nothing: in ``records/second. Loss is 1.26`` the name is ``Loss``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ ALIASES: dict[str, str] = {
             "loss", "train loss", "training loss", "train_loss", "training_loss", "lm loss",
             "lm_loss", "total loss", "total_loss", "loss_total", "xent", "nll_loss", "trl",
             "avg loss", "average loss", "mean loss", "running loss", "batch loss", "loss train",
+            "avg_loss", "average_loss", "mean_loss", "running_loss", "batch_loss", "loss total",
+            "step_loss", "avr_loss",
         ),
         LOSS,
     ),
@@ -40,18 +43,21 @@ ALIASES: dict[str, str] = {
         (
             "val loss", "val_loss", "validation loss", "validation_loss", "valid loss",
             "valid_loss", "eval loss", "eval_loss", "test loss", "test_loss", "dev loss", "tel",
+            "evaluation loss", "evaluation_loss",
         ),
         VAL_LOSS,
     ),
 }  # fmt: skip
-"""Lower-case printed names → signal keys (``trl``, ``tel`` and ``norm`` are llm.c's)."""
+"""Lower-case printed names → signal keys (``trl``, ``tel`` and ``norm`` are llm.c's, ``avr_loss``
+kohya-ss sd-scripts' running average)."""
 
 SIGNALS = frozenset(ALIASES.values())
 """The keys of the table: a line holding one of these is a record even without a step."""
 
 STEP_NAMES = frozenset(
-    ("step", "global_step", "iter", "iteration", "num_updates", "update", "batch", "s", "epoch")
-)
+    ("step", "steps", "global_step", "iter", "iteration", "num_updates", "update", "batch", "s",
+     "epoch")
+)  # fmt: skip
 """Names of counters: they say where a record is, they are not among its values."""
 
 _PREFIXES = ("train/", "train_", "training/")
@@ -69,7 +75,7 @@ def key_of(printed: str) -> str | None:
     low = name.lower()
     if low in STEP_NAMES:
         return None
-    if before and before.lower() not in _FILLER:
+    if before and before.lower() not in _FILLER and not before.endswith("."):
         return ALIASES.get(f"{before.lower()} {low}", f"{before}_{name}")
     if low in ALIASES:
         return ALIASES[low]

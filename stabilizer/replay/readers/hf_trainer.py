@@ -14,6 +14,12 @@ The Trainer hides NaN losses by default (``logging_nan_inf_filter=True``): a NaN
 replaced by the interval's running mean, and an interval of NaN steps logs a loss of exactly 0.
 `HiddenNan` watches for the traces (NaN/Inf grad norm beside a finite loss, a loss of exactly 0
 after positive ones, the same loss three times running) and leaves a ``hidden_nan`` note.
+
+Under DeepSpeed or apex the fp16 loss scaler prints its overflows among the dicts (``[deepspeed]
+OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32``, often glued to the
+tqdm bar): each is a skipped step with the new scale (`universal.overflow_of`), numbered with the
+dicts in log order; the same overflow printed again (by another rank or logger) is one, but the
+same rank reporting again at another time is a new one.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 from ._keys import KeyMap
 from ._lines import Segments, text_lines
 from .base import BaseReader, Item
+from .universal import overflow_of
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
 
@@ -90,11 +97,19 @@ class HfTrainerReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, count = KeyMap(), HiddenNan(self), Segments(), 0
+        overflow: tuple[str, dict[str, float], int | None] | None = None  # the last since a dict
         for lineno, line in enumerate(text_lines(stream, self.notes), 1):
             parsed = _dict(line, keys)
             if parsed is None:
-                segments.other(line)
-                continue
+                found = overflow_of(line)
+                if found is None:
+                    segments.other(line)
+                    continue
+                if overflow is not None and _again((line, *found), overflow):
+                    continue
+                overflow, parsed = (line, *found), (found[0], True, None)
+            else:
+                overflow = None
             if not parsed:
                 continue
             values, counted, logged = parsed
@@ -107,6 +122,16 @@ class HfTrainerReader(BaseReader):
                 yield restart
             hidden.check(step, values, lineno)
             yield StepRecord(step, values)
+
+
+def _again(
+    found: tuple[str, dict[str, float], int | None], last: tuple[str, dict[str, float], int | None]
+) -> bool:
+    """Whether an overflow (its line, values, rank) is the last one printed again, by another
+    rank or logger: the same values, but not the same rank reporting anew at another time (at
+    the floor the scale stays 1, skip after skip)."""
+    (line, values, rank), (last_line, last_values, last_rank) = found, last
+    return values == last_values and (rank is None or rank != last_rank or line == last_line)
 
 
 def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | tuple[()] | None:

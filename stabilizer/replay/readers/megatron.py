@@ -9,6 +9,11 @@ A line (new layouts prefix a ``[2024-05-01 12:00:00]`` timestamp; old ones carry
 Quirks: the losses are averages over the log interval (default 100 iterations), so the record
 sits at the interval's last iteration and a one-step spike is diluted; the grad norm is the last
 iteration's. What the fields mean is written once, in `_values`.
+
+Early Megatron-LM (2019-20) printed numbers without a colon (``| learning rate 1.010E-06 | lm loss
+1.020020E+01 |``); a record pasted or printed over several lines (``iteration 5/50 | ... |``, then
+``learning rate: ... |``, ``loss scale: 1.0 | grad norm: nan |``) is one record: the lines right
+below an iteration line that give fields it lacks are read with it.
 """
 
 from __future__ import annotations
@@ -38,17 +43,6 @@ _KEYS = {  # the labels read → their keys
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
 
-def _fields(text: str) -> dict[str, str]:
-    """The ``| label: value |`` fields of an iteration line's text after its counter: label →
-    value text (up to the next ``|``); of a label given twice, the first counts."""
-    fields: dict[str, str] = {}
-    for part in text.split("|"):
-        label, colon, value = part.partition(":")
-        if colon:
-            fields.setdefault(label.strip(), value)
-    return fields
-
-
 def _values(fields: dict[str, str]) -> dict[str, float]:
     """What an iteration line's ``label → value text`` fields mean, as signal values.
 
@@ -73,6 +67,33 @@ def _values(fields: dict[str, str]) -> dict[str, float]:
     return values
 
 
+def _fields(text: str) -> dict[str, str]:
+    """The ``label → value text`` fields of ``| label: value |`` text (the value runs to the next
+    ``|``), or of early Megatron's ``| label 1.0E-06 |`` (the last word is the value); of a label
+    given twice, the first counts."""
+    fields: dict[str, str] = {}
+    for part in text.split("|"):
+        label, colon, value = part.partition(":")
+        if not colon:
+            label, _, value = part.strip().rpartition(" ")
+        label = label.strip()
+        if label:
+            fields.setdefault(label, value)
+    return fields
+
+
+def _more(fields: dict[str, str], line: str) -> bool:
+    """Whether ``line`` goes on with the record of ``fields``: it gives labels of `_KEYS` the
+    record lacks (then they are added)."""
+    if ":" not in line:
+        return False
+    more = {k: v for k, v in _fields(line).items() if k.strip() in _KEYS}
+    if not more or any(label in fields for label in more):
+        return False
+    fields.update(more)
+    return True
+
+
 class MegatronReader(BaseReader):
     """Reads Megatron-LM console logs; one record per logged interval (see the module doc)."""
 
@@ -86,11 +107,19 @@ class MegatronReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, interval = Segments(), 0  # the log interval, once known
+        step, fields = 0, dict[str, str]()  # the record being read: its step and fields
         for lineno, line in enumerate(text_lines(stream, self.notes), 1):
             match = _ITERATION.search(line) if "iteration" in line else None
             if match is None:
+                if fields and _more(fields, line):  # the record goes on on this line
+                    continue
+                if fields:
+                    yield StepRecord(step, _values(fields))
+                    fields = {}
                 segments.other(line)
                 continue
+            if fields:
+                yield StepRecord(step, _values(fields))
             step, last = int(match[1]), segments.last
             restart = segments.restart(step, lineno)
             if restart is not None:
@@ -98,7 +127,9 @@ class MegatronReader(BaseReader):
             elif not interval and last is not None and 0 <= last < step:
                 interval = step - last
                 self._note_interval(interval, lineno)
-            yield StepRecord(step, _values(_fields(line[match.end() - 1 :])))
+            fields = _fields(line[match.end() :]) or {"iteration": match[1]}
+        if fields:
+            yield StepRecord(step, _values(fields))
 
     def _note_interval(self, interval: int, lineno: int) -> None:
         self.note(

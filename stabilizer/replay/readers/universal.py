@@ -43,6 +43,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
@@ -52,7 +53,7 @@ from ._lines import resume_banner, text_lines
 from .aliases import SIGNALS, key_of
 from .base import BaseReader, Item, Restart
 
-__all__ = ["UniversalReader", "unreadable_message"]
+__all__ = ["UniversalReader", "overflow_of", "unreadable_message"]
 
 _NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
     r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
@@ -63,12 +64,23 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
     r"(" + _NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
 )
-_COUNTERS = ("global_step", "step", "num_updates", "update", "iteration", "iter", "batch", "s")
+_COUNTERS = (
+    "global_step", "step", "steps", "num_updates", "update", "iteration", "iter", "batch", "s",
+)  # fmt: skip
+_NAMES = {  # as the pattern spells them: "steps" only before a colon ("Steps : 9", not "steps
+    # = 9"), tried only after "step" matched; llm.c's "s:12"
+    "step": r"step(?:s(?=\s*:))?",
+    "steps": "",
+    "s": r"s(?=:\d)",
+}
 _STEP = re.compile(  # each name starts a word: a lookbehind after its first letter, as in _PAIR
     "("
-    + "|".join(rf"{name[0]}(?<![\w./-]{name[0]}){name[1:]}" for name in _COUNTERS[:-1])
-    + r"|s(?<![\w./-]s)(?=:\d))"  # llm.c's "s:12"
-    + r"(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.])"
+    + "|".join(
+        rf"{name[0]}(?<![\w./-]{name[0]}){_NAMES.get(name, name)[1:]}"
+        for name in _COUNTERS
+        if _NAMES.get(name, name)
+    )
+    + r")(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
 )
 _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
 _EPOCH = re.compile(
@@ -78,6 +90,7 @@ _AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
 _LEADING = re.compile(r"\s*(\d+)\s*\|\s")  # "420 | loss 4.06 | lr 9e-04"
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
+_BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
 _OVERFLOW = re.compile(
     r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
     r"(?:reducing dynamic|attempted) loss scale"
@@ -88,11 +101,17 @@ _NEW_SCALE = re.compile(
     + ")"
 )
 _ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + _NUM + ")")
+_RANK = re.compile(r"\brank\s*(\d+)")
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _HINT = re.compile(  # a step or metric word with a number right after it ("step 100", "loss: 2")
     r"(?<![a-z])(?:loss|norm|lr|step|iter|epoch|batch)[a-z_]*['\"]?\s*[:=]?\s*[-+]?\.?\d"
 )
+_CELL = re.compile(r"[^\s|]+")  # a table's cell: what blanks and bars separate
+_NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
+_COUNT_CELL = re.compile(r"\d+(?:/\d+)?")  # the first column of a row: "22/55", "3"
+_NUMBER = re.compile(_NUM)
+_TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"))
 _Values = dict[str, float]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
@@ -116,17 +135,26 @@ class UniversalReader(BaseReader):
     def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
         steps, join = _Steps(), _Joiner()
+        table: tuple[str, ...] | None = None  # the columns of the table being read
         for lineno, line in enumerate(lines, 1):
             if "\x1b" in line:
                 line = _ANSI.sub("", line)
+            if table is not None:
+                row = _row(line, table)
+                table, line = (None, line) if row is None else (table, row)
             low = line.lower()
             if ("overflow" in low or "loss scale" in low) and _OVERFLOW.search(low):
-                yield from join.overflow(lineno, _overflow(low))
+                rank = _RANK.search(low)
+                yield from join.overflow(lineno, line, _overflow(low), rank and int(rank[1]))
                 continue
             step, where = steps.of(low)
             values = _values(line)
             if (step is None or steps.weak) and not _known(values):
                 if step is None:
+                    if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
+                        yield from join.line(lineno, line, (None, ()), values)
+                        continue
+                    table = _header(line) if "loss" in low else None
                     join.other(line)
                     continue
                 if steps.weak:  # "begin training epoch 1": no record, but one may follow
@@ -142,14 +170,14 @@ class _Steps:
         self.epoch: int | None = None  # the last epoch printed
         self.first: int | None = None  # the first epoch's number: 0 or 1
         self.weak = False  # whether the last line's step is only its epoch
+        self.counted: tuple[int | None, int, int] | None = None  # last count: epoch, n, offset
+        self.run_on: int | None = None  # the offset of counts that run on across epochs
 
     def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
         """The step of a lower-cased line (or None), and all the counters it prints."""
         epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
         if epoch is not None:
-            self.epoch = int(epoch[1])
-            if self.first is None:
-                self.first = 0 if self.epoch == 0 else 1
+            self._epoch(int(epoch[1]))
         if "step" in low or "iter" in low or "update" in low or "batch" in low or "s:" in low:
             named = _STEP.findall(low)
             if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
@@ -169,15 +197,39 @@ class _Steps:
             return int(ranged[1])
         count = None
         if "/" in low:
+            both = _BRACKETS.search(low) if epoch is None and "][" in low else None
+            if both is not None:  # "Train: [29/300][2670/2859]": the epoch, the count within it
+                self._epoch(int(both[1]))
+                return self._counted(int(both[2]), both[3], True)
             count = epoch and _AFTER_EPOCH.match(low, epoch.end())
             count = count or _BAR.search(low) or _BRACKET.search(low)
         if count:
-            return self._on(int(count[1]), count[2], True)
+            return self._counted(int(count[1]), count[2], epoch is not None)
         leading = _LEADING.match(low)
         if leading is not None:
             return int(leading[1])
         self.weak = epoch is not None
         return None if epoch is None else int(epoch[1])
+
+    def _epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if self.first is None:
+            self.first = 0 if epoch == 0 else 1
+
+    def _counted(self, count: int, total: str, here: bool) -> int:
+        """A count ``n/N`` within the epoch it is in (`_on`), unless the counts ran on when an
+        epoch printed on a line of its own (``here``: on this line) began: kohya's bar
+        ``steps: 82/3280`` below ``epoch 2/80`` counts the whole run, 41 steps an epoch; from then
+        on a count is the step, plus the offset of the epoch it ran on from."""
+        if self.run_on is None and not here and self.counted is not None:
+            epoch, last, offset = self.counted
+            if self.epoch != epoch and count > last:
+                self.run_on = offset
+        if self.run_on is not None:
+            return self.run_on + count
+        step = self._on(count, total, True)
+        self.counted = (self.epoch, count, step - count)
+        return step
 
     def _on(self, count: int, total: str, in_epoch: bool) -> int:
         """A count, counted on from the epochs before this one when it is one of ``total``."""
@@ -206,13 +258,28 @@ def _known(values: dict[str, float]) -> set[str]:
 
 
 def _total(values: dict[str, float]) -> dict[str, float]:
-    """A record's values, with the sum of its ``loss_*`` parts as its loss if it has none:
-    Detectron2 and mmdet add their parts so."""
+    """A record's values, with the sum of its ``loss_*`` or ``*_loss`` parts as its loss if it
+    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ..."""
     if LOSS not in values:
-        parts = [v for key, v in values.items() if key.startswith("loss_") and key not in SIGNALS]
+        parts = [
+            v
+            for key, v in values.items()
+            if (key.startswith("loss_") or key.endswith("_loss")) and key not in SIGNALS
+        ]
         if parts:
             values[LOSS] = sum(parts)
     return values
+
+
+def overflow_of(line: str) -> tuple[dict[str, float], int | None] | None:
+    """The record of an fp16 overflow line (see the module docstring) and the rank it names, if
+    any; None for any other line. For readers of formats that print the overflows of another
+    library among their own lines."""
+    low = line.lower()
+    if ("overflow" in low or "loss scale" in low) and _OVERFLOW.search(low):
+        rank = _RANK.search(low)
+        return _overflow(low), rank and int(rank[1])
+    return None
 
 
 def _overflow(low: str) -> dict[str, float]:
@@ -221,12 +288,40 @@ def _overflow(low: str) -> dict[str, float]:
     return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
 
 
+def _header(line: str) -> tuple[str, ...] | None:
+    """The columns of a table's header, or None: names only, a counter first, a loss among them
+    (YOLO's ``Epoch  GPU_mem  box_loss  cls_loss  dfl_loss  Instances  Size``, fastai's ``epoch
+    train_loss valid_loss accuracy time``)."""
+    cells = _CELL.findall(line)
+    if len(cells) < 3 or cells[0].lower() not in _TABLE_FIRST:
+        return None
+    if not all(_NAME.fullmatch(cell) for cell in cells) or "loss" not in line.lower():
+        return None
+    return tuple(cells)
+
+
+def _row(line: str, columns: tuple[str, ...]) -> str | None:
+    """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
+    row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
+    is ``Epoch 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``. Cells that are no
+    number (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
+    cells = list(islice(_CELL.finditer(line), len(columns)))
+    if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
+        return None
+    parts = [f"{columns[0]} {cells[0][0]}"]
+    for name, cell in zip(columns[1:], cells[1:], strict=True):
+        text = cell[0].rstrip(":")
+        if _NUMBER.fullmatch(text):
+            parts.append(f"{name}={text}")
+    return ", ".join(parts) + line[cells[-1].end() :]
+
+
 @dataclass(slots=True)
 class _Pending:
     """The record being put together from the lines of one step."""
 
     step: int | None
-    where: tuple[int, ...]  # every counter its first line printed
+    where: tuple[int, ...]  # every counter its first line printed (an overflow's: its rank)
     values: dict[str, float]
     text: str  # the line (joined with the lines it wraps onto)
     start: int  # its first line number
@@ -275,16 +370,33 @@ class _Joiner:
         self.banner = ""
         return done
 
-    def overflow(self, lineno: int, values: _Values) -> list[Item]:
-        """An overflow line: one more line of the pending overflow, or a new one."""
+    def overflow(self, lineno: int, line: str, values: _Values, rank: int | None) -> list[Item]:
+        """An overflow line: one more line of the pending overflow (printed again, by another
+        rank or logger), or a new one (the same rank reports again, at another time: at the
+        floor the scale stays 1 skip after skip)."""
         pend, scale = self.pending, values.get(LOSS_SCALE)
         same = scale is None or (pend is not None and pend.values.get(LOSS_SCALE, scale) == scale)
-        if pend is not None and pend.overflow and same:
+        again = (
+            rank is not None and pend is not None and pend.where == (rank,) and line != pend.text
+        )
+        if pend is not None and pend.overflow and same and not again:
             pend.values.update(values)  # no scale named, or the pending one's: the same overflow
             return []
         done = self._finish()
-        self.pending = _Pending(None, (), values, "", lineno, lineno, overflow=True)
+        where = () if rank is None else (rank,)
+        self.pending = _Pending(None, where, values, line, lineno, lineno, overflow=True)
         return done
+
+    def wraps(self, lineno: int, line: str, values: _Values) -> bool:
+        """Whether a line without a step, that alone would be no record, continues the pending
+        record's line (see `_wraps`)."""
+        pend = self.pending
+        return (
+            pend is not None
+            and not pend.overflow
+            and lineno == pend.end + 1
+            and _wraps(pend, values, line)
+        )
 
     def end(self) -> list[Item]:
         """The records still held when the lines end."""
