@@ -83,7 +83,7 @@ def test_hf_gpt2_example(tmp_path: Path) -> None:
     report = _run("stabilizer", "diagnose", str(tmp_path))
     assert report.returncode == 1, report.stdout[-2000:] + report.stderr[-2000:]
     assert "#1  step 3  ERROR  non-finite loss (NaN/Inf)" in report.stdout
-    assert "model.transformer.h.1.mlp produced NaN/Inf in the forward pass" in report.stdout
+    assert "transformer.h.1.mlp produced NaN/Inf in the forward pass" in report.stdout
 
 
 def test_ddp_example_nan_on_one_rank_skips_everywhere(tmp_path: Path) -> None:

@@ -63,8 +63,6 @@ MISSES = {
     "chinese_llama_issue534_scale_to_min": "five skips 64 -> 2 with no good step of known scale "
     "before them read as start-up calibration (only the floor <= 1 counts), though the bar is "
     "at step 377",
-    "mmdet_issue11708_gradnorm_31M": "two records: grad_norm 3.46 then 31,101,415 (loss 1.50 -> "
-    "63.1); no baseline of earlier records to measure the jump against",
     "yolov5_issue4963_table_nan": "YOLOv5 before v6 names its loss columns box, obj, cls: read, "
     "but no name says loss (see tests/readers/test_real_logs_read.py)",
 }

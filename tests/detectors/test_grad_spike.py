@@ -131,3 +131,12 @@ def test_silent_when_clipping_is_occasional() -> None:
 def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         GradSpike(**kwargs)  # type: ignore[arg-type]
+
+
+def test_three_orders_of_magnitude_after_a_single_record_is_a_spike() -> None:
+    # mmdet#11708 pasted two records: grad_norm 3.46, then 31,101,415.
+    found = feed(GradSpike(), records("grad_norm", [3.46, 31_101_415.6]))
+    assert [(f.kind, f.step) for f in found] == [("grad_spike", 1)]
+    assert "the 3.46 of the record before" in found[0].message
+    assert not feed(GradSpike(), records("grad_norm", [3.46, 3000.0]))  # 867x: not on so little
+    assert not feed(GradSpike(), records("grad_norm", [31_101_415.6, 3.46]))  # a fall: never

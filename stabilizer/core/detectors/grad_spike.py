@@ -28,7 +28,8 @@ class GradSpike:
     Gradient norms are roughly log-normal, so the baseline lives in log10 space: median and MAD of
     the last `window` positive finite norms, frozen while a spike lasts. The baseline rests on what
     is there (``baseline_records`` in the evidence), so a pasted excerpt is judged from its third
-    record on; on so few records the norm must reach 10× their median. A norm that doubles record
+    record on; on so few records the norm must reach 10× their median, and after a single record
+    1000× it (three orders of magnitude: no batch noise does that). A norm that doubles record
     after record is an explosion under way whatever its ratio to the median (BLOOM-176B:
     0.24 → 0.95 → 2.39 → 15.9). A spike is one ``grad_spike`` (WARNING) emitted when the norm is
     back under ``med + recover_k·σ``, or at the end of the log; still up after `recovery_window`
@@ -49,6 +50,7 @@ class GradSpike:
         sigma_floor: Lower bound of that standard deviation, in decades.
         min_ratio: Long logs: a spike is at least this multiple of the baseline norm.
         short_ratio: Short excerpts: a spike is at least this multiple of the baseline norm.
+        lone_ratio: Right after a single record: a spike is at least this multiple of it.
         growth: Growth factor per record that counts as geometric growth...
         grow_records: ...over this many records in a row.
         recover_k: Recovered when within this many standard deviations of the baseline.
@@ -68,6 +70,7 @@ class GradSpike:
         sigma_floor: float = 0.05,
         min_ratio: float = 3.0,
         short_ratio: float = 10.0,
+        lone_ratio: float = 1000.0,
         growth: float = 2.0,
         grow_records: int = 3,
         recover_k: float = 2.5,
@@ -81,7 +84,11 @@ class GradSpike:
             raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
         for arg, value, low in (("k", k, 0.0), ("sigma_floor", sigma_floor, 0.0)):
             check_at_least(arg, value, low)
-        for arg, value in (("min_ratio", min_ratio), ("short_ratio", short_ratio)):
+        for arg, value in (
+            ("min_ratio", min_ratio),
+            ("short_ratio", short_ratio),
+            ("lone_ratio", lone_ratio),
+        ):
             check_at_least(arg, value, 1.0)
         check_at_least("growth", growth, 1.0)
         check_at_least("grow_records", grow_records, 1)
@@ -93,6 +100,7 @@ class GradSpike:
         check_fraction("clip_fraction", clip_fraction)
         self.min_history, self.k, self.sigma_floor = min_history, k, sigma_floor
         self.min_jump, self.short_jump = math.log10(min_ratio), math.log10(short_ratio)
+        self.lone_jump = math.log10(lone_ratio)
         self.growth, self.grow_records = math.log10(growth), grow_records
         self.recover_k, self.recovery_window = recover_k, recovery_window
         self.clip_window, self.clip_fraction = clip_window, clip_fraction
@@ -101,7 +109,10 @@ class GradSpike:
     def _classify(self, x: float, window: RobustWindow) -> tuple[float, float] | None:
         count = len(window.values)  # (the deque's own len: one Python call less a norm)
         if count < 2:
-            return None
+            lone = window.values[0] if count else math.inf
+            if x - lone < self.lone_jump:
+                return None
+            return lone, lone + self.recover_k * self.sigma_floor
         med = window.median()
         jump = self.min_jump if count >= self.min_history else self.short_jump
         if x > med and self._growing(x, window):
@@ -141,9 +152,8 @@ class GradSpike:
         base, peak = exp10(episode["baseline"]), exp10(episode["peak"])
         ratio, peak_step, records = peak / base, episode["peak_step"], episode["baseline_records"]
         message = (
-            f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x the {base:.3g} median of "
-            f"{records} records before) at step {peak_step}, {outcome}: clip the gradient norm "
-            "near its usual level"
+            f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x {_before(base, records)}) at step "
+            f"{peak_step}, {outcome}: clip the gradient norm near its usual level"
         )
         evidence = {"baseline": base, "baseline_records": records, "peak": peak, "ratio": ratio}
         evidence.update(peak_step=peak_step, steps=episode["last"] - episode["start"] + 1)
@@ -160,3 +170,10 @@ class GradSpike:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._tracker.load(state)
         self._clips.load(state)
+
+
+def _before(base: float, records: int) -> str:
+    """What a spike is measured against: the median of the records before, or the one record."""
+    if records == 1:
+        return f"the {base:.3g} of the record before"
+    return f"the {base:.3g} median of {records} records before"
