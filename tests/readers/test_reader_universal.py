@@ -479,9 +479,3 @@ def test_any_lines_give_int_steps_and_float_values(lines: list[str]) -> None:
         if isinstance(item, StepRecord):
             assert isinstance(item.step, int) and item.values
             assert all(isinstance(value, float) for value in item.values.values())
-
-
-def test_a_blank_separates_only_the_names_of_the_alias_table() -> None:
-    # "loss 2.5" is the loss; "line 132" and "took 12" are words beside numbers, not metrics.
-    (record,) = records("step 5 loss 2.5 lr 3e-4 took 12 s (line 132) acc: 0.5 wps=31")
-    assert record.values == {"loss": 2.5, "lr": 3e-4, "acc": 0.5, "wps": 31.0}

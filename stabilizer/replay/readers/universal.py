@@ -112,7 +112,6 @@ _NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
 _COUNT_CELL = re.compile(r"\d+(?:/\d+)?")  # the first column of a row: "22/55", "3"
 _NUMBER = re.compile(_NUM)
 _TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"))
-_COLONS = (":", "\uff1a")
 _Values = dict[str, float]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
@@ -247,9 +246,8 @@ def _values(line: str) -> dict[str, float]:
         key = key_of(name)
         if key is None or key in values:
             continue
-        # Others need "=" or ": ", not "line 132" or "(trainer:581)".
-        if key in SIGNALS or "=" in sep or (sep.strip() in _COLONS and sep[-1] in " \t\uff1a"):
-            values[key] = float(text)
+        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a":
+            values[key] = float(text)  # others need "=" or ": ", not "line 132", "(trainer:581)"
     return values
 
 
