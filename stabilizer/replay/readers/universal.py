@@ -14,9 +14,12 @@ A record is a line with metrics beside a step::
   epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
   first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
   holds for the counts below it.
-- **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too), and
-  ``name x`` or ``name is x`` for the names of the alias table (`aliases`), which also maps
-  names to signal keys; other names pass through as printed (two words as ``word_name``).
+- **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too),
+  ``name x``, and ``name is x`` for the names of the alias table (`aliases`), which also maps
+  names to signal keys; other names pass through as printed (two words as ``word_name``). Any
+  name beside a number after a blank is kept (``acc 0.91``, and so also ``line 132``), so a log
+  of such lines is read, not refused; a line without a step is a record only by a signal or a
+  loss part.
   Values are numbers, ``nan`` and ``inf`` in any case; ``nanms`` is no value. When a line has
   ``loss_*`` parts but no loss (Detectron2, mmdet), the loss is their sum, as those trainers add.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
@@ -247,7 +250,7 @@ def _values(line: str) -> dict[str, float]:
         if key is None or key in values:
             continue
         if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a":
-            values[key] = float(text)  # others need "=" or ": ", not "line 132", "(trainer:581)"
+            values[key] = float(text)  # others need "=", ": " or a blank: not "(trainer:581)"
     return values
 
 
