@@ -146,9 +146,8 @@ class UniversalReader(BaseReader):
                 row = _row(line, table)
                 table, line = (None, line) if row is None else (table, row)
             low = line.lower()
-            if ("overflow" in low or "loss scale" in low) and _OVERFLOW.search(low):
-                rank = _RANK.search(low)
-                yield from join.overflow(lineno, line, _overflow(low), rank and int(rank[1]))
+            if ("overflow" in low or "loss scale" in low) and (found := _overflow_in(low)):
+                yield from join.overflow(lineno, line, *found)
                 continue
             step, where = steps.of(low)
             values = _values(line)
@@ -279,10 +278,15 @@ def overflow_of(line: str) -> tuple[dict[str, float], int | None] | None:
     any; None for any other line. For readers of formats that print the overflows of another
     library among their own lines."""
     low = line.lower()
-    if ("overflow" in low or "loss scale" in low) and _OVERFLOW.search(low):
-        rank = _RANK.search(low)
-        return _overflow(low), rank and int(rank[1])
-    return None
+    return _overflow_in(low) if "overflow" in low or "loss scale" in low else None
+
+
+def _overflow_in(low: str) -> tuple[dict[str, float], int | None] | None:
+    """`overflow_of` a lower-cased line."""
+    if _OVERFLOW.search(low) is None:
+        return None
+    rank = _RANK.search(low)
+    return _overflow(low), rank and int(rank[1])
 
 
 def _overflow(low: str) -> dict[str, float]:
