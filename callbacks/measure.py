@@ -53,6 +53,7 @@ class Measured:
         numbers: The copy of the step's numbers, ordered as ``grad_keys``, loss, loss scale,
             ``act_keys``; None when measuring failed.
         grad_keys: The gradient probe's keys at this step.
+        gradless: Those of them whose group had no gradient at all (left out of the record).
         act_keys: The activation keys, on a sampled step; else empty.
         scaled: An fp16 grad scaler runs: the loss is scaled, the scaler skips overflow.
         error: Why measuring failed.
@@ -61,6 +62,7 @@ class Measured:
     step: int
     numbers: HostCopy | None
     grad_keys: list[str] = field(default_factory=list)
+    gradless: frozenset[str] = frozenset()
     act_keys: list[str] = field(default_factory=list)
     scaled: bool = False
     error: str = ""
@@ -116,6 +118,8 @@ class Measured:
         host = self.numbers.read()
         n = len(self.grad_keys)
         values = dict(zip(self.grad_keys, host[:n], strict=True))
+        for key in self.gradless:  # no gradient is not a zero gradient
+            del values[key]
         loss, scale = host[n], host[n + 1]
         # Lightning's AMP plugin multiplies the loss by the grad scaler's scale before
         # `on_before_backward` hands it over (the gradients carry the same factor, which the
@@ -154,7 +158,12 @@ def measure(
         vec = _reduce(trainer.strategy, vec, len(norms))
     act_keys = list(acts.keys) if acts is not None and sampled is not None else []
     return Measured(
-        trainer.global_step, HostCopy(vec), list(grads.keys), act_keys, scaler is not None
+        trainer.global_step,
+        HostCopy(vec),
+        list(grads.keys),
+        frozenset(grads.gradless),
+        act_keys,
+        scaler is not None,
     )
 
 

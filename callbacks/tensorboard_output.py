@@ -39,7 +39,10 @@ class TensorBoardOutput:
             GRAD_NORM_PREFIX + g for g in depth_order(groups)
         ]  # heatmap rows, input first
         self._steps: deque[int] = deque(maxlen=window)
-        self._rows: deque[list[float]] = deque(maxlen=window)
+        # A layer without a gradient at a step (None) shows its last value; one that had none in
+        # the window is no row (no gradient is not a zero gradient).
+        self._rows: deque[list[float | None]] = deque(maxlen=window)
+        self._last: dict[str, float] = {}
 
     def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:
         """Remember the step's per-layer norms; write the heatmap every ``every`` steps."""
@@ -49,7 +52,8 @@ class TensorBoardOutput:
             self._groups = None
         if record is not None and self._keys:
             self._steps.append(record.step)
-            self._rows.append([record.values.get(k, float("nan")) for k in self._keys])
+            self._last.update((k, record.values[k]) for k in self._keys if k in record.values)
+            self._rows.append([self._last.get(k) for k in self._keys])
             if every and record.step > 0 and record.step % every == 0:
                 self._heatmap(record.step)
         if found:
@@ -62,8 +66,15 @@ class TensorBoardOutput:
         self._file.flush()
 
     def _heatmap(self, step: int) -> None:
-        matrix = np.asarray(self._rows, dtype=np.float64).T  # (layers, steps)
-        steps, groups = list(self._steps), [k[len(GRAD_NORM_PREFIX) :] for k in self._keys]
+        groups, rows = [], []
+        for key, cells in zip(self._keys, zip(*self._rows, strict=True), strict=True):
+            first = next((cell for cell in cells if cell is not None), None)
+            if first is not None:  # (leading gaps: the first value)
+                groups.append(key[len(GRAD_NORM_PREFIX) :])
+                rows.append([first if cell is None else cell for cell in cells])
+        if not rows:
+            return
+        matrix, steps = np.asarray(rows, dtype=np.float64), list(self._steps)  # (layers, steps)
         png = labelled_heatmap_png(steps, groups, matrix)
         if png is None:  # no matplotlib: the pixel image, its labels in the description
             summary = image_summary(

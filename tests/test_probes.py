@@ -53,3 +53,24 @@ def test_sharded_norms_combine_to_the_full_norms() -> None:
     combined = GradProbe.from_squares(ranks[0] + ranks[1])
     assert torch.allclose(combined, full, rtol=1e-5)
     assert GradProbe.from_squares(GradProbe.sharded_squares(full)).allclose(full, rtol=1e-6)
+
+
+def test_a_group_without_any_gradient_is_gradless_not_zero() -> None:
+    # Post-LN never calls the final norm, the head group's only own parameters (the output
+    # matrix is tied to the embedding): no gradient, which the monitor must not log as 0.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, norm_position="post"))
+    probe = GradProbe(model)
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss = model(idx, idx)
+    assert loss is not None
+    loss.backward()
+    probe()
+    assert model.ln_f.weight.grad is None
+    assert probe.gradless == {"grad_norm/head"}
+    assert "grad_norm/block_00" in probe.keys and "grad_norm/head" in probe.keys
+
+    pre = model_with_grads()  # pre-LN: the final norm runs
+    probe = GradProbe(pre)
+    probe()
+    assert probe.gradless == set()

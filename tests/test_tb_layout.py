@@ -56,7 +56,15 @@ class Stack(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _run(logdir: Path, depth: int) -> None:
+class StackWithPooler(Stack):
+    """A `Stack` with a module its loss never uses (a BERT pooler under an MLM loss)."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__(depth)
+        self.pooler = nn.Linear(8, 8)
+
+
+def _run(logdir: Path, depth: int, model: type[Stack] = Stack) -> None:
     torch.manual_seed(0)
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -69,7 +77,7 @@ def _run(logdir: Path, depth: int) -> None:
         callbacks=[StabilityMonitor(jsonl=False, preflight=False)],
     )
     data = TensorDataset(torch.randint(0, VOCAB, (12, 6)))
-    trainer.fit(Stack(depth), DataLoader(data, batch_size=4))
+    trainer.fit(model(depth), DataLoader(data, batch_size=4))
 
 
 def _groups(depth: int) -> list[str]:
@@ -142,9 +150,24 @@ def test_the_heatmap_image_has_layer_labels_a_step_axis_and_a_colour_bar(tmp_pat
     assert any(line.get_ydata()[0] == len(groups) - 1.5 for line in ax.get_lines())  # other
 
 
+def test_a_module_the_loss_never_uses_is_no_row_and_no_scalar(tmp_path: Path) -> None:
+    # No gradient at all is not a zero gradient: the pooler's group is left out of the records
+    # (no scalar), and the heatmap has a row for each layer that had one.
+    pytest.importorskip("matplotlib")
+    _run(tmp_path, depth=4, model=StackWithPooler)
+    [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
+    picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
+    assert picture.size == (900, int(100 * (1.2 + 0.22 * 6)))  # embed, 4 blocks, head
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "depth4" / "version_0"))
+    acc.Reload()
+    norms = {t for t in acc.Tags()["scalars"] if t.startswith("stability/grad_norm/")}
+    assert norms == {f"stability/grad_norm/{g}" for g in _groups(4)}
+
+
 def test_the_heatmap_paints_zero_at_the_bottom_nan_red_and_inf_white() -> None:
-    # A post-LN GPT's head group (its unused final LayerNorm) has norm 0 at every step: that is
-    # no gradient at all, the bottom of the scale as in the pixel image, not the red of a NaN.
+    # A zero norm is the bottom of the scale, as in the pixel image, not the red of a NaN.
     figure = pytest.importorskip("matplotlib.figure")
     backend = pytest.importorskip("matplotlib.backends.backend_agg")
     fig = figure.Figure()

@@ -37,7 +37,10 @@ class GradProbe:
     Groups come from parameter names (``blocks.N.``, ``layers.N.``, ``h.N.`` …, see
     :func:`stabilizer.core.groups.depth_group`) unless ``grouping`` maps a name to a group itself;
     an optimizer tensor that is no module parameter is in ``other``. Optimizer tensors that do not
-    require grad count in the total and the non-finite count only.
+    require grad count in the total and the non-finite count only. A group none of whose tensors
+    has a gradient at a step (a module the forward never used: the final norm of a post-LN stack,
+    a pooler an MLM loss ignores) gets no gradient, not a zero one: its key is in `gradless`
+    after the call, and the monitor leaves it out of the step's record.
 
     The fast path is one ``torch._foreach_norm`` over all gradients and one ``index_add_`` into
     the groups. Where it cannot run (sparse gradients, an unusual dtype or device) the probe says
@@ -59,6 +62,7 @@ class GradProbe:
         self._module, self._optimizers, self._grouping = module, list(optimizers), grouping
         self.exact = False  # the fast path failed once: per-tensor norms from then on
         self._index: tuple[tuple[int, ...], Tensor] | None = None  # group indices, on the device
+        self.gradless: set[str] = set()  # the group keys none of whose tensors had a gradient
         self._build()
 
     def __call__(self) -> Tensor:
@@ -71,6 +75,8 @@ class GradProbe:
                 # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces.
                 grads.append(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
                 index.append(i)
+        present = set(index)
+        self.gradless = {k for i, k in enumerate(self.keys[2:]) if i not in present}
         if not grads:  # nothing to update this step
             return torch.zeros(len(self.keys), device=self._device)
         device = grads[0].device
