@@ -55,6 +55,9 @@ def steps(text: str) -> list[int]:
         ("steps: 16 loss: 0.7332 iter time (s): 3.181 samples/sec: 0.314", 16),
         # a percentage is no step: the count of the bar is (kohya-ss sd-scripts)
         ("steps:   1%|▋     | 41/3280 [00:50<1:06:54,  1.24s/it, avr_loss=0.12]", 41),
+        ("[2021-07-17 12:54:33] Ep. 1 : Up. 14000 : Sen. 965,843 : Cost 5.2 : Time 359.59s", 14000),
+        ("epoch 0, total_step 24050, total loss is 47.09 , reg_loss is 0.08", 24050),
+        ("| E104 iter[ 14/ 15] | [Loss] nan | [step]  1574 | [time] 0.4m", 1574),  # in brackets
     ],
 )
 def test_the_step(line: str, step: int) -> None:
@@ -153,6 +156,9 @@ def test_no_step_where_none_is_printed(line: str) -> None:
             {"loss": math.inf, "lr": 0.0462},
         ),
         ("step 3 box_loss=0.25 cls_loss=0.5 dfl_loss=1.0", {"loss": 1.75}),  # parts: YOLO's
+        ("step 3 | [Loss] nan | [exp] ./exp/0125 |", {"loss": math.nan}),  # a name in brackets
+        ("Ep. 7 : Up. 306350 : Sen. 5630845 : Cost 34.46 : Time 6.91s", {"loss": 34.46}),
+        ("step 3, total loss is 47.09 , reg_loss is 0.08", {"loss": 47.09, "reg_loss": 0.08}),
     ],
 )
 def test_the_metrics(line: str, values: dict[str, float]) -> None:
@@ -165,7 +171,7 @@ def test_the_metrics(line: str, values: dict[str, float]) -> None:
     "name",
     ["xent", "nll_loss", "lm loss", "total_loss", "train_loss", "Train loss", "loss_total", "trl",
      "train/loss", "train/loss_step", "loss train", "avg_loss", "average_loss", "mean_loss",
-     "running_loss", "batch_loss", "step_loss", "avr_loss", "Loss Total"],
+     "running_loss", "batch_loss", "step_loss", "avr_loss", "Loss Total", "Cost"],
 )  # fmt: skip
 def test_loss_aliases(name: str) -> None:
     assert key_of(name) == "loss"
@@ -192,6 +198,9 @@ def test_loss_aliases(name: str) -> None:
         ("step", None),
         ("Steps", None),
         ("epoch", None),
+        ("total_step", None),
+        ("Up.", None),
+        ("reg_loss is", "reg_loss"),  # "is" names nothing: the word before it does
     ],
 )
 def test_other_aliases(name: str, key: str | None) -> None:
@@ -260,6 +269,37 @@ def test_tables_read_by_column() -> None:
         [(0, {"loss": 1.25, "val_loss": 0.98, "accuracy": 0.61}),
          (1, {"loss": math.nan, "val_loss": math.nan, "accuracy": 0.1})]
     )  # fmt: skip
+
+
+def test_a_table_counter_named_steps() -> None:
+    """A table whose counter column is ``Steps`` (D3Feat): its rows are at those steps."""
+    text = "Steps desc_loss det_loss train_accuracy time\n9753 nan 0.5 0.00 1698.001\n"
+    (record,) = records(text)
+    assert (record.step, record.values["det_loss"], math.isnan(record.values["loss"])) == (
+        9753,
+        0.5,
+        True,
+    )
+
+
+def test_tables_under_a_ruler_of_dashes() -> None:
+    """A header over a ruler of dashes, a column a run: names of two words, ``E`` the epoch and
+    ``#`` the step (spaCy), the ``LOSS ...`` columns the loss's parts."""
+    text = (
+        "E    #       LOSS TOK2VEC  LOSS NER  ENTS_F  SCORE \n"
+        "---  ------  ------------  --------  ------  ------\n"
+        "  0       0          0.00     40.00    9.57    0.10\n"
+        "  1     200         35.70   2163.45   83.16    0.83\n"
+    )
+    got = [(r.step, r.values) for r in records(text)]
+    assert got[1] == (
+        200,
+        {"loss_tok2vec": 35.7, "loss_ner": 2163.45, "ents_f": 83.16, "score": 0.83,
+         "loss": 35.7 + 2163.45},
+    )  # fmt: skip
+    assert [step for step, _ in got] == [0, 200]
+    no_counter = "A    B    loss\n---  ---  ----\n1    2    3\n"
+    assert not any("B" in r.values or "b" in r.values for r in records(no_counter))
 
 
 @pytest.mark.parametrize(

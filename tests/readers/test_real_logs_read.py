@@ -142,12 +142,35 @@ SEEN = {
     ),
     "ego_av_loc_issue3_noisy_healthy": seen(12, (36 * 588 + 20, 36 * 588 + 240), LOSS),
     "hifigan_pitchvc_issue3_steps_healthy": seen(15, (210005, 210075), LOSS),  # "Steps : 210005"
+    # second hunt: other trainers and shapes
+    # Marian: "Up. N" the update, "Cost" the loss; the [valid] lines join update 20000
+    "marian_issue376_bouncy_spike": seen(7, (14000, 26000), LOSS),
+    "marian_issue120_noisy_healthy": seen(8, (306350, 306420), LOSS),
+    "ppasr_issue3_batch_nan": seen(9, (750, 830), LOSS, LR, nan=(790, LOSS)),
+    "tfslim_hashtag_issue6_global_step_nan": seen(10, (2454, 2463), LOSS, nan=(2458, LOSS)),
+    "allennlp_issue379_batch_healthy": seen(4, (1, 1701), LOSS),
+    "multiffn_nli_issue2_batches_nan": seen(4, (100, 400), LOSS, VAL, nan=(100, LOSS)),
+    "lion_issue9_loguru_bracket_nan": seen(5, (1574, 1634), LOSS, nan=(1574, LOSS)),  # "[step]"
+    # epoch 127 (counted from 1) of 464 batches
+    "rtm3d_issue4_avgmeter_healthy": seen(7, (126 * 464 + 35, 126 * 464 + 335), LOSS),
+    "spacy_issue7083_v3_table_healthy": seen(6, (0, 1000), LOSS),  # "#" the step
+    "trl_issue1236_dpo_loss_zero_healthy": seen(3, (1, 3), LOSS, LR),
+    "d3feat_issue23_table_nan": seen(1, (9753, 9753), LOSS, nan=(9753, LOSS)),
+    "mobilefacenet_issue40_total_step_healthy": seen(9, (24050, 24450), LOSS),
+    "mobilenet_ssd_keras_issue21_terminate_on_inf": seen(1, (4, 4), LOSS, nan=(4, LOSS)),
+    # epoch 1 of 11134 iterations, counted from 1
+    "semseg_3d2d_issue4_noisy_healthy": seen(5, (750, 790), LOSS),
+    "pytorch_tutorial_zh_issue1_test_loss_healthy": seen(15, (100, 1500), LOSS),  # 训练次数: N
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
 MISREAD = {
     "yolov5_issue4963_table_nan": "YOLOv5 before v6 names its loss columns box, obj, cls: no "
     "name says loss, so the table is no table of losses to a general rule",
+    "multiffn_nli_issue2_batches_nan": "'0 completed epochs, 100 batches': a count before its "
+    "name is no step to a general rule (it reads 'epochs, 100'); read by position, 1-4",
+    "pytorch_tutorial_zh_issue1_test_loss_healthy": "the step is named in Chinese (训练次数, "
+    "'training count'): no counter name; read by position, 1-15",
 }
 
 LABELS = {

@@ -26,7 +26,7 @@ ALIASES: dict[str, str] = {
             "lm_loss", "total loss", "total_loss", "loss_total", "xent", "nll_loss", "trl",
             "avg loss", "average loss", "mean loss", "running loss", "batch loss", "loss train",
             "avg_loss", "average_loss", "mean_loss", "running_loss", "batch_loss", "loss total",
-            "step_loss", "avr_loss",
+            "step_loss", "avr_loss", "cost",
         ),
         LOSS,
     ),
@@ -55,8 +55,8 @@ SIGNALS = frozenset(ALIASES.values())
 """The keys of the table: a line holding one of these is a record even without a step."""
 
 STEP_NAMES = frozenset(
-    ("step", "steps", "global_step", "iter", "iteration", "num_updates", "update", "batch", "s",
-     "epoch")
+    ("step", "steps", "global_step", "total_step", "iter", "iteration", "num_updates", "update",
+     "up.", "batch", "s", "epoch")
 )  # fmt: skip
 """Names of counters: they say where a record is, they are not among its values."""
 
@@ -73,6 +73,8 @@ def key_of(printed: str) -> str | None:
     """
     before, _, name = printed.rpartition(" ")
     low = name.lower()
+    if low == "is" and before:  # "reg_loss is 0.08": the name is the word before "is"
+        return key_of(before)
     if low in STEP_NAMES:
         return None
     if before and before.lower() not in _FILLER and not before.endswith("."):

@@ -7,19 +7,20 @@ A record is a line with metrics beside a step::
     | epoch 027 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |      s:12 trl:9.79 norm:3.01
     Epoch 0:  6%|▌   | 1/18 [00:08<02:29, loss=10.473]    {'loss': 0.58, 'grad_norm': 1.3}
 
-- **The step**, case-blind: ``step``, ``global_step``, ``num_updates``, ``update``,
-  ``iteration``, ``iter``, ``batch`` (that order wins: ``iter 8 step 1`` is step 1), llm.c's
+- **The step**, case-blind: ``step``, ``global_step``, ``total_step``, ``num_updates``,
+  ``update``, Marian's ``Up.``, ``iteration``, ``iter``, ``batch`` (that order wins: ``iter 8
+  step 1`` is step 1; ``[step] 1574`` too), llm.c's
   ``s:12``, ESPnet's ``12009-12640batch`` (the last); else a count ``n/N`` after an epoch, in a
   progress bar (``1/18 [``) or in brackets (``[12/100]``); else ``Epoch 3/10``. A count within
   epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
   first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
   holds for the counts below it.
 - **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too),
-  ``name x``, and ``name is x`` for the names of the alias table (`aliases`), which also maps
-  names to signal keys; other names pass through as printed (two words as ``word_name``). Any
-  name beside a number after a blank is kept (``acc 0.91``, and so also ``line 132``), so a log
-  of such lines is read, not refused; a line without a step is a record only by a signal or a
-  loss part.
+  ``name x``, ``[name] x``, and ``name is x`` for the names of the alias table (`aliases`),
+  which also maps names to signal keys; other names pass through as printed (two words as
+  ``word_name``). Any name beside a number after a blank is kept (``acc 0.91``, and so also
+  ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
+  only by a signal or a loss part.
   Values are numbers, ``nan`` and ``inf`` in any case; ``nanms`` is no value. When a line has
   ``loss_*`` parts but no loss (Detectron2, mmdet), the loss is their sum, as those trainers add.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
@@ -63,18 +64,20 @@ _NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails 
 )
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast); possessive: giving characters back finds nothing
-    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"]?"  # one word or two
+    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
     r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
     r"(" + _NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
 )
 _COUNTERS = (
-    "global_step", "step", "steps", "num_updates", "update", "iteration", "iter", "batch", "s",
+    "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
+    "iter", "batch", "s",
 )  # fmt: skip
 _NAMES = {  # as the pattern spells them: "steps" only before a colon ("Steps : 9", not "steps
     # = 9"), tried only after "step" matched; llm.c's "s:12"
     "step": r"step(?:s(?=\s*:))?",
     "steps": "",
     "s": r"s(?=:\d)",
+    "up": r"up\.",  # Marian's "Up. 14000"
 }
 _STEP = re.compile(  # each name starts a word: a lookbehind after its first letter, as in _PAIR
     "("
@@ -83,7 +86,7 @@ _STEP = re.compile(  # each name starts a word: a lookbehind after its first let
         for name in _COUNTERS
         if _NAMES.get(name, name)
     )
-    + r")(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
+    + r")(?:\(train\))?\]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
 )
 _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
 _EPOCH = re.compile(
@@ -115,6 +118,9 @@ _NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
 _COUNT_CELL = re.compile(r"\d+(?:/\d+)?")  # the first column of a row: "22/55", "3"
 _NUMBER = re.compile(_NUM)
 _TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"))
+_RULER = re.compile(r" *-{2,}(?: +-{2,}){2,} *")  # "---  ------  ------------  ------"
+_DASHES = re.compile(r"-+")
+_RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
 _Values = dict[str, float]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
@@ -139,6 +145,7 @@ class UniversalReader(BaseReader):
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
         steps, join = _Steps(), _Joiner()
         table: tuple[str, ...] | None = None  # the columns of the table being read
+        above = ""  # the last line that was no record (a table's header, if a ruler follows)
         for lineno, line in enumerate(lines, 1):
             if "\x1b" in line:
                 line = _ANSI.sub("", line)
@@ -156,7 +163,7 @@ class UniversalReader(BaseReader):
                     if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
                         yield from join.line(lineno, line, (None, ()), values)
                         continue
-                    table = _header(line) if "loss" in low else None
+                    table, above = _table(line, low, above), line
                     join.other(line)
                     continue
                 if steps.weak:  # "begin training epoch 1": no record, but one may follow
@@ -180,7 +187,14 @@ class _Steps:
         epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
         if epoch is not None:
             self._epoch(int(epoch[1]))
-        if "step" in low or "iter" in low or "update" in low or "batch" in low or "s:" in low:
+        if (
+            "step" in low
+            or "iter" in low
+            or "update" in low
+            or "batch" in low
+            or "s:" in low
+            or "up." in low
+        ):
             named = _STEP.findall(low)
             if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
                 named.sort(key=lambda found: _COUNTERS.index(found[0]))
@@ -307,6 +321,34 @@ def _header(line: str) -> tuple[str, ...] | None:
     return tuple(cells)
 
 
+def _table(line: str, low: str, above: str) -> tuple[str, ...] | None:
+    """The columns of the table a line that is no record begins (`_header`, or `_ruled` under
+    the line ``above`` it), or None."""
+    if "loss" in low:
+        return _header(line)
+    if "---" in line and "loss" in above.lower():
+        return _ruled(above, line)
+    return None
+
+
+def _ruled(header: str, ruler: str) -> tuple[str, ...] | None:
+    """The columns of a header that a ruler of dashes underlines, or None: each column's name is
+    the header's text above one run of dashes, lower-cased, blanks as ``_`` (spaCy's ``E  #
+    LOSS TOK2VEC  LOSS NER  ENTS_F`` over ``---  ------  ------------  --------  ------``: the
+    epoch, the step (``#``), the losses ``loss_tok2vec`` and ``loss_ner``, ...). Like a table
+    `_header`: a counter first, a loss among them."""
+    if _RULER.fullmatch(ruler) is None:
+        return None
+    runs = [run.span() for run in _DASHES.finditer(ruler)]
+    names = [header[start:end].strip().lower().replace(" ", "_") for start, end in runs]
+    names = [_RULED_NAMES.get(name, name) for name in names]
+    if len(names) < 3 or names[0] not in _TABLE_FIRST or not all(names):
+        return None
+    if not any("loss" in name for name in names):
+        return None
+    return tuple(names)
+
+
 def _row(line: str, columns: tuple[str, ...]) -> str | None:
     """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
     row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
@@ -315,7 +357,7 @@ def _row(line: str, columns: tuple[str, ...]) -> str | None:
     cells = list(islice(_CELL.finditer(line), len(columns)))
     if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
         return None
-    parts = [f"{columns[0]} {cells[0][0]}"]
+    parts = [f"{columns[0]}: {cells[0][0]}"]  # ("Steps 9753" is no step, "Steps: 9753" is)
     for name, cell in zip(columns[1:], cells[1:], strict=True):
         text = cell[0].rstrip(":")
         if _NUMBER.fullmatch(text):
