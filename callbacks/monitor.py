@@ -51,6 +51,7 @@ class StabilityMonitor(pl.Callback):
     ``loss``                      training loss of the step (unscaled; mean over micro-batches)
     ``grad_norm``                 total L2 gradient norm: unscaled, before clipping
     ``grad_norm/<group>``         the same per depth group: ``embed``, ``block_00``.., ``head``
+                                  (none for a group without any gradient at the step)
     ``nonfinite_grads``           number of parameters whose gradient holds NaN/Inf
     ``lr``                        learning rate of the first parameter group
     ``lr/pg2``, ``lr/pg3`` ..     the other parameter groups' (numbered as Lightning's
