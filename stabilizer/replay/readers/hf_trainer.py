@@ -17,7 +17,7 @@ after positive ones, the same loss three times running) and leaves a ``hidden_na
 
 Under DeepSpeed or apex the fp16 loss scaler prints its overflows among the dicts (``[deepspeed]
 OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32``, often glued to the
-tqdm bar): each is a skipped step with the new scale (`universal.overflow_of`), numbered with the
+tqdm bar): each is a skipped step with the new scale (`_shapes.overflow_of`), numbered with the
 dicts in log order; the same overflow printed again (by another rank or logger) is one, but the
 same rank reporting again at another time is a new one.
 """
@@ -34,8 +34,8 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
 from ._lines import Segments, text_lines
+from ._shapes import overflow_of
 from .base import BaseReader, Item
-from .universal import overflow_of
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
 

@@ -26,6 +26,9 @@ A record is a line with metrics beside a step::
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
   overflow``, ``Attempted loss scale: X, reducing to Y``) are skipped steps: ``skipped`` 1 and
   the new ``loss_scale``. The lines one overflow prints (per rank, per logger) make one record.
+- **Tables** (YOLO, fastai, spaCy): a header of names, a counter first and a loss among them, or
+  names over a ruler of dashes; each row below reads as its ``name=value`` pairs. Overflow lines
+  and tables are recognised in `_shapes`.
 
 What is not a record is skipped: tracebacks, ``...``, banners, timestamps (never a step). A line
 without a step is a record when it holds a metric of the table. Lines are put together the way
@@ -47,26 +50,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
+from stabilizer.core.signals import LOSS, LOSS_SCALE, LR
 
 from ._lines import resume_banner, text_lines
+from ._shapes import NUM, overflow_in, row_of, table_of
 from .aliases import SIGNALS, key_of
 from .base import BaseReader, Item, Restart
 
-__all__ = ["UniversalReader", "overflow_of", "unreadable_message"]
+__all__ = ["UniversalReader", "unreadable_message"]
 
-_NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
-    r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
-)
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
     r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
-    r"(" + _NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
+    r"(" + NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
 )
 _COUNTERS = (
     "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
@@ -97,30 +97,11 @@ _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
 _LEADING = re.compile(r"\s*(\d+)\s*\|\s")  # "420 | loss 4.06 | lr 9e-04"
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
 _BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
-_OVERFLOW = re.compile(
-    r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
-    r"(?:reducing dynamic|attempted) loss scale"
-)
-_NEW_SCALE = re.compile(
-    r"(?:reducing (?:loss scale )?to|setting loss scale to:?|loss scale from \S+ to)\s*("
-    + _NUM
-    + ")"
-)
-_ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + _NUM + ")")
-_RANK = re.compile(r"\brank\s*(\d+)")
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _HINT = re.compile(  # a step or metric word with a number right after it ("step 100", "loss: 2")
     r"(?<![a-z])(?:loss|norm|lr|step|iter|epoch|batch)[a-z_]*['\"]?\s*[:=]?\s*[-+]?\.?\d"
 )
-_CELL = re.compile(r"[^\s|]+")  # a table's cell: what blanks and bars separate
-_NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
-_COUNT_CELL = re.compile(r"\d+(?:/\d+)?")  # the first column of a row: "22/55", "3"
-_NUMBER = re.compile(_NUM)
-_TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"))
-_RULER = re.compile(r" *-{2,}(?: +-{2,}){2,} *")  # "---  ------  ------------  ------"
-_DASHES = re.compile(r"-+")
-_RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
 _Values = dict[str, float]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
@@ -150,10 +131,10 @@ class UniversalReader(BaseReader):
             if "\x1b" in line:
                 line = _ANSI.sub("", line)
             if table is not None:
-                row = _row(line, table)
+                row = row_of(line, table)
                 table, line = (None, line) if row is None else (table, row)
             low = line.lower()
-            if ("overflow" in low or "loss scale" in low) and (found := _overflow_in(low)):
+            if ("overflow" in low or "loss scale" in low) and (found := overflow_in(low)):
                 yield from join.overflow(lineno, line, *found)
                 continue
             step, where = steps.of(low)
@@ -163,7 +144,7 @@ class UniversalReader(BaseReader):
                     if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
                         yield from join.line(lineno, line, (None, ()), values)
                         continue
-                    table, above = _table(line, low, above), line
+                    table, above = table_of(line, low, above), line
                     join.other(line)
                     continue
                 if steps.weak:  # "begin training epoch 1": no record, but one may follow
@@ -285,84 +266,6 @@ def _total(values: dict[str, float]) -> dict[str, float]:
         if parts:
             values[LOSS] = sum(parts)
     return values
-
-
-def overflow_of(line: str) -> tuple[dict[str, float], int | None] | None:
-    """The record of an fp16 overflow line (see the module docstring) and the rank it names, if
-    any; None for any other line. For readers of formats that print the overflows of another
-    library among their own lines."""
-    low = line.lower()
-    return _overflow_in(low) if "overflow" in low or "loss scale" in low else None
-
-
-def _overflow_in(low: str) -> tuple[dict[str, float], int | None] | None:
-    """`overflow_of` a lower-cased line."""
-    if _OVERFLOW.search(low) is None:
-        return None
-    rank = _RANK.search(low)
-    return _overflow(low), rank and int(rank[1])
-
-
-def _overflow(low: str) -> dict[str, float]:
-    """The record of an overflow line: a skipped step, and the scale in force after it."""
-    scale = _NEW_SCALE.search(low) or _ATTEMPTED.search(low)  # (hysteresis keeps the scale)
-    return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
-
-
-def _header(line: str) -> tuple[str, ...] | None:
-    """The columns of a table's header, or None: names only, a counter first, a loss among them
-    (YOLO's ``Epoch  GPU_mem  box_loss  cls_loss  dfl_loss  Instances  Size``, fastai's ``epoch
-    train_loss valid_loss accuracy time``)."""
-    cells = _CELL.findall(line)
-    if len(cells) < 3 or cells[0].lower() not in _TABLE_FIRST:
-        return None
-    if not all(_NAME.fullmatch(cell) for cell in cells) or "loss" not in line.lower():
-        return None
-    return tuple(cells)
-
-
-def _table(line: str, low: str, above: str) -> tuple[str, ...] | None:
-    """The columns of the table a line that is no record begins (`_header`, or `_ruled` under
-    the line ``above`` it), or None."""
-    if "loss" in low:
-        return _header(line)
-    if "---" in line and "loss" in above.lower():
-        return _ruled(above, line)
-    return None
-
-
-def _ruled(header: str, ruler: str) -> tuple[str, ...] | None:
-    """The columns of a header that a ruler of dashes underlines, or None: each column's name is
-    the header's text above one run of dashes, lower-cased, blanks as ``_`` (spaCy's ``E  #
-    LOSS TOK2VEC  LOSS NER  ENTS_F`` over ``---  ------  ------------  --------  ------``: the
-    epoch, the step (``#``), the losses ``loss_tok2vec`` and ``loss_ner``, ...). Like a table
-    `_header`: a counter first, a loss among them."""
-    if _RULER.fullmatch(ruler) is None:
-        return None
-    runs = [run.span() for run in _DASHES.finditer(ruler)]
-    names = [header[start:end].strip().lower().replace(" ", "_") for start, end in runs]
-    names = [_RULED_NAMES.get(name, name) for name in names]
-    if len(names) < 3 or names[0] not in _TABLE_FIRST or not all(names):
-        return None
-    if not any("loss" in name for name in names):
-        return None
-    return tuple(names)
-
-
-def _row(line: str, columns: tuple[str, ...]) -> str | None:
-    """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
-    row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
-    is ``Epoch 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``. Cells that are no
-    number (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
-    cells = list(islice(_CELL.finditer(line), len(columns)))
-    if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
-        return None
-    parts = [f"{columns[0]}: {cells[0][0]}"]  # ("Steps 9753" is no step, "Steps: 9753" is)
-    for name, cell in zip(columns[1:], cells[1:], strict=True):
-        text = cell[0].rstrip(":")
-        if _NUMBER.fullmatch(text):
-            parts.append(f"{name}={text}")
-    return ", ".join(parts) + line[cells[-1].end() :]
 
 
 @dataclass(slots=True)

@@ -1,0 +1,121 @@
+"""Line shapes the console readers recognise besides ``name: value`` pairs: fp16 overflow lines
+and tables.
+
+- **Overflows** of any trainer (``OVERFLOW!``, ``overflow detected, setting loss scale to``,
+  ``Gradient overflow. Skipping step``, ``Attempted loss scale: X, reducing to Y``): a skipped
+  step, with the scale in force after it and the rank that printed it, if named. The universal
+  reader reads them, and so does the HF Trainer's, whose console DeepSpeed and apex print into.
+- **Tables**: a header of names (a counter first, a loss among them: YOLO, fastai), or the names
+  above a ruler of dashes (spaCy), then rows of values under them, which the universal reader
+  reads written out as ``name=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import islice
+
+from stabilizer.core.signals import LOSS_SCALE, SKIPPED
+
+__all__ = ["NUM", "overflow_in", "overflow_of", "row_of", "table_of"]
+
+NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
+    r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
+)
+_OVERFLOW = re.compile(
+    r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
+    r"(?:reducing dynamic|attempted) loss scale"
+)
+_NEW_SCALE = re.compile(
+    r"(?:reducing (?:loss scale )?to|setting loss scale to:?|loss scale from \S+ to)\s*("
+    + NUM
+    + ")"
+)
+_ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + NUM + ")")
+_RANK = re.compile(r"\brank\s*(\d+)")
+_CELL = re.compile(r"[^\s|]+")  # a table's cell: what blanks and bars separate
+_NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
+_COUNT_CELL = re.compile(r"\d+(?:/\d+)?")  # the first column of a row: "22/55", "3"
+_NUMBER = re.compile(NUM)
+_TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"))
+_RULER = re.compile(r" *-{2,}(?: +-{2,}){2,} *")  # "---  ------  ------------  ------"
+_DASHES = re.compile(r"-+")
+_RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
+
+
+def overflow_of(line: str) -> tuple[dict[str, float], int | None] | None:
+    """The record of an fp16 overflow line (see the module docstring) and the rank it names, if
+    any; None for any other line. For readers of formats that print the overflows of another
+    library among their own lines."""
+    low = line.lower()
+    return overflow_in(low) if "overflow" in low or "loss scale" in low else None
+
+
+def overflow_in(low: str) -> tuple[dict[str, float], int | None] | None:
+    """`overflow_of` a lower-cased line (that holds "overflow" or "loss scale")."""
+    if _OVERFLOW.search(low) is None:
+        return None
+    rank = _RANK.search(low)
+    return _overflow(low), rank and int(rank[1])
+
+
+def _overflow(low: str) -> dict[str, float]:
+    """The record of an overflow line: a skipped step, and the scale in force after it."""
+    scale = _NEW_SCALE.search(low) or _ATTEMPTED.search(low)  # (hysteresis keeps the scale)
+    return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
+
+
+def _header(line: str) -> tuple[str, ...] | None:
+    """The columns of a table's header, or None: names only, a counter first, a loss among them
+    (YOLO's ``Epoch  GPU_mem  box_loss  cls_loss  dfl_loss  Instances  Size``, fastai's ``epoch
+    train_loss valid_loss accuracy time``)."""
+    cells = _CELL.findall(line)
+    if len(cells) < 3 or cells[0].lower() not in _TABLE_FIRST:
+        return None
+    if not all(_NAME.fullmatch(cell) for cell in cells) or "loss" not in line.lower():
+        return None
+    return tuple(cells)
+
+
+def table_of(line: str, low: str, above: str) -> tuple[str, ...] | None:
+    """The columns of the table a line that is no record begins (`_header`, or `_ruled` under
+    the line ``above`` it), or None."""
+    if "loss" in low:
+        return _header(line)
+    if "---" in line and "loss" in above.lower():
+        return _ruled(above, line)
+    return None
+
+
+def _ruled(header: str, ruler: str) -> tuple[str, ...] | None:
+    """The columns of a header that a ruler of dashes underlines, or None: each column's name is
+    the header's text above one run of dashes, lower-cased, blanks as ``_`` (spaCy's ``E  #
+    LOSS TOK2VEC  LOSS NER  ENTS_F`` over ``---  ------  ------------  --------  ------``: the
+    epoch, the step (``#``), the losses ``loss_tok2vec`` and ``loss_ner``, ...). Like a table
+    `_header`: a counter first, a loss among them."""
+    if _RULER.fullmatch(ruler) is None:
+        return None
+    runs = [run.span() for run in _DASHES.finditer(ruler)]
+    names = [header[start:end].strip().lower().replace(" ", "_") for start, end in runs]
+    names = [_RULED_NAMES.get(name, name) for name in names]
+    if len(names) < 3 or names[0] not in _TABLE_FIRST or not all(names):
+        return None
+    if not any("loss" in name for name in names):
+        return None
+    return tuple(names)
+
+
+def row_of(line: str, columns: tuple[str, ...]) -> str | None:
+    """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
+    row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
+    is ``Epoch 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``. Cells that are no
+    number (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
+    cells = list(islice(_CELL.finditer(line), len(columns)))
+    if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
+        return None
+    parts = [f"{columns[0]}: {cells[0][0]}"]  # ("Steps 9753" is no step, "Steps: 9753" is)
+    for name, cell in zip(columns[1:], cells[1:], strict=True):
+        text = cell[0].rstrip(":")
+        if _NUMBER.fullmatch(text):
+            parts.append(f"{name}={text}")
+    return ", ".join(parts) + line[cells[-1].end() :]
