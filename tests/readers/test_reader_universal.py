@@ -451,6 +451,29 @@ def test_survives_tracebacks_cut_lines_ansi_and_rank_prefixes() -> None:
     assert [(r.step, str(r.values["loss"])) for r in records(text)] == [(1, "2.0"), (2, "nan")]
 
 
+def test_a_value_printed_as_a_one_element_array_after_a_colon() -> None:
+    text = "Total iter: 0, epoch: 0, batch: 0, loss: [10.000229]\niter=10 loss=[nan] lr=[1e-06]\n"
+    got = [(r.step, r.values) for r in records(text)]
+    assert got[0] == (0, {"loss": 10.000229})
+    assert got[1][0] == 10 and math.isnan(got[1][1]["loss"]) and got[1][1]["lr"] == 1e-06
+    # a bracket after a blank is no value: "Epoch [1][100/200]" prints no epoch metric
+    assert "epoch" not in records("Epoch [1][100/200]  loss: 0.5\n")[0].values
+
+
+def test_a_value_in_markdown_bold() -> None:
+    line = "GLOBAL STEP : 29003 / LEARNING RATE : 0.001 / **LOSS : nan** ( 1.92 secs)\n"
+    (record,) = records(line)
+    assert record.step == 29003 and record.values["lr"] == 0.001
+    assert math.isnan(record.values["loss"])
+
+
+def test_the_total_of_a_list_of_losses_is_the_loss() -> None:
+    line = "[Epoch 0/30, Batch 323/1313] [Losses: x 0.1, y 0.2, conf 0.75, cls 0.3, total 1.35]\n"
+    (record,) = records(line)
+    assert (record.step, record.values["loss"]) == (323, 1.35)
+    assert "loss" not in records("step 5 total 1313 acc 0.9\n")[0].values  # no losses named
+
+
 def test_restart_when_the_step_goes_back() -> None:
     got = items("step 10 loss 1\nstep 20 loss 1\nstep 15 loss 1\nstep 25 loss 1\n")
     assert got[2] == Restart(15, 3, "step went back from 20 to 15")

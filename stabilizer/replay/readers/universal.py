@@ -21,8 +21,9 @@ A record is a line with metrics beside a step::
   ``word_name``). Any name beside a number after a blank is kept (``acc 0.91``, and so also
   ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
   only by a signal or a loss part.
-  Values are numbers, ``nan`` and ``inf`` in any case; ``nanms`` is no value. When a line has
-  ``loss_*`` parts but no loss (Detectron2, mmdet), the loss is their sum, as those trainers add.
+  Values are numbers, ``nan`` and ``inf`` in any case (``loss: [nan]`` and ``**LOSS : nan**``
+  too); ``nanms`` is no value. When a line has ``loss_*`` parts but no loss (Detectron2, mmdet),
+  the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
   overflow``, ``Attempted loss scale: X, reducing to Y``) are skipped steps: ``skipped`` 1 and
   the new ``loss_scale``. The lines one overflow prints (per rank, per logger) make one record.
@@ -65,9 +66,9 @@ __all__ = ["UniversalReader", "unreadable_message"]
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
-    r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\()?"  # a blank separates known names only
-    r"(" + NUM + r")(?=[\s,;|)\]}]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are none
-)
+    r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\(|\[(?:(?<=[:=]\[)|(?<=[:=] \[)))?"  # "loss: [2.3]"
+    r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
+)  # none; "**LOSS : nan**" (markdown bold) is
 _COUNTERS = (
     "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
     "iter", "batch", "s",
@@ -245,6 +246,8 @@ def _values(line: str) -> dict[str, float]:
             continue
         if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a":
             values[key] = float(text)  # others need "=", ": " or a blank: not "(trainer:581)"
+    if "total" in values and LOSS not in values and "losses" in line.lower():
+        values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
     return values
 
 
