@@ -171,9 +171,7 @@ SEEN = {
         1, (29003, 29003), LOSS, LR, nan=(29003, LOSS)
     ),  # "**LOSS : nan**"
     # "Loss is nan, stopping training" has no iteration: after the last, 150
-    "torchvision_detection_issue244_loss_is_nan_stop": seen(
-        5, (0, 151), LOSS, LR, nan=(151, LOSS)
-    ),
+    "torchvision_detection_issue244_loss_is_nan_stop": seen(5, (0, 151), LOSS, LR, nan=(151, LOSS)),
     # the stop line and the loss dict below it are the one failing iteration after 0
     "xview3_issue18_loss_dict_tensor_nan": seen(2, (0, 1), LOSS, LR, nan=(1, LOSS)),
     # epoch 12 (counted from 1) of 4468 steps
