@@ -66,7 +66,7 @@ __all__ = ["UniversalReader", "unreadable_message"]
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
-    r"(\s*[:=\uff1a]\s*|\s+is\s+|\s+)(?:tensor\(|\[(?:(?<=[:=]\[)|(?<=[:=] \[)))?"  # "loss: [2.3]"
+    r"(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)(?:tensor\()?"  # "loss: [2.3]" (Paddle)
     r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
 )  # none; "**LOSS : nan**" (markdown bold) is
 _COUNTERS = (
@@ -244,7 +244,7 @@ def _values(line: str) -> dict[str, float]:
         key = key_of(name)
         if key is None or key in values:
             continue
-        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a":
+        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
             values[key] = float(text)  # others need "=", ": " or a blank: not "(trainer:581)"
     if "total" in values and LOSS not in values and "losses" in line.lower():
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
