@@ -68,7 +68,7 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
     r"(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)(?:tensor\()?"  # "loss: [2.3]" (Paddle)
     r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
-)  # none; "**LOSS : nan**" (markdown bold) is
+)  # no values; "**LOSS : nan**" (markdown bold) holds one
 _COUNTERS = (
     "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
     "iter", "batch", "s",
