@@ -17,7 +17,7 @@ from itertools import islice
 
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 
-__all__ = ["NUM", "overflow_in", "overflow_of", "row_of", "table_of"]
+__all__ = ["NUM", "Overflow", "overflow_in", "overflow_of", "printed_again", "row_of", "table_of"]
 
 NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
     r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
@@ -43,7 +43,21 @@ _DASHES = re.compile(r"-+")
 _RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
 
 
-def overflow_of(line: str) -> tuple[dict[str, float], int | None] | None:
+Overflow = tuple[dict[str, float], int | None]
+"""An overflow line's record (a skipped step, the scale in force after it) and the rank it names."""
+
+
+def printed_again(line: str, found: Overflow, last_line: str, last: Overflow) -> bool:
+    """Whether an overflow line is the last one printed again (by another rank or logger): the
+    scale it names, if any, is the last one's, and it is not the same rank reporting anew at
+    another time (at the floor the scale stays 1, skip after skip)."""
+    (values, rank), (last_values, last_rank) = found, last
+    scale = values.get(LOSS_SCALE)
+    same = scale is None or last_values.get(LOSS_SCALE, scale) == scale
+    return same and not (rank is not None and rank == last_rank and line != last_line)
+
+
+def overflow_of(line: str) -> Overflow | None:
     """The record of an fp16 overflow line (see the module docstring) and the rank it names, if
     any; None for any other line. For readers of formats that print the overflows of another
     library among their own lines."""
@@ -51,7 +65,7 @@ def overflow_of(line: str) -> tuple[dict[str, float], int | None] | None:
     return overflow_in(low) if "overflow" in low or "loss scale" in low else None
 
 
-def overflow_in(low: str) -> tuple[dict[str, float], int | None] | None:
+def overflow_in(low: str) -> Overflow | None:
     """`overflow_of` a lower-cased line (that holds "overflow" or "loss scale")."""
     if _OVERFLOW.search(low) is None:
         return None

@@ -34,7 +34,7 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
 from ._lines import Segments, text_lines
-from ._shapes import overflow_of
+from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
@@ -97,7 +97,7 @@ class HfTrainerReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, count = KeyMap(), HiddenNan(self), Segments(), 0
-        overflow: tuple[str, dict[str, float], int | None] | None = None  # the last since a dict
+        overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
         for lineno, line in enumerate(text_lines(stream, self.notes), 1):
             parsed = _dict(line, keys)
             if parsed is None:
@@ -105,9 +105,9 @@ class HfTrainerReader(BaseReader):
                 if found is None:
                     segments.other(line)
                     continue
-                if overflow is not None and _again((line, *found), overflow):
+                if overflow is not None and printed_again(line, found, *overflow):
                     continue
-                overflow, parsed = (line, *found), (found[0], True, None)
+                overflow, parsed = (line, found), (found[0], True, None)
             else:
                 overflow = None
             if not parsed:
@@ -122,16 +122,6 @@ class HfTrainerReader(BaseReader):
                 yield restart
             hidden.check(step, values, lineno)
             yield StepRecord(step, values)
-
-
-def _again(
-    found: tuple[str, dict[str, float], int | None], last: tuple[str, dict[str, float], int | None]
-) -> bool:
-    """Whether an overflow (its line, values, rank) is the last one printed again, by another
-    rank or logger: the same values, but not the same rank reporting anew at another time (at
-    the floor the scale stays 1, skip after skip)."""
-    (line, values, rank), (last_line, last_values, last_rank) = found, last
-    return values == last_values and (rank is None or rank != last_rank or line == last_line)
 
 
 def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | tuple[()] | None:

@@ -54,10 +54,10 @@ from dataclasses import dataclass, field
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import LOSS, LOSS_SCALE, LR
+from stabilizer.core.signals import LOSS, LR
 
 from ._lines import resume_banner, text_lines
-from ._shapes import NUM, overflow_in, row_of, table_of
+from ._shapes import NUM, overflow_in, printed_again, row_of, table_of
 from .aliases import SIGNALS, key_of
 from .base import BaseReader, Item, Restart
 
@@ -329,14 +329,12 @@ class _Joiner:
         """An overflow line: one more line of the pending overflow (printed again, by another
         rank or logger), or a new one (the same rank reports again, at another time: at the
         floor the scale stays 1 skip after skip)."""
-        pend, scale = self.pending, values.get(LOSS_SCALE)
-        same = scale is None or (pend is not None and pend.values.get(LOSS_SCALE, scale) == scale)
-        again = (
-            rank is not None and pend is not None and pend.where == (rank,) and line != pend.text
-        )
-        if pend is not None and pend.overflow and same and not again:
-            pend.values.update(values)  # no scale named, or the pending one's: the same overflow
-            return []
+        pend = self.pending
+        if pend is not None and pend.overflow:
+            last = (pend.values, pend.where[0] if pend.where else None)
+            if printed_again(line, (values, rank), pend.text, last):
+                pend.values.update(values)
+                return []
         done = self._finish()
         where = () if rank is None else (rank,)
         self.pending = _Pending(None, where, values, line, lineno, lineno, overflow=True)
