@@ -8,8 +8,6 @@ Two real Trainer runs (4 and 12 blocks) write their TensorBoard files through th
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -21,7 +19,7 @@ import PIL.Image
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from test_tensorboard import _free_port, _get_json, _wait_for_tags
+from test_tensorboard import _get_json, _wait_for_tags, served
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -86,20 +84,10 @@ def _groups(depth: int) -> list[str]:
 
 @pytest.mark.slow
 def test_runs_of_4_and_12_layers_share_the_per_layer_chart(tmp_path: Path) -> None:
-    executable = Path(sys.executable).with_name("tensorboard")
-    if not executable.exists():
-        pytest.skip(f"no tensorboard executable beside {sys.executable}")
     for depth in (4, 12):
         _run(tmp_path, depth)
     runs = {4: "depth4/version_0", 12: "depth12/version_0"}
-    port = _free_port()
-    log = (tmp_path / "tensorboard.log").open("wb")
-    command = [str(executable), "--logdir", str(tmp_path), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--load_fast", "false", "--reload_interval", "1"]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with served(tmp_path) as (opener, base, proc):
         tags = _wait_for_tags(opener, base, proc, runs=list(runs.values()))
         layout = _get_json(opener, base + "/data/plugin/custom_scalars/layout")
         (category,) = layout["category"]
@@ -114,14 +102,6 @@ def test_runs_of_4_and_12_layers_share_the_per_layer_chart(tmp_path: Path) -> No
             expected = sorted(f"stability/grad_norm/{g}" for g in _groups(depth))
             assert sorted(matched["tag_to_events"]) == expected  # every layer of each run
             assert set(expected) <= set(tags[run])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 def _heatmap_images(logdir: Path) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -13,7 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -307,22 +308,38 @@ def _wait_for_tags(
     raise AssertionError("tensorboard did not serve the run's tags within 600 s")
 
 
-@pytest.mark.slow
-def test_real_tensorboard_server(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def served(
+    logdir: Path,
+) -> Iterator[tuple[urllib.request.OpenerDirector, str, subprocess.Popen[bytes]]]:
+    """A real ``tensorboard`` serving ``logdir`` on a free loopback port: (opener, base URL,
+    process); skips the test when no ``tensorboard`` executable sits beside this Python."""
     executable = Path(sys.executable).with_name("tensorboard")
     if not executable.exists():
         pytest.skip(f"no tensorboard executable beside {sys.executable}")
+    port = _free_port()
+    command = [str(executable), "--logdir", str(logdir), "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--load_fast", "false", "--reload_interval", "1"]
+    with (logdir / "tensorboard.log").open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        # Loopback only: bypass any proxy set in the environment.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            yield opener, f"http://127.0.0.1:{port}", proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_real_tensorboard_server(tmp_path: Path) -> None:
     with EventWriter(str(tmp_path / "run")) as writer:
         _write_run(writer, heatmap_png(np.ones((4, len(STEPS)))))
-    port = _free_port()
-    log = (tmp_path / "tensorboard.log").open("wb")
-    command = [str(executable), "--logdir", str(tmp_path), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--load_fast", "false", "--reload_interval", "1"]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    # Loopback only: bypass any proxy set in the environment.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with served(tmp_path) as (opener, base, proc):
         tags = _wait_for_tags(opener, base, proc)
         assert set(LAYER_TAGS) | {"stability/grad_norm"} <= set(tags["run"])
         layout = _get_json(opener, base + "/data/plugin/custom_scalars/layout")
@@ -336,11 +353,3 @@ def test_real_tensorboard_server(tmp_path: Path) -> None:
         assert len(matched["tag_to_events"]["stability/grad_norm/block_00"]) == len(STEPS)
         assert HEATMAP_TAG in _get_json(opener, base + "/data/plugin/images/tags")["run"]
         assert FINDINGS_TAG in _get_json(opener, base + "/data/plugin/text/tags")["run"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
