@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -20,9 +20,15 @@ from stabilizer.live.preflight import (
     causal_by_design,
     causal_self_check,
     config_risks,
+    optimizer_risks,
     preflight_switches,
 )
-from stabilizer.live.rootcause import Localization, RngState, locate_nonfinite
+from stabilizer.live.rootcause import Localization, locate_nonfinite
+from stabilizer.live.sandbox import Sandboxed, sandbox
+
+if TYPE_CHECKING:
+    from .guard import StepGuard
+    from .live_step import MicroBatch
 
 __all__ = ["causal_check", "config_checks", "first_token_batch", "root_cause", "target_batch"]
 
@@ -48,7 +54,8 @@ def config_checks(
     """
     on = preflight_switches(True if switches is None else switches)
     ids = first_token_batch(batch)
-    return config_risks(
+    risky = optimizer_risks(trainer.optimizers, trainer.global_step) if on["optimizer_eps"] else []
+    return risky + config_risks(
         pl_module,
         warmup_steps=_warmup(trainer),
         precision=str(trainer.precision),
@@ -133,54 +140,149 @@ def _max_positions(pl_module: pl.LightningModule) -> int | None:
 def root_cause(
     trainer: pl.Trainer,
     pl_module: pl.LightningModule,
-    batch: Any,
-    batch_idx: int,
-    rng: RngState | None,
+    micro: Sequence[MicroBatch],
+    loss_scale: float,
+    guard: StepGuard | None,
+    step: int,
     strict: bool = False,
 ) -> Finding | None:
-    """Replay the failing step (same weights, same batch, same RNG) and name the module.
+    """Replay the failing step's micro-batches (same weights, same batches, same RNG) in a
+    sandbox and name the module; the first micro-batch that reproduces the fault is reported.
 
-    None when the replay itself failed (warned; raised when `strict`). Under DDP every rank
-    still joins the all-gather of the answers, failed or not, so that none waits forever.
+    Micro-batches whose loss was non-finite are replayed first, then the others in order. No
+    optimizer can step inside (the guard is inert, ``self.optimizers()`` hands out inert
+    stand-ins, ``manual_backward`` only backpropagates); gradients, buffers, RNG and the modules'
+    attributes are put back. None when the replay itself failed (warned; raised when `strict`).
+    Under DDP every rank joins the all-gather of the answers, failed or not, so none waits.
     """
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
-    scale = float(scaler.get_scale()) if scaler is not None else 1.0
+    where: Localization | None = None
+    index = 0
+    try:
+        with _replaying(pl_module, guard) as box:
+            for index in _replay_order(micro):
+                run = _step_runner(trainer, pl_module, micro[index], loss_scale)
+                rng = micro[index].rng
+                where = locate_nonfinite(
+                    pl_module, run, rng_state=rng, loss_scale=loss_scale,
+                    inputs=micro[index].batch,
+                )  # fmt: skip
+                if where.reproduced:
+                    break
+        if box.changed:
+            log.warning("StabilityMonitor: the replay wrote parameters in place: %s", box.changed)
+    except Exception as e:
+        if strict:
+            raise
+        log.warning("StabilityMonitor: root-cause replay failed: %r", e)
+        where = None
+    rank, where, index = _gather(trainer, where, index)
+    if where is None:
+        return None
+    finding = _finding(step, where)
+    prefix = f"micro-batch {index + 1} of {len(micro)}: " if len(micro) > 1 else ""
+    if trainer.world_size > 1 and where.reproduced:
+        prefix = f"rank {rank}: {prefix}"
+    return replace(finding, message=prefix + finding.message) if prefix else finding
+
+
+def _replay_order(micro: Sequence[MicroBatch]) -> list[int]:
+    """Micro-batches with a non-finite loss first (read now: a failing step only)."""
+    bad = [
+        i for i, m in enumerate(micro)
+        if any(not bool(torch.isfinite(loss).all()) for loss in m.losses)
+    ]  # fmt: skip
+    return bad + [i for i in range(len(micro)) if i not in bad]
+
+
+def _gather(
+    trainer: pl.Trainer, where: Localization | None, index: int
+) -> tuple[int, Localization | None, int]:
+    """Under DDP, every rank's answer; the first that reproduced the fault wins."""
+    rank = trainer.global_rank
+    if trainer.world_size > 1 and torch.distributed.is_initialized():
+        # The fault may sit on one rank only (our own processes' objects, pickled by
+        # torch.distributed, never a log's).
+        gathered: list[tuple[Localization | None, int] | None] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, (where, index))
+        answers = [(r, a[0], a[1]) for r, a in enumerate(gathered) if a and a[0] is not None]
+        reproduced = [a for a in answers if a[1] is not None and a[1].reproduced]
+        if reproduced or answers:
+            return (reproduced or answers)[0]
+    return rank, where, index
+
+
+def _step_runner(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, micro: MicroBatch, scale: float
+) -> Callable[[], torch.Tensor]:
+    """The micro-batch's training step as `locate_nonfinite` replays it. Under manual
+    optimization the step backpropagates itself (its loss comes back detached)."""
 
     def run_step() -> torch.Tensor:
-        with trainer.precision_plugin.train_step_context(), _quiet(pl_module):
-            out = pl_module.training_step(batch, batch_idx)
+        backwarded: list[torch.Tensor] = []
+
+        def manual_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            backwarded.append(loss)
+            torch.autograd.backward(loss * scale, *args, **kwargs)
+
+        pl_module.manual_backward = manual_backward  # type: ignore[method-assign]
+        with trainer.precision_plugin.train_step_context():
+            out = pl_module.training_step(micro.batch, micro.index)
+        if backwarded:
+            return backwarded[-1].detach()
         loss = out["loss"] if isinstance(out, dict) else out
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"training_step returned {type(out).__name__}, not a loss")
         return loss
 
-    # Under DDP the replay's backward must not all-reduce: the other ranks are not replaying in
-    # step (a rank whose forward is already non-finite skips the backward).
+    return run_step
+
+
+@contextlib.contextmanager
+def _replaying(pl_module: pl.LightningModule, guard: StepGuard | None) -> Iterator[Sandboxed]:
+    """The sandbox of a replay: nothing it does stays, no optimizer steps, nothing is logged.
+
+    Under DDP the replay's backward must not all-reduce: the other ranks are not replaying in
+    step (a rank whose forward is already non-finite skips the backward).
+    """
+    trainer = pl_module.trainer
     no_sync = getattr(trainer.strategy.model, "no_sync", contextlib.nullcontext)
-    where: Localization | None = None
-    try:
-        with no_sync():
-            where = locate_nonfinite(pl_module, run_step, rng_state=rng, loss_scale=scale)
-    except Exception as e:
-        if strict:
-            raise
-        log.warning("StabilityMonitor: root-cause replay failed: %r", e)
-    rank = trainer.global_rank
-    if trainer.world_size > 1 and torch.distributed.is_initialized():
-        # The fault may sit on one rank only: every rank gets every rank's answer (our own
-        # processes' objects, pickled by torch.distributed) and reports the first reproduced.
-        gathered: list[Localization | None] = [None] * trainer.world_size
-        torch.distributed.all_gather_object(gathered, where)
-        answers = [(r, w) for r, w in enumerate(gathered) if w is not None]
-        reproduced = [(r, w) for r, w in answers if w.reproduced]
-        if reproduced or answers:
-            rank, where = (reproduced or answers)[0]
-    if where is None:
+    optimizers = _inert(pl_module.optimizers(use_pl_optimizer=False))
+    schedulers = pl_module.lr_schedulers()
+    with (
+        sandbox(pl_module) as box,
+        guard.inert() if guard is not None else contextlib.nullcontext(),
+        no_sync(),
+    ):
+        # Instance attributes, undone by the sandbox: the step's own calls find stand-ins.
+        pl_module.optimizers = lambda use_pl_optimizer=True: optimizers  # type: ignore[method-assign]
+        pl_module.lr_schedulers = lambda: _inert(schedulers)  # type: ignore[method-assign]
+        pl_module.log = pl_module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign,assignment]
+        yield box
+
+
+class _Inert:
+    """An optimizer or scheduler whose ``step`` and ``zero_grad`` do nothing; the rest is the
+    real one's (param groups, state)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
         return None
-    finding = _finding(trainer.global_step, where)
-    if trainer.world_size > 1:
-        finding = replace(finding, message=f"rank {rank}: {finding.message}")
-    return finding
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _inert(objs: Any) -> Any:
+    if objs is None:
+        return None
+    if isinstance(objs, list | tuple):
+        return [_Inert(o) for o in objs]
+    return _Inert(objs)
 
 
 def _finding(step: int, where: Localization) -> Finding:
@@ -203,18 +305,3 @@ def _finding(step: int, where: Localization) -> Finding:
 def _strip(name: str) -> str:
     # Names are relative to the LightningModule: drop the wrapper's attribute (``model.``).
     return name.removeprefix("model.")
-
-
-@contextlib.contextmanager
-def _quiet(pl_module: pl.LightningModule) -> Iterator[None]:
-    """No ``self.log`` from a replayed training step: its numbers were logged once already."""
-    saved = pl_module.__dict__.get("log"), pl_module.__dict__.get("log_dict")
-    pl_module.log = pl_module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        for name, value in zip(("log", "log_dict"), saved, strict=True):
-            if value is None:
-                pl_module.__dict__.pop(name, None)
-            else:
-                setattr(pl_module, name, value)

@@ -28,7 +28,7 @@ import lightning.pytorch as pl
 
 from stabilizer.core.groups import depth_group
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import NONFINITE_UPDATE, OTHER, SKIPPED, block_index
+from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
 from stabilizer.outputs.wording import applicable_remedies, observation
 
 __all__ = ["FOLD_STEPS", "Console", "compact_groups", "show_info"]
@@ -102,6 +102,7 @@ class Console:
         self.skipped = 0  # steps whose update was skipped (guard or grad scaler)
         self.applied = 0  # remedies applied
         self.worst: Finding | None = None
+        self._intact: bool | None = None  # the monitor's last check of the weights
         self._shown: set[tuple[str, Severity]] = set()
         self._folds: dict[tuple[str, Severity], _Fold] = {}
 
@@ -141,10 +142,21 @@ class Console:
         for finding in found:
             self._finding(finding, record)
 
-    def finish(self, step: int) -> None:
-        """Print what is still folded, then the one end-of-run line."""
+    def finish(self, step: int, skipped: int | None = None, intact: bool | None = None) -> None:
+        """Print what is still folded, then the one end-of-run line.
+
+        Args:
+            step: The last step.
+            skipped: Steps whose update did not happen, as the monitor counted them (a step it
+                could not measure has no record); default: the records' count.
+            intact: The monitor's last check of the parameters, optimizer state and buffers
+                (None: not checked, policy ``observe``): the only ground for "weights intact".
+        """
         if not self.enabled:
             return
+        if skipped is not None:
+            self.skipped = skipped
+        self._intact = intact
         self._flush(lambda fold: True)
         log.info("stabilizer: %s", self.summary(step))
 
@@ -162,8 +174,7 @@ class Console:
             head = "healthy, no findings"
         parts = [f"done at step {step}: {head}"]
         plural = "s" if self.skipped != 1 else ""
-        intact = ", weights intact" if self.skipped and self.policy != "observe" else ""
-        parts.append(f"{self.skipped} step{plural} skipped{intact}")
+        parts.append(f"{self.skipped} step{plural} skipped{_claim(self._intact, self.skipped)}")
         if self.applied:
             parts.append(f"{self.applied} remed{'ies' if self.applied > 1 else 'y'} applied")
         if self.jsonl is not None:
@@ -202,7 +213,7 @@ class Console:
         if fold is None:
             fold = self._folds[key] = _Fold(finding.step, finding.step, 0)
         fold.last, fold.count = finding.step, fold.count + 1
-        fold.skipped = fold.skipped and _skipped(record)
+        fold.skipped = fold.skipped and _skipped(record) and _checked_finite(record)
 
     def _flush(self, due: Callable[[_Fold], bool]) -> None:
         for (kind, severity), fold in list(self._folds.items()):
@@ -228,10 +239,27 @@ def _skipped(record: StepRecord | None) -> bool:
     return record is not None and record.values.get(SKIPPED, 0.0) >= 0.5
 
 
+def _checked_finite(record: StepRecord | None) -> bool:
+    """The monitor checked the weights before this step, and they were finite."""
+    return record is not None and record.values.get(NONFINITE_WEIGHTS, 1.0) == 0.0
+
+
+def _claim(intact: bool | None, skipped: int) -> str:
+    """What the end line may say of the weights: only what the last check found."""
+    if intact is False:
+        return "; the weights are NOT intact (non-finite values found: see the critical finding)"
+    if intact and skipped:
+        return ", weights checked finite at the end"
+    return ""
+
+
 def _fate(record: StepRecord, policy: str) -> str:
-    """What became of a non-finite step's update."""
+    """What became of a non-finite step's update, and what the monitor checked of the weights."""
+    if not _checked_finite(record) and NONFINITE_WEIGHTS in record.values:
+        return "the weights were already non-finite: NOT intact"
+    intact = ", weights intact" if _checked_finite(record) else ""
     if record.values.get(NONFINITE_UPDATE, 0.0) >= 0.5:
-        return "the step's update was undone, weights intact"
+        return f"the step's update was undone{intact}"
     if _skipped(record):
-        return "step skipped, weights intact"
+        return f"step skipped{intact}"
     return f"the update was applied (policy {policy})"

@@ -1,133 +1,261 @@
-"""``StepGuard``: skip an optimizer step so that the optimizer never sees it.
+"""``StepGuard``: every optimizer step passes through the guard, which decides at the last moment.
 
 Zeroing the gradients is not skipping: AdamW would still apply momentum and weight decay, and
-move every parameter. The guard wraps each optimizer's ``step`` (an instance attribute, removed
-again by `uninstall`) so that a step the monitor condemned returns before the optimizer runs:
-parameters and optimizer state (moments, step counters) stay exactly as they were.
+move every parameter. The guard replaces each optimizer's ``step`` by a bound method of its own
+(the shape torch's LR schedulers and SWA wrap in turn) that, after the closure has run — the
+training step, the backward, every ``on_before_optimizer_step`` hook, the clipping — asks its
+judge (the monitor) whether the step may go ahead, on the gradients and the LR as the optimizer
+will use them. A condemned step returns before the optimizer runs: parameters and optimizer
+state (moments, step counters) stay exactly as they were.
 
-Lightning calls ``optimizer.step(closure=...)`` (32-true, bf16, 16-true): the closure runs the
-training step, the backward and ``on_before_optimizer_step`` (where the monitor decides), and
-only then does the guard let the real step run, closure-free. With an fp16 grad scaler Lightning
-runs the closure itself and ``GradScaler.step`` calls ``optimizer.step()`` only when the
-gradients are finite: the scaler already skips those steps, and the guard never sees them.
+Optimizers that evaluate their closure themselves, several times (LBFGS), cannot be judged
+before they step: the guard copies their parameters and state, lets them step, and puts the copy
+back when any evaluation or the result is non-finite (one step, however many evaluations). The
+same copy-and-check (`verify`) runs wherever the optimizer's own arithmetic can overflow from
+finite gradients: fp16/bf16 parameters, Adam-style ``eps=0``, a gradient so large that its
+square overflows the optimizer's second moment.
 
-With low-precision parameters (``16-true``, ``bf16-true``) the optimizer's own arithmetic can
-overflow (AdamW's ``eps`` of 1e-8 is 0 in fp16) even from finite gradients. There the guard
-copies parameters and optimizer state before the step and puts them back when the step left
-anything non-finite (`verify`); the copy costs one pass over the weights and the state.
+While the guard is `inert` (the monitor's own replay of a step), no optimizer step happens at
+all, and no decision of the real step is touched.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
-from stabilizer.live.rootcause import all_finite, optimizer_state_tensors
+from stabilizer.live.tensors import all_finite, optimizer_state_tensors
 
-__all__ = ["BAD_GRADS", "BAD_LOSS", "STEPPING_PAST", "UNCHECKED", "StepGuard", "decide"]
+__all__ = [
+    "BAD_GRADS",
+    "BAD_LOSS",
+    "BAD_LR",
+    "BAD_WEIGHTS",
+    "HUGE_GRAD_NORM",
+    "STEPPING_PAST",
+    "UNCHECKED",
+    "StepGuard",
+    "Verdict",
+    "decide",
+    "risky_arithmetic",
+]
 
 _LOW = (torch.float16, torch.bfloat16)
 
 # Why `decide` skips a step.
 BAD_LOSS = "non-finite loss"
 BAD_GRADS = "non-finite gradients"
+BAD_LR = "non-finite or negative learning rate"
+BAD_WEIGHTS = "the weights are already non-finite"
 UNCHECKED = "the step could not be measured"
 STEPPING_PAST = "stepping past bad data after a rollback"
 
+HUGE_GRAD_NORM = 1e18
+"""A gradient norm from which an Adam-style second moment (the gradient squared) can overflow
+fp32 (its largest value is 3.4e38): such a step is verified, not assumed finite."""
+
 
 def decide(
-    values: Mapping[str, float], *, scaled: bool = False, stepping_past: bool = False
+    values: Mapping[str, float],
+    *,
+    lrs: Sequence[float] = (),
+    weights_bad: bool = False,
+    stepping_past: bool = False,
 ) -> tuple[bool, str]:
     """Skip the coming optimizer step or not, and why: a pure function of the step's numbers.
 
     Args:
-        values: The step's ``loss``, ``grad_norm`` and ``nonfinite_grads``; empty when they
-            could not be measured (then the step is skipped: nothing unchecked gets through).
-        scaled: An fp16 grad scaler runs; non-finite gradients are its to skip (it never calls
-            the optimizer then), a non-finite loss with finite gradients is not.
+        values: The step's ``grad_norm`` and ``nonfinite_grads`` (an exact count) as the step
+            will apply them, and its ``loss`` when a backward ran; empty when they could not be
+            measured (then the step is skipped: nothing unchecked gets through).
+        lrs: Each param group's learning rate as the step will use it.
+        weights_bad: The check of the parameters, optimizer state and buffers before this step
+            found a NaN/Inf (an earlier update, or something else, put it there).
         stepping_past: Policy ``auto`` is stepping past the bad data after a rollback.
 
     Returns:
         ``(skip, reason)``: the reason is empty when the step goes ahead.
     """
-    if not all(key in values for key in (LOSS, GRAD_NORM, NONFINITE_GRADS)):
+    if GRAD_NORM not in values or NONFINITE_GRADS not in values:
         return True, UNCHECKED
-    if not math.isfinite(values[LOSS]):
+    if weights_bad:
+        return True, BAD_WEIGHTS
+    if LOSS in values and not math.isfinite(values[LOSS]):
         return True, BAD_LOSS
-    if not scaled and (not math.isfinite(values[GRAD_NORM]) or values[NONFINITE_GRADS] > 0):
+    if values[NONFINITE_GRADS] > 0:
         return True, BAD_GRADS
+    if any(not (math.isfinite(lr) and lr >= 0) for lr in lrs):
+        return True, BAD_LR
     if stepping_past:
         return True, STEPPING_PAST
     return False, ""
 
 
-class StepGuard:
-    """Wraps the ``step`` of optimizers; `skip` condemns the coming step.
+def risky_arithmetic(optimizer: torch.optim.Optimizer, grad_norm: float) -> str:
+    """Why the optimizer's own arithmetic may overflow from finite gradients ("" when it
+    cannot): low-precision parameters, an Adam-style ``eps`` of 0, a huge gradient."""
+    groups = optimizer.param_groups
+    if any(p.dtype in _LOW for g in groups for p in g["params"]):
+        return "fp16/bf16 parameters"
+    if any(g.get("eps", 1.0) == 0 and "betas" in g for g in groups):
+        return "eps=0"
+    if not grad_norm < HUGE_GRAD_NORM:
+        return "a huge gradient"
+    return ""
+
+
+@dataclass
+class Verdict:
+    """The judge's answer for one optimizer step.
 
     Args:
-        verify: Check (and undo) each step's result: ``True``, ``False``, or ``None`` for "when
-            any parameter is fp16/bf16".
+        skip: Do not step.
+        verify: Step on a copy-and-check: put the copy back if the result is non-finite.
     """
 
-    def __init__(self, verify: bool | None = None) -> None:
-        self.verify = verify
-        self.skip = False  # set by the monitor before the step, cleared before the next
-        self.skipped = 0  # steps the guard skipped
-        self.reverted = 0  # steps whose non-finite result the guard undid
-        self.last_reverted = False
-        self._saved: list[tuple[torch.optim.Optimizer, Any]] = []
+    skip: bool
+    verify: bool = False
 
-    def install(self, optimizers: list[torch.optim.Optimizer]) -> list[str]:
-        """Wrap each optimizer's step; returns why some could not be (LBFGS re-runs closures)."""
-        problems = []
+
+Judge = Callable[[torch.optim.Optimizer], Verdict]
+
+
+class StepGuard:
+    """Guards the ``step`` of optimizers; the judge decides each step.
+
+    Args:
+        judge: Called inside each guarded step, after the closure: skip, verify or go.
+        on_reverted: Called when a verified step's result was non-finite and was put back.
+    """
+
+    def __init__(self, judge: Judge, on_reverted: Callable[[torch.optim.Optimizer], None]) -> None:
+        self._judge, self._on_reverted = judge, on_reverted
+        self.skipped = 0  # steps the guard skipped
+        self.reverted = 0  # steps whose non-finite result the guard put back
+        self.evaluating: torch.optim.Optimizer | None = None  # LBFGS-style step in progress
+        self._inert = False
+        self._generation = 0  # wrappers of an earlier fit (left inside others') pass through
+        self._guarded: dict[int, tuple[torch.optim.Optimizer, Any]] = {}
+
+    def cover(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Guard each optimizer not guarded yet (new, or replaced mid-run): cheap when none is."""
         for opt in optimizers:
-            if isinstance(opt, torch.optim.LBFGS):
-                problems.append("LBFGS re-evaluates its closure: its steps cannot be skipped")
-                continue
-            verify = self.verify if self.verify is not None else _low_precision(opt)
-            self._saved.append((opt, opt.__dict__.get("step")))
-            opt.step = self._wrap(opt, opt.step, verify)  # type: ignore[method-assign]
-        return problems
+            if id(opt) not in self._guarded:
+                self._wrap(opt)
+
+    def covers(self, optimizer: torch.optim.Optimizer) -> bool:
+        return id(optimizer) in self._guarded
+
+    @contextmanager
+    def inert(self) -> Iterator[None]:
+        """No optimizer step happens inside (the monitor's own replay of a step)."""
+        self._inert, before = True, self._inert
+        try:
+            yield
+        finally:
+            self._inert = before
 
     def uninstall(self) -> None:
-        """Put every optimizer's ``step`` back as it was."""
-        for opt, previous in self._saved:
-            if previous is None:
-                opt.__dict__.pop("step", None)
-            else:
-                opt.step = previous  # type: ignore[method-assign]
-        self._saved.clear()
+        """Put each ``step`` back; a guard that others wrapped since passes straight through."""
+        self._generation += 1
+        for opt, previous in self._guarded.values():
+            if getattr(opt.__dict__.get("step"), "_stabilizer_guard", None) is self:
+                if previous is None:
+                    opt.__dict__.pop("step", None)
+                else:
+                    opt.step = previous  # type: ignore[method-assign]
+        self._guarded.clear()
 
-    def _wrap(
-        self, opt: torch.optim.Optimizer, step: Callable[..., Any], verify: bool
-    ) -> Callable[..., Any]:
-        def guarded_step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-            loss = None
-            if closure is not None:
-                with torch.enable_grad():
-                    loss = closure()  # the monitor decides inside (on_before_optimizer_step)
-            self.last_reverted = False
-            if self.skip:
-                self.skipped += 1
-                return loss
-            if not verify:
-                step(**kwargs)
-                return loss
-            saved = _snapshot(opt)
-            step(**kwargs)
-            if not all_finite([*_params(opt), *optimizer_state_tensors(opt)]):
-                _restore(opt, saved)
-                self.reverted += 1
-                self.last_reverted = True
+    def _wrap(self, opt: torch.optim.Optimizer) -> None:
+        previous = opt.__dict__.get("step")
+        inner = opt.step  # bound: the class's step, or a wrapper set on the instance before us
+        guard, generation = self, self._generation
+        evaluates = isinstance(opt, torch.optim.LBFGS)
+
+        def step(self: torch.optim.Optimizer, closure: Any = None, **kwargs: Any) -> Any:
+            if guard._generation != generation:
+                return inner(closure, **kwargs) if closure is not None else inner(**kwargs)
+            if guard._inert:
+                return None
+            if evaluates:
+                return guard._evaluating_step(self, inner, closure, kwargs)
+            return guard._step(self, inner, closure, kwargs)
+
+        # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks.
+        step.__dict__.update(getattr(getattr(inner, "__func__", inner), "__dict__", {}))
+        step._stabilizer_guard = self  # type: ignore[attr-defined]
+        opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
+        self._guarded[id(opt)] = (opt, previous)
+
+    def _step(
+        self,
+        opt: torch.optim.Optimizer,
+        inner: Callable[..., Any],
+        closure: Callable[[], Any] | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()  # the monitor measures inside (on_before_optimizer_step)
+        verdict = self._judge(opt)
+        if verdict.skip:
+            self.skipped += 1
             return loss
+        if not verdict.verify:
+            inner(**kwargs)
+            return loss
+        saved = _snapshot(opt)
+        inner(**kwargs)
+        if not all_finite([*_params(opt), *optimizer_state_tensors(opt)]):
+            self._revert(opt, saved)
+        return loss
 
-        # Keep the marks of wrappers below (torch's LR scheduler looks for its own on `step`).
-        guarded_step.__dict__.update(getattr(step, "__dict__", {}))
-        return guarded_step
+    def _evaluating_step(
+        self,
+        opt: torch.optim.Optimizer,
+        inner: Callable[..., Any],
+        closure: Callable[[], Any] | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """An optimizer that runs its closure itself: step on a copy, check, put back if bad."""
+        losses: list[Any] = []
+
+        def evaluate() -> Any:
+            with torch.enable_grad():
+                out = closure() if closure is not None else None
+            losses.append(out)
+            return out
+
+        saved = _snapshot(opt)
+        self.evaluating = opt
+        try:
+            result = inner(evaluate, **kwargs)
+        finally:
+            self.evaluating = None
+        verdict = self._judge(opt)  # on the first evaluation's numbers
+        finite = all_finite(
+            [*_params(opt), *optimizer_state_tensors(opt)]
+            + [x for x in losses if isinstance(x, torch.Tensor)]
+        )
+        if verdict.skip:
+            _restore(opt, saved)
+            self.skipped += 1
+        elif not finite:
+            self._revert(opt, saved)
+        return result
+
+    def _revert(self, opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
+        _restore(opt, saved)
+        self.reverted += 1
+        self._on_reverted(opt)
 
 
 def _params(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -163,7 +291,3 @@ def _restore(opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
                     current.copy_(value)
                 else:
                     opt.state[p][key] = value
-
-
-def _low_precision(opt: torch.optim.Optimizer) -> bool:
-    return any(p.dtype in _LOW for group in opt.param_groups for p in group["params"])

@@ -1,16 +1,19 @@
 """One optimizer step as the monitor measures it: numbers on the device, one copy to the host.
 
 `measure` runs in ``on_before_optimizer_step``, after the backward: it stacks the gradient
-norms, the loss, the loss scale and (on sampled steps) the activation maxima into one tensor on
-the device, reduces it across ranks, and starts its copy to the host (`HostCopy`): nothing in it
-waits for the device. A `Measured` holds that copy with what the host knows of the step (its
-LRs, the clipping threshold, the guard's decision); `Measured.values` makes the step record's
-values of it once they are needed, which on a GPU is a step later (see ``StabilityMonitor``).
+norms, the loss, the loss scale, the count of non-finite tensors among the parameters, optimizer
+state and buffers the step would update (the check that the previous step left them finite) and
+(on sampled steps) the activation maxima into one tensor on the device, reduces it across ranks,
+and starts its copy to the host (`HostCopy`): nothing in it waits for the device. A `Measured`
+holds that copy with what the host knows of the step (its LRs, the clipping threshold, the
+guard's verdict); `Measured.values` makes the step record's values of it once they are needed,
+which on a GPU is a step later (see ``StabilityMonitor``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -29,11 +32,18 @@ from stabilizer.core.signals import (
     LR,
     NONFINITE_GRADS,
     NONFINITE_UPDATE,
+    NONFINITE_WEIGHTS,
     SKIPPED,
 )
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
+from stabilizer.live.tensors import count_nonfinite, optimizer_state_tensors
+
+from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
 
 __all__ = ["Measured", "lr_key", "measure"]
+
+# The guard's reasons that make a step bad (a rollback's stepping past does not).
+_BAD_REASONS = frozenset({BAD_LOSS, BAD_GRADS, BAD_LR, BAD_WEIGHTS, UNCHECKED})
 
 
 def lr_key(group: int) -> str:
@@ -51,12 +61,14 @@ class Measured:
     Args:
         step: ``trainer.global_step`` of the step.
         numbers: The copy of the step's numbers, ordered as ``grad_keys``, loss, loss scale,
-            ``act_keys``; None when measuring failed.
+            non-finite weights, ``act_keys``; None when measuring failed.
         grad_keys: The gradient probe's keys at this step.
         gradless: Those of them whose group had no gradient at all (left out of the record).
         act_keys: The activation keys, on a sampled step; else empty.
         scaled: An fp16 grad scaler runs: the loss is scaled, the scaler skips overflow.
         error: Why measuring failed.
+        has_loss: A backward ran since the last step (a training step that returned None
+            has none: a skipped batch, not a NaN).
     """
 
     step: int
@@ -66,13 +78,16 @@ class Measured:
     act_keys: list[str] = field(default_factory=list)
     scaled: bool = False
     error: str = ""
+    has_loss: bool = True
     lrs: list[float] = field(default_factory=list)  # each param group's, as the step uses it
     clip: float | None = None  # the gradient clipping threshold in force
     guarded: bool = False  # a guard decided on the step (protect, auto)
+    judged: bool = False  # the guard's judge ran: the optimizer was called for this step
     skip: bool = False  # the guard skipped the optimizer step
-    bad: bool = False  # non-finite, or not checked: counts towards `stop_after`
+    reason: str = ""  # why (`stabilizer.callbacks.guard.decide`)
     reverted: bool = False  # the guard undid the step's non-finite update
     found: list[Finding] = field(default_factory=list)  # the monitor's own findings of the step
+    probe: GradProbe | None = None  # the probe that measured it (whether its gradients changed)
 
     @classmethod
     def failed(cls, step: int, error: Exception) -> Measured:
@@ -85,7 +100,7 @@ class Measured:
         self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer, lr_factor: float, guarded: bool
     ) -> None:
         """Add what the host knows: each param group's LR (times `lr_factor`), the clipping."""
-        self.lrs = [float(np.float32(g["lr"] * lr_factor)) for g in optimizer.param_groups]
+        self.lrs = [_lr(g["lr"]) * lr_factor for g in optimizer.param_groups]
         clip = trainer.gradient_clip_val
         self.clip = float(np.float32(clip)) if clip else None
         self.guarded = guarded
@@ -96,20 +111,50 @@ class Measured:
         return Finding("guard_error", self.step, self.step, Severity.CRITICAL, message)
 
     def guard_values(self) -> dict[str, float]:
-        """Loss, total gradient norm and non-finite count: what the guard decides on.
-
-        Empty when the step could not be measured. Waits for the copy (the step's host read).
-        """
+        """Total gradient norm, non-finite count and (when a backward ran) the loss: what the
+        guard decides on. Empty when the step could not be measured. Waits for the copy (the
+        step's one host read)."""
         if self.numbers is None:
             return {}
         host = self.numbers.read()
-        return {GRAD_NORM: host[0], NONFINITE_GRADS: host[1], LOSS: host[len(self.grad_keys)]}
+        n = len(self.grad_keys)
+        values = {GRAD_NORM: host[0], NONFINITE_GRADS: host[1]}
+        if self.has_loss:
+            values[LOSS] = host[n]
+        return values
+
+    @property
+    def loss_scale(self) -> float:
+        """The grad scaler's scale at the step (1 without one)."""
+        if not self.scaled or self.numbers is None:
+            return 1.0
+        return self.numbers.read()[len(self.grad_keys) + 1]
+
+    @property
+    def weights_bad(self) -> bool:
+        """The parameters, optimizer state or buffers held a NaN/Inf before this step."""
+        return self.numbers is not None and self.numbers.read()[len(self.grad_keys) + 2] > 0
+
+    @property
+    def overflow(self) -> bool:
+        """An fp16 grad scaler skipped the step: it never called the optimizer."""
+        return self.scaled and not self.judged and self.guard_values().get(NONFINITE_GRADS, 0) > 0
 
     @property
     def skipped(self) -> bool:
         """Whether the update did not happen: the guard skipped or undid it, or the scaler."""
-        overflow = self.scaled and not math.isfinite(self.guard_values().get(GRAD_NORM, 0.0))
-        return self.skip or self.reverted or overflow
+        return self.skip or self.reverted or self.overflow
+
+    @property
+    def bad(self) -> bool:
+        """Non-finite or not checked: counts towards `stop_after` (a scaler's overflow skip does
+        not: it is the scaler's normal business)."""
+        values = self.guard_values()
+        if self.numbers is None or self.weights_bad:
+            return True
+        loss_bad = LOSS in values and not math.isfinite(values[LOSS])
+        grads_bad = values[NONFINITE_GRADS] > 0 and not self.scaled
+        return loss_bad or grads_bad or self.reason in _BAD_REASONS
 
     def values(self) -> dict[str, float] | None:
         """The step record's values; None when the step could not be measured."""
@@ -120,20 +165,23 @@ class Measured:
         values = dict(zip(self.grad_keys, host[:n], strict=True))
         for key in self.gradless:  # no gradient is not a zero gradient
             del values[key]
-        loss, scale = host[n], host[n + 1]
+        loss, scale, weights = host[n], host[n + 1], host[n + 2]
         # Lightning's AMP plugin multiplies the loss by the grad scaler's scale before
         # `on_before_backward` hands it over (the gradients carry the same factor, which the
         # scaler's `unscale_` removed before `on_before_optimizer_step`): divide it back out.
-        values[LOSS] = float(np.float32(loss / scale)) if self.scaled else loss
+        if self.has_loss:
+            values[LOSS] = float(np.float32(loss / scale)) if self.scaled else loss
         values.update((lr_key(i), lr) for i, lr in enumerate(self.lrs))
         if self.scaled:
             values[LOSS_SCALE] = scale
         if self.clip:
             values[CLIP_VAL] = self.clip
             values[CLIPPED] = float(values[GRAD_NORM] > self.clip)
-        values.update(zip(self.act_keys, host[n + 2 :], strict=True))
+        values.update(zip(self.act_keys, host[n + 3 :], strict=True))
         if self.guarded or self.scaled:
             values[SKIPPED] = float(self.skipped)
+        if self.guarded:
+            values[NONFINITE_WEIGHTS] = weights
         if self.reverted:
             values[NONFINITE_UPDATE] = 1.0
         return values
@@ -144,12 +192,25 @@ def measure(
     grads: GradProbe,
     acts: ActivationProbe | None,
     loss: torch.Tensor | None,
+    optimizer: torch.optim.Optimizer | None = None,
+    buffers: Sequence[torch.Tensor] = (),
 ) -> Measured:
-    """The step's numbers, stacked on the device and sent to the host without waiting."""
+    """The step's numbers, stacked on the device and sent to the host without waiting.
+
+    With an `optimizer`, the numbers also count the non-finite tensors among its parameters and
+    state and the `buffers` (the check that the last update left them finite: one more
+    reduction in the same copy).
+    """
     norms = grads()
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scale = getattr(scaler, "_scale", None) if scaler is not None else None
-    parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0)]
+    if optimizer is not None:
+        held = [p for g in optimizer.param_groups for p in g["params"]]
+        held += [*optimizer_state_tensors(optimizer), *buffers]
+        weights = count_nonfinite(held, norms.device).reshape(1)
+    else:
+        weights = torch.zeros(1, device=norms.device)
+    parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), weights]
     sampled = acts.detach() if acts is not None else None
     if sampled is not None:
         parts.append(sampled if sampled.device == norms.device else sampled.to(norms.device))
@@ -164,7 +225,15 @@ def measure(
         frozenset(grads.gradless),
         act_keys,
         scaler is not None,
+        has_loss=loss is not None,
+        probe=grads,
     )
+
+
+def _lr(lr: Any) -> float:
+    """An LR as a float32-rounded Python float (a tensor LR is read once: host side)."""
+    value = float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
+    return float(np.float32(value)) if math.isfinite(value) else value
 
 
 def _scalar(value: torch.Tensor | None, like: torch.Tensor, default: float) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +19,16 @@ from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.live.preflight import preflight_switches
 from stabilizer.live.probes import ActivationProbe, GradProbe
-from stabilizer.live.rootcause import RngState, capture_rng
+from stabilizer.live.sandbox import sandbox
 from stabilizer.outputs.jsonl import JsonlWriter
 
 from .auto import AutoRemedies
-from .checks import causal_check, config_checks, root_cause
+from .checks import causal_check, config_checks
 from .console import Console
-from .guard import BAD_GRADS, BAD_LOSS, UNCHECKED, StepGuard, decide
+from .guard import StepGuard
+from .live_step import LiveStep
 from .measure import Measured, measure
+from .protection import Protection
 from .tensorboard_output import TensorBoardOutput
 
 __all__ = ["StabilityMonitor"]
@@ -150,35 +152,60 @@ class StabilityMonitor(pl.Callback):
         self.stop_after, self.root_cause = stop_after, root_cause
         self.preflight = preflight_switches(preflight)
         self._console = Console(policy)
-        self.root_causes = 0  # localizations run
-        self._batch: tuple[Any, int] | None = None  # the step's batch, for a root-cause replay
-        self._rng: RngState | None = None
         self._extra: list[Finding] = []  # preflight findings, reported with the first step
         self._preflight_done = False
-        self.guard = StepGuard(guard_optimizer) if policy != "observe" else None
         self.auto = (auto or AutoRemedies()) if policy == "auto" else None
-        self.bad_in_a_row = 0  # consecutive non-finite (or unchecked) steps
-        self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
+        self.live = LiveStep(keep_batches=False)  # the batch in flight
+        self.protection = (
+            Protection(
+                self.live,
+                verify=guard_optimizer,
+                stop_after=stop_after,
+                root_cause=root_cause,
+                max_root_causes=self.MAX_ROOT_CAUSES,
+                lr_factor=lambda: self.auto.lr.factor if self.auto is not None else 1.0,
+                stepping_past=lambda s: self.auto is not None and self.auto.skip.active(s),
+                strict=strict,
+            )
+            if policy != "observe"
+            else None
+        )
         self.engine = Engine(list(detectors) if detectors is not None else default_detectors())
         self.findings: list[Finding] = []
-        self._grads: GradProbe | None = None
+        self._grads: GradProbe | None = None  # every optimizer's tensors: the run's depth groups
+        self._probes: dict[int, GradProbe] = {}  # one per optimizer, when there are several
         self._acts: ActivationProbe | None = None
-        self._loss: torch.Tensor | None = None
+        self._inert = False  # the monitor's own replay or preflight is running: hooks ignore it
         # Report a step one step late, once the device has later work queued: None decides by
         # the device (CUDA: yes); the tests force it on the CPU.
         self._defer: bool | None = None
-        self._step: Measured | None = None  # the step in flight: measured, not yet stepped
         self._pending: Measured | None = None  # stepped, its reports deferred to the next step
         self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
         self._writer: JsonlWriter | None = None
         self._jsonl_path: Path | None = None  # the default JSONL of this run, kept for a resume
         self._tb: TensorBoardOutput | None = None
         self._reporting = True  # False after an internal error in reporting
+        self._broken: set[str] = set()  # outputs stopped by an error of their own
         self._warned: set[str] = set()
 
     @property
     def state_key(self) -> str:
         return self._generate_state_key(policy=self.policy)
+
+    @property
+    def guard(self) -> StepGuard | None:
+        """The optimizers' guard (policies ``protect`` and ``auto``)."""
+        return self.protection.guard if self.protection is not None else None
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
+        return self.protection.skipped_steps if self.protection is not None else 0
+
+    @property
+    def root_causes(self) -> int:
+        """Root-cause replays run."""
+        return self.protection.root_causes if self.protection is not None else 0
 
     # --- Lightning hooks: each delegates ------------------------------------------------------
 
@@ -194,13 +221,11 @@ class StabilityMonitor(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.guard is not None:
-            self.guard.skip = self.guard.last_reverted = False
-            if self.root_cause and self.root_causes < self.MAX_ROOT_CAUSES:
-                self._batch, self._rng = (batch, batch_idx), capture_rng()
+        if self.protection is not None:
+            self.protection.begin_batch(trainer, batch, batch_idx)
         if any(self.preflight.values()) and not self._preflight_done:
             self._preflight_done = True
-            self._report_safely(self._preflight, trainer, pl_module, batch)
+            self._preflight(trainer, pl_module, batch)
         every = self.activation_every
         if self._acts is not None and every and trainer.global_step % every == 0:
             self._acts.attach()
@@ -210,37 +235,46 @@ class StabilityMonitor(pl.Callback):
     ) -> None:
         # Under gradient accumulation Lightning hands over loss / accumulate_grad_batches for each
         # micro-batch: their sum is the step's mean loss.
-        loss = loss.detach().float()
-        self._loss = loss if self._loss is None else self._loss + loss
+        if not self._inert:
+            self.live.add_loss(loss)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        step = self._measure(trainer)  # the numbers are on their way to the host
+        if self._inert or self._evaluating_again(optimizer):
+            return
+        step = self._measure(trainer, optimizer)  # the numbers are on their way to the host
         self._report_pending(trainer, pl_module)  # the last step's, while the device works
         # As the step will use it: after the remedies so far.
         factor = self.auto.lr.factor if self.auto is not None else 1.0
-        step.note(trainer, optimizer, factor, self.guard is not None)
-        step.found, self._extra, self._step = self._extra, [], step
-        if self.guard is not None:
-            self._protect(trainer, pl_module, step)
+        step.note(trainer, optimizer, factor, self.protection is not None)
+        step.found, self._extra = self._extra, []
+        self.live.add(optimizer, step)
+        if self.protection is not None:
+            self.protection.measured(optimizer, step)  # the guard decides inside the step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
-        step, self._step = self._step, None
-        if step is None:  # an accumulating micro-batch: no optimizer step yet
+        steps, micro = self.live.end()
+        if not steps:  # an accumulating micro-batch: no optimizer step yet
             return
-        step.reverted = self.guard is not None and self.guard.last_reverted
-        if self._deferred(step):
-            self._pending = step
-        else:
-            self._report_safely(self._report, trainer, pl_module, step)
-        if self.guard is not None:
-            self._count(trainer, step)
+        if self.protection is not None:
+            with self._sandboxed():
+                self.protection.end_batch(trainer, pl_module, steps, micro)
+        for step in steps:
+            if self._deferred(step):
+                self._report_pending(trainer, pl_module)
+                self._pending = step
+            else:
+                self._report_safely(self._report, trainer, pl_module, step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._report_pending(trainer, pl_module)
+        if self.protection is not None:
+            found = self.protection.finish(trainer, pl_module)
+            if found:
+                self._report_safely(self._emit, trainer, None, found)
         self._report_safely(self._finish, trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -258,49 +292,49 @@ class StabilityMonitor(pl.Callback):
 
     def _release(self) -> None:
         self._fit = None
-        if self.guard is not None:
-            self.guard.uninstall()
+        if self.protection is not None:
+            self.protection.guard.uninstall()
         if self.auto is not None:
             self.auto.stop()
 
     def state_dict(self) -> dict[str, Any]:
         if self._fit is not None:  # a checkpoint holds every step up to it, as on the CPU
             self._report_pending(*self._fit)
-        guard = self.guard
+        prot = self.protection
         return {
             "engine": self.engine.state_dict(),
             "findings": [f.to_dict() for f in self.findings],
-            "bad_in_a_row": self.bad_in_a_row,
+            "bad_in_a_row": prot.bad_in_a_row if prot is not None else 0,
             "skipped_steps": self.skipped_steps,
             "root_causes": self.root_causes,
             "auto": self.auto.state_dict() if self.auto is not None else None,
-            "skipped": guard.skipped if guard is not None else 0,
-            "reverted": guard.reverted if guard is not None else 0,
+            "skipped": prot.guard.skipped if prot is not None else 0,
+            "reverted": prot.guard.reverted if prot is not None else 0,
             "jsonl": str(self._jsonl_path) if self._jsonl_path is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.engine.load_state_dict(state_dict["engine"])
         self.findings = [Finding.from_dict(f) for f in state_dict["findings"]]
-        self.bad_in_a_row = int(state_dict.get("bad_in_a_row", 0))
-        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
-        self.root_causes = int(state_dict.get("root_causes", 0))
         self._preflight_done = True  # a resumed run was checked when it started
         if self.auto is not None and state_dict.get("auto"):
             self.auto.load_state_dict(state_dict["auto"])
-        if self.guard is not None:
-            self.guard.skipped = int(state_dict.get("skipped", 0))
-            self.guard.reverted = int(state_dict.get("reverted", 0))
+        prot = self.protection
+        if prot is not None:
+            prot.bad_in_a_row = int(state_dict.get("bad_in_a_row", 0))
+            prot.skipped_steps = int(state_dict.get("skipped_steps", 0))
+            prot.root_causes = int(state_dict.get("root_causes", 0))
+            prot.guard.skipped = int(state_dict.get("skipped", 0))
+            prot.guard.reverted = int(state_dict.get("reverted", 0))
         jsonl = state_dict.get("jsonl")
         self._jsonl_path = Path(jsonl) if jsonl else None
 
-    # --- protection: at the step itself ---------------------------------------------------------
+    # --- measuring: at the step itself ----------------------------------------------------------
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         try:
-            if self.guard is not None:
-                for problem in self.guard.install(trainer.optimizers):
-                    log.warning("StabilityMonitor cannot protect this run: %s", problem)
+            if self.protection is not None:
+                self.protection.start(trainer, pl_module, self)
             if self.auto is not None:
                 self.auto.start(trainer, pl_module)
             self._grads = GradProbe(pl_module, trainer.optimizers, self.grouping)
@@ -311,12 +345,37 @@ class StabilityMonitor(pl.Callback):
             # Without probes every step is unmeasured: `protect` skips them all, loudly.
             log.error("StabilityMonitor could not start: %r", e, exc_info=True)
 
-    def _measure(self, trainer: pl.Trainer) -> Measured:
-        loss, self._loss = self._loss, None
+    def _evaluating_again(self, optimizer: torch.optim.Optimizer) -> bool:
+        """A closure evaluated again inside one step (LBFGS): the step was measured once."""
+        step = self.live.current(optimizer)
+        guard = self.guard
+        return (
+            guard is not None
+            and guard.evaluating is optimizer
+            and step is not None
+            and (not step.judged)
+        )
+
+    def _probe(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> GradProbe:
+        if self._grads is None or self._fit is None:
+            raise RuntimeError("the gradient probe could not be built at fit start")
+        if len(trainer.optimizers) <= 1:
+            return self._grads
+        probe = self._probes.get(id(optimizer))
+        if probe is None:  # each optimizer's step is measured on the tensors it updates
+            module = self._fit[1]
+            probe = GradProbe(module, [optimizer], self.grouping, only_optimizers=True)
+            self._probes[id(optimizer)] = probe
+        return probe
+
+    def _measure(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Measured:
+        loss = self.live.step_loss()
         try:
-            if self._grads is None:
-                raise RuntimeError("the gradient probe could not be built at fit start")
-            return measure(trainer, self._grads, self._acts, loss)
+            probe = self._probe(trainer, optimizer)
+            checked = self.protection is not None and self._fit is not None
+            buffers = list(self._fit[1].buffers()) if checked and self._fit is not None else []
+            opt = optimizer if checked else None
+            return measure(trainer, probe, self._acts, loss, opt, buffers)
         except Exception as e:
             if self.strict:
                 raise
@@ -325,34 +384,14 @@ class StabilityMonitor(pl.Callback):
                 log.warning("StabilityMonitor cannot measure the steps: %r", e, exc_info=True)
             return Measured.failed(trainer.global_step, e)
 
-    def _protect(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: Measured) -> None:
-        assert self.guard is not None
-        stepping_past = self.auto is not None and self.auto.skip.active(step.step)
-        # Identical on every rank: the numbers were reduced. The one wait of the step.
-        skip, reason = decide(step.guard_values(), scaled=step.scaled, stepping_past=stepping_past)
-        self.guard.skip = step.skip = skip
-        step.bad = reason in (BAD_LOSS, BAD_GRADS, UNCHECKED)
-        if reason == UNCHECKED and self.bad_in_a_row == 0:
-            step.found.append(step.unchecked())
-        elif step.bad and self.bad_in_a_row == 0:
-            self._report_safely(self._root_cause, trainer, pl_module, step)
-
-    def _count(self, trainer: pl.Trainer, step: Measured) -> None:
-        """Skips and bad steps in a row: every rank counts the same, so every rank stops."""
-        self.skipped_steps += int(step.skipped)
-        self.bad_in_a_row = self.bad_in_a_row + 1 if step.bad or step.reverted else 0
-        if self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
-            why = "unchecked" if step.numbers is None else "non-finite"
-            self._stop(trainer, step.step, f"{self.bad_in_a_row} {why} steps in a row")
-
-    def _stop(self, trainer: pl.Trainer, step: int, why: str) -> None:
-        """Stop gracefully: every rank counted the same steps, so every rank stops."""
-        trainer.should_stop = True
-        ckpt = trainer.checkpoint_callback
-        path = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
-        where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
-        if trainer.is_global_zero:
-            log.error("stabilizer: stopping at step %d: %s (weights intact)%s", step, why, where)
+    @contextlib.contextmanager
+    def _sandboxed(self) -> Iterator[None]:
+        """The monitor's own forwards (replay, preflight): its hooks ignore them."""
+        self._inert = True
+        try:
+            yield
+        finally:
+            self._inert = False
 
     # --- reporting: at the step on the CPU, a step later on a GPU ---------------------------------
 
@@ -373,8 +412,8 @@ class StabilityMonitor(pl.Callback):
         self._emit(trainer, record, found)
         if self.auto is not None and record is not None:
             self._emit(trainer, None, self.auto.after_step(trainer, module, step.step, found))
-            if self.auto.exhausted():
-                self._stop(trainer, step.step, "no rollback left")
+            if self.auto.exhausted() and self.protection is not None:
+                self.protection.stop(trainer, step, "no rollback left")
 
     def _open_outputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.
@@ -383,13 +422,16 @@ class StabilityMonitor(pl.Callback):
             return
         if self.jsonl is not False:
             path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
-            self._writer = JsonlWriter(path or Path(str(self.jsonl)))
+            self._output("jsonl", self._open_jsonl, path or Path(str(self.jsonl)))
         if self._grads is not None:
             path = self._writer.path if self._writer is not None else None
             self._console.start(trainer, pl_module, self._grads.groups, self.grouping, path)
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if tb and self._grads is not None:
             self._tb = TensorBoardOutput(tb[0].experiment, self._grads.groups)
+
+    def _open_jsonl(self, path: Path) -> None:
+        self._writer = JsonlWriter(path)
 
     def _default_jsonl(self, trainer: pl.Trainer, log_dir: str) -> Path:
         """Beside the logs; without a logger, a new version directory per run (not on resume)."""
@@ -404,35 +446,33 @@ class StabilityMonitor(pl.Callback):
     def _preflight(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         # Reported with the first step's record, so that the `auto` policy sees them too. A model
         # a check cannot run on (a forward that wants more than token ids) loses that check, not
-        # the others, nor the monitor.
+        # the others, nor the monitor. The checks run the model in a sandbox: nothing stays.
+        guard = self.guard
         for check, what in ((config_checks, "config checks"), (causal_check, "causal self-check")):
             try:
-                self._extra += check(trainer, pl_module, batch, self.preflight)
+                with (
+                    self._sandboxed(),
+                    sandbox(pl_module),
+                    guard.inert() if guard is not None else contextlib.nullcontext(),
+                ):
+                    self._extra += check(trainer, pl_module, batch, self.preflight)
             except Exception as e:
                 if self.strict:
                     raise
                 if trainer.is_global_zero:
                     log.warning("StabilityMonitor: preflight %s skipped: %r", what, e)
 
-    def _root_cause(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: Measured
-    ) -> None:
-        if self._batch is None:
-            return
-        batch, batch_idx = self._batch
-        self._batch = None
-        self.root_causes += 1
-        found = root_cause(trainer, pl_module, batch, batch_idx, self._rng, self.strict)
-        if found is not None:
-            step.found.append(found)
-
     def _finish(self, trainer: pl.Trainer) -> None:
         self._emit(trainer, None, self.engine.finish())
-        self._console.finish(trainer.global_step)
+        prot = self.protection
+        intact = prot.intact if prot is not None else None
+        self._output(
+            "console", self._console.finish, trainer.global_step, self.skipped_steps, intact
+        )
         if self._tb is not None:
-            self._tb.close(trainer.global_step)
+            self._output("tensorboard", self._tb.close, trainer.global_step)
         if self._writer is not None:
-            self._writer.close()
+            self._output("jsonl", self._writer.close)
 
     def _emit(self, trainer: pl.Trainer, record: StepRecord | None, found: list[Finding]) -> None:
         self.findings.extend(found)
@@ -443,13 +483,30 @@ class StabilityMonitor(pl.Callback):
             for f in found:
                 metrics[f"stability/finding/{f.kind}"] = float(f.severity)
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=record.step)
-        for item in ([record] if record is not None else []) + list(found):
-            if self._writer is not None:
-                self._writer.write(item)
-        self._console.report(record, found)
+                self._output("loggers", logger.log_metrics, metrics, step=record.step)
+        if self._writer is not None:
+            for item in ([record] if record is not None else []) + list(found):
+                self._output("jsonl", self._writer.write, item)
+        self._output("console", self._console.report, record, found)
         if self._tb is not None:
-            self._tb.update(record, found, self.heatmap_every)
+            self._output("tensorboard", self._tb.update, record, found, self.heatmap_every)
+
+    def _output(self, name: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """One output's work: an error stops that output (one warning), not the others."""
+        if name in self._broken:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._broken.add(name)
+            log.warning(
+                "StabilityMonitor: the %s output stopped after an error (the other outputs and "
+                "the protection go on): %r",
+                name,
+                e,
+            )
 
     def _report_safely(self, fn: Callable[..., None], *args: Any) -> None:
         # An error in reporting must never kill the user's training, nor turn the protection off:

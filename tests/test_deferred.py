@@ -20,7 +20,7 @@ from test_protect import FAULT_STEPS, Fault, assert_intact, tiny
 from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding
-from stabilizer.live.rootcause import optimizer_state_tensors
+from stabilizer.live.tensors import optimizer_state_tensors
 
 
 @pytest.fixture(autouse=True)

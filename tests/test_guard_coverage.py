@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.live.rootcause import optimizer_state_tensors
+from stabilizer.live.tensors import optimizer_state_tensors
 
 VOCAB = 32
 

@@ -17,11 +17,11 @@ from torch import nn
 
 from stabilizer.callbacks.demo.lit_gpt import LitGPT
 from stabilizer.callbacks.demo.run import ScenarioRun, run_scenario
-from stabilizer.callbacks.guard import StepGuard
+from stabilizer.callbacks.guard import StepGuard, Verdict
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.demo.config import GPTConfig
 from stabilizer.demo.scenarios import Scenario
-from stabilizer.live.rootcause import optimizer_state_tensors as state_tensors
+from stabilizer.live.tensors import optimizer_state_tensors as state_tensors
 
 FAULT_STEPS = (4, 5)
 STEPS = 10
@@ -135,13 +135,16 @@ def test_fault_gone_on_replay_is_transient() -> None:
 
 
 @pytest.mark.parametrize("precision", ["32-true", "16-true"])
-def test_optimizer_fault_is_undone(precision: str) -> None:
-    monitor = StabilityMonitor(jsonl=False, guard_optimizer=True)
+def test_nan_learning_rate_is_skipped_before_the_optimizer_runs(precision: str) -> None:
+    monitor = StabilityMonitor(jsonl=False)
     run = train(tiny(precision), monitor, Fault("optimizer"))
     assert_intact(run)
-    assert monitor.guard is not None and monitor.guard.reverted == len(FAULT_STEPS)
+    assert monitor.guard is not None and monitor.guard.skipped == len(FAULT_STEPS)
+    assert monitor.guard.reverted == 0  # decided on the host: nothing to undo
     first = [f for f in monitor.findings if f.kind == "nonfinite_update"]
     assert first and first[0].step == FAULT_STEPS[0] and first[0].location == ("optimizer",)
+    assert "learning rate" in first[0].message
+    assert not [f for f in monitor.findings if f.kind == "root_cause"]  # no replay: cause known
 
 
 def test_fp16_adamw_eps_underflow_is_caught_by_default() -> None:
@@ -180,7 +183,7 @@ def test_guard_is_removed_after_fit() -> None:
     monitor = StabilityMonitor(jsonl=False)
     run = train(tiny("32-true"), monitor, None)
     for opt in run.trainer.optimizers:
-        assert getattr(opt.step, "__name__", "") != "guarded_step"
+        assert not hasattr(opt.step, "_stabilizer_guard")
 
 
 def test_skip_leaves_adamw_untouched() -> None:
@@ -189,11 +192,10 @@ def test_skip_leaves_adamw_untouched() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
     model(torch.ones(1, 4)).sum().backward()
     opt.step()
-    guard = StepGuard()
-    guard.install([opt])
+    guard = StepGuard(lambda opt: Verdict(skip=True), lambda opt: None)
+    guard.cover([opt])
     before = [p.detach().clone() for p in model.parameters()]
     state = [t.clone() for t in state_tensors(opt)]
-    guard.skip = True
     opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(state, state_tensors(opt), strict=True))

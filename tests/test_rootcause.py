@@ -16,12 +16,11 @@ from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.live.rootcause import (
     ROOT,
     Localization,
-    all_finite,
     capture_rng,
     locate_nonfinite,
     optimizer_produced_nonfinite,
-    optimizer_state_tensors,
 )
+from stabilizer.live.tensors import all_finite, optimizer_state_tensors
 
 TINY = {"vocab_size": 64, "n_layer": 3, "n_head": 2, "n_embd": 16, "block_size": 8}
 

@@ -26,6 +26,7 @@ __all__ = [
     "LR",
     "NONFINITE_GRADS",
     "NONFINITE_UPDATE",
+    "NONFINITE_WEIGHTS",
     "OTHER",
     "SKIPPED",
     "TB_PREFIX",
@@ -42,6 +43,9 @@ GRAD_NORM_PREFIX = "grad_norm/"  # + depth group: L2 norm of that group's gradie
 UPDATE_RATIO_PREFIX = "update_ratio/"  # + depth group: ‖Δw‖ / ‖w‖ of that group's optimizer step
 NONFINITE_GRADS = "nonfinite_grads"  # number of parameters whose gradient holds a NaN or an Inf
 NONFINITE_UPDATE = "nonfinite_update"  # 1.0 when the optimizer made finite weights non-finite
+# Live only: how many of the parameters, optimizer-state tensors and buffers the step would update
+# held a NaN/Inf before it (the check that the previous update left them finite)
+NONFINITE_WEIGHTS = "nonfinite_weights"
 LOSS_SCALE = "loss_scale"  # dynamic loss scale of the fp16 grad scaler (absent without one)
 SKIPPED = "skipped"  # 1.0 when the optimizer step was skipped (grad scaler, guard), else 0.0
 CLIPPED = "clipped"  # 1.0 when gradient clipping changed the gradients this step, else 0.0

@@ -13,7 +13,7 @@ the whole sequence by design, and its "leak" is no fault.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ __all__ = [
     "causal_by_design",
     "causal_self_check",
     "config_risks",
+    "optimizer_risks",
     "preflight_switches",
 ]
 
@@ -34,7 +35,14 @@ logger = logging.getLogger(__name__)
 
 LEAK_CONSEQUENCE = "training loss will look excellent and generation will fail"
 
-PREFLIGHT_CHECKS = ("causal", "post_ln_warmup", "fp16_norms", "clipping", "positions")
+PREFLIGHT_CHECKS = (
+    "causal",
+    "post_ln_warmup",
+    "fp16_norms",
+    "clipping",
+    "positions",
+    "optimizer_eps",
+)
 """The checks, by name: the causal self-check, then the rules of `config_risks`."""
 
 IGNORE_INDEX = -100  # targets below 0 (PyTorch's and HF's -100) are positions without a loss
@@ -105,7 +113,9 @@ def causal_self_check(
     """Check that no position's output depends on a later token (a leaking causal mask).
 
     Runs the model on ``input_ids``, changes the last token of every row, runs it again, and
-    requires every earlier position's output to be unchanged. The model runs in eval mode without
+    requires every earlier position's output to be unchanged. Outputs that do not keep the
+    inputs' ``(B, T)`` axes followed by features (a sequence classifier's ``(B, classes)``) have
+    no positions: the check is skipped. The model runs in eval mode without
     gradients; each module's train/eval mode is restored afterwards.
 
     Args:
@@ -140,6 +150,14 @@ def causal_self_check(
     finally:
         for module, training in modes:
             module.training = training
+    if before.dim() < 3 or tuple(before.shape[:2]) != tuple(input_ids.shape):
+        # (batch, classes) of a sequence classifier, a pooled embedding: no positions to compare
+        logger.info(
+            "causal self-check skipped: the outputs %s do not keep the inputs' sequence axis %s",
+            tuple(before.shape),
+            tuple(input_ids.shape),
+        )
+        return []
     found = _leak(before, after, step)
     if bidirectional:
         return [_by_design(f) for f in found]
@@ -242,6 +260,25 @@ def config_risks(
         found += _no_clipping(gradient_clip_val, step)
     if "positions" in checks:
         found += _too_long(seq_len, max_positions, step)
+    return found
+
+
+def optimizer_risks(optimizers: Sequence[torch.optim.Optimizer], step: int = 0) -> list[Finding]:
+    """``optimizer_eps``: an Adam-style optimizer (``betas`` and ``eps`` in a param group) with
+    ``eps=0`` divides by ``sqrt(v) = 0`` wherever a gradient element has been exactly 0 since
+    the start (an embedding row no batch used): 0/0 = NaN in the weights from finite gradients
+    (warning; the guard verifies such steps and undoes a non-finite one)."""
+    found = []
+    for i, opt in enumerate(optimizers):
+        zero = [j for j, g in enumerate(opt.param_groups) if "betas" in g and g.get("eps") == 0]
+        if zero:
+            message = (
+                f"optimizer {i} ({type(opt).__name__}) has eps=0 in param group(s) {zero}: a "
+                "gradient element that has always been 0 gives 0/0 = NaN in the weights; use "
+                "eps >= 1e-8 (1e-6 or more for fp16 parameters)"
+            )
+            evidence = {"optimizer": float(i), "eps": 0.0}
+            found.append(Finding("config_risk", step, None, Severity.WARNING, message, evidence))
     return found
 
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
-from stabilizer.live.rootcause import stored_values
+from stabilizer.live.tensors import l2_norms
 
 __all__ = ["HOST_READ", "ActivationProbe", "GradProbe", "HostCopy"]
 
@@ -51,6 +51,8 @@ class GradProbe:
         module: The model; its trainable parameters are watched and named.
         optimizers: The optimizers whose param groups are watched.
         grouping: ``name -> group`` to override the naming conventions.
+        only_optimizers: Watch only the optimizers' tensors, not every trainable parameter
+            (one probe per optimizer, when a run has several).
     """
 
     def __init__(
@@ -58,34 +60,59 @@ class GradProbe:
         module: nn.Module,
         optimizers: Sequence[torch.optim.Optimizer] = (),
         grouping: Callable[[str], str] | None = None,
+        only_optimizers: bool = False,
     ) -> None:
         self._module, self._optimizers, self._grouping = module, list(optimizers), grouping
+        self._only_optimizers = only_optimizers
+        self._marks: list[tuple[nn.Parameter, Tensor | None, int]] = []
         self.exact = False  # the fast path failed once: per-tensor norms from then on
         self._index: tuple[tuple[int, ...], Tensor] | None = None  # group indices, on the device
         self.gradless: set[str] = set()  # the group keys none of whose tensors had a gradient
         self._build()
 
     def __call__(self) -> Tensor:
-        """``(2 + n_groups,)`` float32 on the gradients' device, ordered as :attr:`keys`."""
+        """``(2 + n_groups,)`` float32 on the gradients' device, ordered as :attr:`keys`.
+
+        Norms are accumulated in float64, so a finite gradient never has a non-finite norm
+        (see `stabilizer.live.tensors.l2_norms`): ``nonfinite_grads`` counts exactly the tensors
+        that hold a NaN or an Inf.
+        """
         if self._signature() != self._seen:
             self._build()
-        grads, index = [], []
+        grads, index, marks = [], [], []
         for p, i in zip(self._tensors, self._group_idx, strict=True):
-            if p.grad is not None:
+            g = p.grad
+            marks.append((p, g, -1 if g is None else g._version))
+            if g is not None:
                 # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces.
-                grads.append(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+                grads.append(g.to_local() if hasattr(g, "to_local") else g)
                 index.append(i)
+        self._marks = marks
         present = set(index)
         self.gradless = {k for i, k in enumerate(self.keys[2:]) if i not in present}
         if not grads:  # nothing to update this step
             return torch.zeros(len(self.keys), device=self._device)
         device = grads[0].device
-        norms = self._norms(grads, device)  # (n_grads,)
+        norms = self._norms(grads, device)  # (n_grads,) float64
         # One bucket past the groups holds the tensors that are checked but not logged per group.
-        sq = torch.zeros(len(self.groups) + 1, device=device)
+        sq = torch.zeros(len(self.groups) + 1, dtype=torch.float64, device=device)
         sq.index_add_(0, self._group_index(tuple(index), device), norms.square())
-        nonfinite = (~torch.isfinite(norms)).sum().float()
-        return torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
+        nonfinite = (~torch.isfinite(norms)).sum().double()
+        out = torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
+        return out.float()
+
+    def untouched(self) -> bool:
+        """Whether every watched gradient is the tensor the last call measured, unchanged since.
+
+        Torch counts in-place writes in a tensor's ``_version``; a new ``.grad`` is a new
+        object. A write through ``.data`` is not counted: see ``docs/protection.md``.
+        """
+        return all(p.grad is g and (g is None or g._version == v) for p, g, v in self._marks)
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        """The watched tensors (parameters and optimizer tensors), in a fixed order."""
+        return list(self._tensors)
 
     def _signature(self) -> tuple[tuple[bool, ...], tuple[int, ...]]:
         grad_flags = tuple(p.requires_grad for p in self._module_params)
@@ -98,7 +125,11 @@ class GradProbe:
         self._module_params = [p for _, p in module_named]
         stepped = [p for opt in self._optimizers for g in opt.param_groups for p in g["params"]]
         in_optimizer = {id(p) for p in stepped}
-        named = [(n, p) for n, p in module_named if p.requires_grad or id(p) in in_optimizer]
+        named = [
+            (n, p)
+            for n, p in module_named
+            if id(p) in in_optimizer or (p.requires_grad and not self._only_optimizers)
+        ]
         known = {id(p) for p in self._module_params}
         extra = {id(p): p for p in stepped if id(p) not in known}  # not a module parameter
         named += [(f"optimizer_tensor_{i}", p) for i, p in enumerate(extra.values())]
@@ -119,7 +150,7 @@ class GradProbe:
     def _norms(self, grads: list[Tensor], device: torch.device) -> Tensor:
         if not self.exact:
             try:
-                return torch.stack(torch._foreach_norm(grads, dtype=torch.float32))
+                return l2_norms(grads, device)
             except (RuntimeError, NotImplementedError, TypeError) as e:
                 self.exact = True
                 log.warning(
@@ -127,7 +158,7 @@ class GradProbe:
                     "gradient is now checked on its own: exact, slower",
                     str(e).splitlines()[0][:120],
                 )
-        return torch.stack([_exact_norm(g).to(device) for g in grads])
+        return torch.cat([l2_norms([g], g.device).to(device) for g in grads])
 
     def _group_index(self, index: tuple[int, ...], device: torch.device) -> Tensor:
         # Built again only when the set of gradients changes: a host-to-device copy waits.
@@ -148,12 +179,6 @@ class GradProbe:
         out = vec.sqrt()
         out[1] = vec[1]
         return out
-
-
-def _exact_norm(grad: Tensor) -> Tensor:
-    """The L2 norm of one gradient, dense or sparse (the norm of its stored values)."""
-    norm: Tensor = torch.linalg.vector_norm(stored_values(grad), dtype=torch.float32)
-    return norm
 
 
 _MLP_NAMES = ("mlp", "ffn", "feed_forward", "feedforward", "linear2", "fc2")
@@ -190,6 +215,7 @@ class ActivationProbe:
         self.keys = [ACT_ABSMAX_PREFIX + name for name in names]
         self._values: dict[str, Tensor] = {}
         self._handles: list[Any] = []
+        self.dropped: set[str] = set()  # keys whose hook raised once: not measured any more
 
     def attach(self) -> None:
         """Start recording (idempotent)."""
@@ -228,11 +254,11 @@ class ActivationProbe:
             if isinstance(x, Tensor) and x.is_floating_point():
                 self._keep(key, x.detach().abs().amax().float())
 
-        return record
+        return self._safe(key, record)
 
     def _scores_hook(self, key: str, n_head: int) -> Callable[..., None]:
         def record(module: nn.Module, args: tuple[Any, ...], qkv: Tensor) -> None:
-            B, T, C3 = qkv.shape
+            B, T, C3 = qkv.shape  # a module that is not nanoGPT's raises here: `_safe` drops it
             C = C3 // 3
             q, k = qkv.detach()[..., :C], qkv.detach()[..., C : 2 * C]  # (B, T, C) each
             q = q.reshape(B, T, n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
@@ -240,7 +266,24 @@ class ActivationProbe:
             scores = q.float() @ k.float().transpose(-2, -1)  # (B, nh, T, T), in fp32: no overflow
             self._keep(key, scores.abs().amax())
 
-        return record
+        return self._safe(key, record)
+
+    def _safe(self, key: str, record: Callable[..., None]) -> Callable[..., None]:
+        """A hook that cannot break the user's forward: one that raises drops its signal for
+        the rest of the run, with one warning."""
+
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if key in self.dropped:
+                return
+            try:
+                record(module, args, output)
+            except Exception as e:
+                self.dropped.add(key)
+                self._values.pop(key, None)
+                self.keys = [k for k in self.keys if k != key]
+                log.warning("activation probe: %s dropped (%r)", key, e)
+
+        return hook
 
     def _keep(self, key: str, value: Tensor) -> None:
         # Gradient accumulation runs several forwards per step: keep the largest.

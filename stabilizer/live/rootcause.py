@@ -14,8 +14,10 @@ A replay that stays finite did not reproduce the fault: it is then classed ``"tr
 
 An optimizer can write NaN/Inf into finite weights from finite gradients (fp16 AdamW: ``eps=1e-8``
 rounds to 0, so ``exp_avg / sqrt(exp_avg_sq)`` divides by zero). The next step is then the first
-non-finite one and its weights are already bad: `locate_nonfinite` reports phase ``"weights"``, and
+non-finite one and its weights are already bad: `locate_nonfinite` reports phase ``"weights"`` when
+a module that ran in the replay holds them (a NaN weight no module used is not the cause), and
 `optimizer_produced_nonfinite` lets a caller that checked the weights before the step confirm it.
+A batch that already holds NaN/Inf is phase ``"input"``, whichever module it reaches first.
 """
 
 from __future__ import annotations
@@ -32,17 +34,16 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from .tensors import all_finite
+
 __all__ = [
     "ROOT",
     "Localization",
     "Phase",
     "RngState",
-    "all_finite",
     "capture_rng",
     "locate_nonfinite",
     "optimizer_produced_nonfinite",
-    "optimizer_state_tensors",
-    "stored_values",
 ]
 
 logger = logging.getLogger(__name__)
@@ -123,8 +124,8 @@ class Localization:
             return "the replay of the step stayed finite: transient (non-deterministic) fault"
         where = self.module if self.parameter is None else self.parameter
         return {
-            "weights": f"weights already non-finite before the step ({where}): the optimizer",
-            "input": "the batch itself holds NaN/Inf",
+            "weights": f"the weights are non-finite before the step ({where})",
+            "input": "the input batch holds NaN/Inf",
             "forward": f"{where} produced NaN/Inf in the forward pass from finite inputs",
             "backward": f"{where} produced a NaN/Inf gradient from finite incoming gradients"
             if self.parameter is None
@@ -154,26 +155,31 @@ def locate_nonfinite(
     *,
     rng_state: RngState | None = None,
     loss_scale: float = 1.0,
+    inputs: Any = None,
 ) -> Localization:
     """Replay a failing step under hooks and name the module where NaN/Inf first appeared.
 
-    Rule: the first module, in order of forward *completion*, whose output is non-finite while its
-    inputs are finite. A module completes after its children, so this is the innermost module
-    whose own computation made the value: a fault in ``blocks.1.mlp.c_fc`` names ``c_fc``, one
-    in a functional op of ``blocks.1.mlp.forward`` names ``blocks.1.mlp``. Otherwise the first
-    module, in backward order, whose gradient w.r.t. its inputs is non-finite while the gradient
-    w.r.t. its outputs is finite (innermost again); otherwise the first parameter with a
-    non-finite gradient (its owning module); otherwise the loss alone.
+    Rule: a batch (`inputs`) holding NaN/Inf is the cause, whatever module it reaches first.
+    Else the first module, in order of forward *completion*, whose output is non-finite while its
+    inputs are finite: a module completes after its children, so this is the innermost module
+    whose own computation made the value (a fault in ``blocks.1.mlp.c_fc`` names ``c_fc``, one
+    in a functional op of ``blocks.1.mlp.forward`` names ``blocks.1.mlp``); when that module
+    holds a non-finite weight, the weight is the cause. Otherwise the first module, in backward
+    order, whose gradient w.r.t. its inputs is non-finite while the gradient w.r.t. its outputs
+    is finite (innermost again); otherwise the first parameter with a non-finite gradient (its
+    owning module); otherwise the loss alone. A non-finite weight of a module the replay never
+    ran is no cause.
 
     Args:
         model: The model; every submodule is hooked for the replay only.
         run_step: Runs the failing step's forward (under the caller's autocast, if any) on the same
-            batch and returns the loss. It must not call ``backward``: the replay does, when the
-            forward stayed finite.
+            batch and returns the loss. It must not call ``backward`` unless it returns a loss
+            that does not require grad (then the replay does not call it either).
         rng_state: Random state captured before the failing step (dropout masks); the current
             state is restored after the replay either way.
         loss_scale: Multiplies the loss before ``backward``, as a ``GradScaler`` would, so an fp16
             gradient overflow is reproduced.
+        inputs: The failing batch (tensors, nested in tuples, lists or dicts); checked first.
 
     Returns:
         The localization; ``reproduced`` is False when the replay stayed finite.
@@ -184,11 +190,10 @@ def locate_nonfinite(
     if not (math.isfinite(loss_scale) and loss_scale > 0):
         raise ValueError(f"`loss_scale` must be finite and > 0, got {loss_scale}")
     start = time.perf_counter()
-    bad_weight = _first_nonfinite(list(model.named_parameters()), lambda p: p)
-    if bad_weight is not None:
-        owner = _owner(bad_weight)
-        return Localization("weights", owner, bad_weight, elapsed_s=time.perf_counter() - start)
+    if inputs is not None and not math.isfinite(_absmax(inputs)):
+        return Localization("input", None, elapsed_s=time.perf_counter() - start)
     named_params = list(model.named_parameters())
+    bad_weights = _all_nonfinite(named_params, lambda p: p)
     saved_grads = [(p, p.grad) for _, p in named_params]  # references: the replay makes new ones
     after = capture_rng()
     try:
@@ -198,7 +203,20 @@ def locate_nonfinite(
         for p, grad in saved_grads:
             p.grad = grad
         after.restore()
-    return recorder.localize(bad_grad, time.perf_counter() - start)
+    found = recorder.localize(bad_grad, time.perf_counter() - start)
+    weight = next((w for w in bad_weights if _owner(w) in recorder.ran), None)
+    blamed = found.phase in ("none", "loss") or (
+        found.phase == "forward" and weight is not None and _within(_owner(weight), found.module)
+    )
+    if weight is not None and blamed:
+        return Localization("weights", _owner(weight), weight, elapsed_s=found.elapsed_s)
+    return found
+
+
+def _within(module: str, outer: str | None) -> bool:
+    return outer is not None and (
+        module == outer or outer == ROOT or module.startswith(outer + ".")
+    )
 
 
 def _replay_with_fallback(
@@ -260,6 +278,7 @@ class _Recorder:
     forward_finite: bool = True
     input_finite: bool = True
     loss: float = math.nan
+    ran: set[str] = field(default_factory=set)  # the modules whose forward ran
 
     def attach(self, model: nn.Module, backward_hooks: bool) -> list[RemovableHandle]:
         handles = []
@@ -271,6 +290,7 @@ class _Recorder:
         return handles
 
     def _on_forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        self.ran.add(self.names[module])
         if self.forward_event is not None:
             return
         produced = _absmax(output)
@@ -347,49 +367,18 @@ def _absmax(obj: Any) -> float:
 def _first_nonfinite(
     named: list[tuple[str, nn.Parameter]], get: Callable[[nn.Parameter], Tensor | None]
 ) -> str | None:
+    found = _all_nonfinite(named, get)
+    return found[0] if found else None
+
+
+def _all_nonfinite(
+    named: list[tuple[str, nn.Parameter]], get: Callable[[nn.Parameter], Tensor | None]
+) -> list[str]:
     tensors = [(n, get(p)) for n, p in named]
     present = [(n, t) for n, t in tensors if t is not None]
     if all_finite(t for _, t in present):
-        return None  # the usual case: one host sync, no per-tensor look
-    return next(n for n, t in present if not all_finite([t]))
-
-
-def all_finite(tensors: Iterable[Tensor]) -> bool:
-    """Whether every element of every floating tensor is finite, in one host sync per device.
-
-    Uses the max-abs norm (``torch._foreach_norm(..., ord=inf)``), which cannot overflow the way
-    an L2 norm of large fp16 values would. Non-floating and empty tensors are skipped; of a
-    sparse tensor (a sparse embedding's gradient or momentum), its stored values are checked.
-    """
-    by_device: dict[torch.device, list[Tensor]] = {}
-    for t in map(stored_values, tensors):
-        if t.is_floating_point() and t.numel() > 0:
-            by_device.setdefault(t.device, []).append(t.detach())
-    with torch.no_grad():
-        flags = [
-            torch.stack(torch._foreach_norm(ts, ord=math.inf)).isfinite().all().cpu()
-            for ts in by_device.values()
-        ]
-    return all(bool(f) for f in flags)
-
-
-def stored_values(t: Tensor) -> Tensor:
-    """The values a tensor stores: itself when dense, its values when sparse (COO, CSR ...)."""
-    if t.layout == torch.sparse_coo:
-        return t.coalesce().values()
-    if t.layout != torch.strided:
-        return t.values()
-    return t
-
-
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Tensor]:
-    """Every tensor held in ``optimizer.state`` (moments, step counts, ...), one level deep."""
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, Tensor):
-                yield value
-            elif isinstance(value, list | tuple):
-                yield from (v for v in value if isinstance(v, Tensor))
+        return []  # the usual case: one host sync, no per-tensor look
+    return [n for n, t in present if not all_finite([t])]
 
 
 def optimizer_produced_nonfinite(

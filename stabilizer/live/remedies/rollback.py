@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from ._rng import get_rng_state, set_rng_state
+from stabilizer.live.rng import get_rng_state, set_rng_state
 
 __all__ = ["RollbackError", "Snapshots"]
 

@@ -1,0 +1,324 @@
+"""``Protection``: the rules of policies ``protect`` and ``auto``, each with one home.
+
+- The guard (`StepGuard`) calls `judge` inside every optimizer step, after every hook and the
+  clipping: the decision (`decide`) is taken on the gradients and the LR as the step will use
+  them. The measurement of ``on_before_optimizer_step`` is reused when nothing can have touched
+  the gradients since (no user code runs after the monitor's hook, their tensors and torch's
+  version counters are unchanged, or only Lightning's own clipping of finite gradients ran);
+  otherwise the gradients are counted again, once.
+- Every measurement also counts the non-finite tensors among the parameters, optimizer state
+  and buffers (the check that the last update left them finite, read with the step's one host
+  read); a step that finds them non-finite is skipped and reported as critical: the weights are
+  not intact, and the run stops (``auto`` rolls back instead).
+- A skipped step's buffers are put back (`BufferWatch`); the first bad step of an episode is
+  replayed to name its cause (`root_cause`), with no optimizer able to step inside.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import lightning.pytorch as pl
+import torch
+
+from stabilizer.core.records import Finding, Severity
+from stabilizer.core.signals import GRAD_NORM, NONFINITE_GRADS
+from stabilizer.live.buffers import BufferWatch
+from stabilizer.live.rootcause import capture_rng
+from stabilizer.live.tensors import all_finite, count_nonfinite, optimizer_state_tensors
+
+from .checks import root_cause
+from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, StepGuard, Verdict, decide, risky_arithmetic
+from .live_step import LiveStep, MicroBatch
+from .measure import Measured
+
+__all__ = ["Protection", "user_code_after"]
+
+log = logging.getLogger("stabilizer")
+
+
+def user_code_after(trainer: pl.Trainer, pl_module: pl.LightningModule, me: pl.Callback) -> bool:
+    """Whether code other than Lightning's own clipping runs between the monitor's
+    ``on_before_optimizer_step`` and the optimizer step: a later callback's hook, the module's
+    ``on_before_optimizer_step`` or ``configure_gradient_clipping``."""
+    callbacks = list(getattr(trainer, "callbacks", []))
+    later = callbacks[callbacks.index(me) + 1 :] if me in callbacks else []
+    hook = pl.Callback.on_before_optimizer_step
+    if any(type(cb).on_before_optimizer_step is not hook for cb in later):
+        return True
+    base = pl.LightningModule
+    return (
+        type(pl_module).on_before_optimizer_step is not base.on_before_optimizer_step
+        or type(pl_module).configure_gradient_clipping is not base.configure_gradient_clipping
+    )
+
+
+class Protection:
+    """The guard, its judge, the buffers, the counting and the stop of a protected run.
+
+    Args:
+        live: The state of the batch in flight (shared with the monitor).
+        verify: ``guard_optimizer``: copy-and-check every step (True), never (False), or where
+            the optimizer's arithmetic can overflow (None).
+        stop_after: Stop after this many bad steps in a row (None: never).
+        root_cause: Replay the first bad step of each episode; at most `max_root_causes`.
+        max_root_causes: Replays allowed over the run.
+        lr_factor: The LR multiplier in force (policy ``auto``), read at each step.
+        stepping_past: Whether ``auto`` is stepping past bad data at a step.
+        strict: Raise on an internal error instead of warning.
+    """
+
+    def __init__(
+        self,
+        live: LiveStep,
+        *,
+        verify: bool | None,
+        stop_after: int | None,
+        root_cause: bool,
+        max_root_causes: int,
+        lr_factor: Callable[[], float],
+        stepping_past: Callable[[int], bool],
+        strict: bool,
+    ) -> None:
+        self.live, self.verify, self.stop_after = live, verify, stop_after
+        self.root_cause, self.max_root_causes, self.strict = root_cause, max_root_causes, strict
+        self._lr_factor, self._stepping_past = lr_factor, stepping_past
+        self.guard = StepGuard(self._judge, self._reverted)
+        self.bad_in_a_row = 0  # consecutive bad steps
+        self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
+        self.root_causes = 0
+        self.intact: bool | None = None  # the last check of the weights: None before any
+        self._reported_bad_weights = False
+        self._user_after = False
+        self._buffers: BufferWatch | None = None
+        self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
+
+    # --- fit and batch boundaries ------------------------------------------------------------
+
+    def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, me: pl.Callback) -> None:
+        self._fit = trainer, pl_module
+        self._user_after = user_code_after(trainer, pl_module, me)
+        self._buffers = BufferWatch(pl_module)
+        self.guard.cover(trainer.optimizers)
+
+    def begin_batch(self, trainer: pl.Trainer, batch: object, index: int) -> None:
+        """Guard any optimizer created or replaced since; note the micro-batch and buffers."""
+        self.guard.cover(trainer.optimizers)
+        self.live.keep_batches = self.root_cause and self.root_causes < self.max_root_causes
+        rng = capture_rng() if self.live.keep_batches else None
+        if self.live.begin(batch, index, rng) and self._buffers is not None:
+            self._buffers.begin()
+
+    def measured(self, optimizer: torch.optim.Optimizer, step: Measured) -> None:
+        """A step was measured in ``on_before_optimizer_step``. An optimizer that is not
+        guarded yet (replaced inside this batch) is guarded from its next step on; this one is
+        judged here, the latest point left, and a skip drops its gradients (torch optimizers
+        pass over parameters without one)."""
+        if self.guard.covers(optimizer):
+            return
+        self.guard.cover([optimizer])
+        if self._judge(optimizer).skip:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
+    def end_batch(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, steps: Sequence[Measured],
+        micro: Sequence[MicroBatch],
+    ) -> None:  # fmt: skip
+        """After the batch's steps: buffers back if one was skipped, the weights' check, the
+        root cause of a first bad step, the counting and the stop."""
+        if self._buffers is not None:
+            self._buffers.end(restore=any(s.skipped for s in steps))
+        for step in steps:
+            self._weights_checked(trainer, step)
+            if step.bad and self.bad_in_a_row == 0:
+                self._first_bad(trainer, pl_module, step, micro)
+            self._count(trainer, step)
+
+    def finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Finding]:
+        """The last check of the weights, after the last step (one host sync, once)."""
+        tensors = list(_held(trainer.optimizers, pl_module))
+        self.intact = all_finite(tensors)
+        if self.intact or self._reported_bad_weights:
+            return []
+        self._reported_bad_weights = True
+        return [self._bad_weights_finding(trainer, trainer.global_step, after=True)]
+
+    # --- the judge: inside the optimizer step ----------------------------------------------
+
+    def _judge(self, optimizer: torch.optim.Optimizer) -> Verdict:
+        step = self.live.current(optimizer)
+        if step is None or step.judged:
+            # Stepped outside Lightning's hooks (a raw optimizer's step): nothing measured it.
+            values = self._fresh_values(optimizer)
+            return Verdict(skip=decide(values, lrs=self._lrs(optimizer))[0], verify=True)
+        step.judged = True
+        values = step.guard_values()  # the step's one host read
+        if values and self._recount(step):
+            values[NONFINITE_GRADS] = self._count_grads(optimizer)
+        stepping_past = self._stepping_past(step.step)
+        step.skip, step.reason = decide(
+            values, lrs=self._lrs(optimizer), weights_bad=step.weights_bad,
+            stepping_past=stepping_past,
+        )  # fmt: skip
+        if self.verify is not None:
+            return Verdict(step.skip, self.verify)
+        risky = risky_arithmetic(optimizer, values.get(GRAD_NORM, math.inf))
+        return Verdict(step.skip, bool(risky))
+
+    def _recount(self, step: Measured) -> bool:
+        """Whether the gradients may have changed since they were measured (see the module)."""
+        trainer = self._trainer
+        if self._user_after:
+            return True
+        if trainer.world_size > 1:
+            return False  # version counters are per rank; every rank must decide alike
+        if step.probe is None or step.probe.untouched():
+            return False
+        clip = trainer.gradient_clip_val
+        return not (clip is not None and 0 < clip < math.inf)  # Lightning's clipping is finite
+
+    def _count_grads(self, optimizer: torch.optim.Optimizer) -> float:
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        device = grads[0].device if grads else torch.device("cpu")
+        count = count_nonfinite(grads, device)
+        trainer = self._trainer
+        if trainer.world_size > 1:  # every rank counts, so every rank decides alike
+            count = trainer.strategy.reduce(count, reduce_op="sum")
+        return float(count)
+
+    def _fresh_values(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        return {GRAD_NORM: 0.0, NONFINITE_GRADS: self._count_grads(optimizer)}
+
+    def _lrs(self, optimizer: torch.optim.Optimizer) -> list[float]:
+        factor = self._lr_factor()
+        return [_float(g["lr"]) * factor for g in optimizer.param_groups]
+
+    def _reverted(self, optimizer: torch.optim.Optimizer) -> None:
+        step = self.live.current(optimizer)
+        if step is not None:
+            step.reverted = True
+
+    @property
+    def _trainer(self) -> pl.Trainer:
+        assert self._fit is not None, "Protection.start was not called"
+        return self._fit[0]
+
+    # --- after the step --------------------------------------------------------------------
+
+    def _weights_checked(self, trainer: pl.Trainer, step: Measured) -> None:
+        if step.numbers is None:
+            return
+        self.intact = not step.weights_bad
+        if step.weights_bad and not self._reported_bad_weights:
+            self._reported_bad_weights = True
+            step.found.append(self._bad_weights_finding(trainer, step.step, after=False))
+        elif not step.weights_bad:
+            self._reported_bad_weights = False
+
+    def _bad_weights_finding(self, trainer: pl.Trainer, step: int, *, after: bool) -> Finding:
+        fit = self._fit
+        first = _first_nonfinite(trainer, fit[1]) if fit is not None else "?"
+        when = "after the last step" if after else f"before step {step}"
+        message = (
+            f"non-finite values in the weights {when} ({first}): an update that was let through, "
+            "or code outside the optimizer, made them so; the weights are NOT intact. Resume "
+            "from the last good checkpoint, and see docs/protection.md for what the guard "
+            "cannot see"
+        )
+        return Finding(
+            "nonfinite_update", step, step, Severity.CRITICAL, message,
+            {"checked_step": float(step)}, ("optimizer",), ("rollback",),
+        )  # fmt: skip
+
+    def _first_bad(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: Measured,
+        micro: Sequence[MicroBatch],
+    ) -> None:
+        if step.reason == UNCHECKED or step.numbers is None:
+            step.found.append(step.unchecked())
+            return
+        if step.reason in (BAD_LR, BAD_WEIGHTS):
+            if step.reason == BAD_LR:  # the cause is known: no replay of the batch
+                step.found.append(_bad_lr_finding(step))
+            return
+        if not self.live.keep_batches or not micro or micro[0].batch is None:
+            return
+        self.root_causes += 1  # every rank replays: the answers are gathered from all of them
+        scale = step.loss_scale
+        found = root_cause(trainer, pl_module, micro, scale, self.guard, step.step, self.strict)
+        if found is not None:
+            step.found.append(found)
+
+    def _count(self, trainer: pl.Trainer, step: Measured) -> None:
+        """Skips and bad steps in a row: every rank counts the same, so every rank stops."""
+        self.skipped_steps += int(step.skipped)
+        self.bad_in_a_row = self.bad_in_a_row + 1 if step.bad or step.reverted else 0
+        if step.weights_bad:
+            self.stop(trainer, step, "the weights are not finite")
+        elif self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
+            why = "unchecked" if step.numbers is None else "non-finite"
+            self.stop(trainer, step, f"{self.bad_in_a_row} {why} steps in a row")
+
+    def stop(self, trainer: pl.Trainer, step: Measured | None, why: str) -> None:
+        """Stop gracefully, saying what was checked of the weights."""
+        trainer.should_stop = True
+        ckpt = trainer.checkpoint_callback
+        path = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
+        where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
+        if step is not None and not step.weights_bad and step.numbers is not None:
+            state = f"weights checked finite before step {step.step}"
+            state += ", its update skipped" if step.skipped else ""
+        else:
+            state = "the weights are NOT intact"
+        if trainer.is_global_zero:
+            at = step.step if step is not None else trainer.global_step
+            log.error("stabilizer: stopping at step %d: %s (%s)%s", at, why, state, where)
+
+
+def _held(
+    optimizers: Sequence[torch.optim.Optimizer], module: torch.nn.Module
+) -> Iterator[torch.Tensor]:
+    """Parameters, optimizer state and buffers: what the protection keeps finite."""
+    yield from module.parameters()
+    for opt in optimizers:
+        yield from optimizer_state_tensors(opt)
+    yield from module.buffers()
+
+
+def _first_nonfinite(trainer: pl.Trainer, module: torch.nn.Module) -> str:
+    """The first non-finite tensor's name (a failing step only: one sync per tensor)."""
+    for name, p in module.named_parameters():
+        if not all_finite([p]):
+            return f"parameter {name}"
+    for i, opt in enumerate(trainer.optimizers):
+        if not all_finite(optimizer_state_tensors(opt)):
+            return f"optimizer {i}'s state"
+    for name, b in module.named_buffers():
+        if not all_finite([b]):
+            return f"buffer {name}"
+    return "another optimizer's tensors"
+
+
+def _bad_lr_finding(step: Measured) -> Finding:
+    lrs = ", ".join(f"{lr:g}" for lr in step.lrs)
+    message = (
+        f"the learning rate is non-finite or negative at step {step.step} (param groups: {lrs}):"
+        " the update would be too; step skipped before the optimizer ran. Check the LR "
+        "scheduler (a division by a zero step count, a NaN read from a config)"
+    )
+    evidence = {f"lr_{i}": lr for i, lr in enumerate(step.lrs)}
+    return Finding(
+        "nonfinite_update", step.step, step.step, Severity.ERROR, message, evidence,
+        ("optimizer",), ("skip_step",),
+    )  # fmt: skip
+
+
+def _float(lr: object) -> float:
+    return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)  # type: ignore[arg-type]
