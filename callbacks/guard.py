@@ -21,6 +21,7 @@ all, and no decision of the real step is touched.
 
 from __future__ import annotations
 
+import copy
 import math
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -268,10 +269,8 @@ _Snapshot = tuple[list[torch.Tensor], dict[torch.Tensor, dict[str, Any]]]
 
 def _snapshot(opt: torch.optim.Optimizer) -> _Snapshot:
     params = [p.detach().clone() for p in _params(opt)]
-    state = {
-        p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-        for p, s in opt.state.items()
-    }
+    # Deep: LBFGS keeps lists of tensors (its history) that a step appends to in place.
+    state = {p: {k: copy.deepcopy(v) for k, v in s.items()} for p, s in opt.state.items()}
     return params, state
 
 

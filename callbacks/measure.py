@@ -13,7 +13,6 @@ which on a GPU is a step later (see ``StabilityMonitor``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -193,21 +192,23 @@ def measure(
     acts: ActivationProbe | None,
     loss: torch.Tensor | None,
     optimizer: torch.optim.Optimizer | None = None,
-    buffers: Sequence[torch.Tensor] = (),
+    buffers_nonfinite: torch.Tensor | None = None,
 ) -> Measured:
     """The step's numbers, stacked on the device and sent to the host without waiting.
 
     With an `optimizer`, the numbers also count the non-finite tensors among its parameters and
-    state and the `buffers` (the check that the last update left them finite: one more
-    reduction in the same copy).
+    state (the check that the last update left them finite: one more reduction in the same
+    copy), plus `buffers_nonfinite`, the buffers' count taken before this step's forward.
     """
     norms = grads()
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scale = getattr(scaler, "_scale", None) if scaler is not None else None
     if optimizer is not None:
         held = [p for g in optimizer.param_groups for p in g["params"]]
-        held += [*optimizer_state_tensors(optimizer), *buffers]
+        held += optimizer_state_tensors(optimizer)
         weights = count_nonfinite(held, norms.device).reshape(1)
+        if buffers_nonfinite is not None:
+            weights = weights + buffers_nonfinite.to(weights.device)
     else:
         weights = torch.zeros(1, device=norms.device)
     parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), weights]

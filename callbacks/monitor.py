@@ -241,7 +241,10 @@ class StabilityMonitor(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self._inert or self._evaluating_again(optimizer):
+        if self._inert:
+            return
+        if self._evaluating_again(optimizer):
+            self.live.step_loss()  # that evaluation's loss belongs to the step measured once
             return
         step = self._measure(trainer, optimizer)  # the numbers are on their way to the host
         self._report_pending(trainer, pl_module)  # the last step's, while the device works
@@ -372,10 +375,10 @@ class StabilityMonitor(pl.Callback):
         loss = self.live.step_loss()
         try:
             probe = self._probe(trainer, optimizer)
-            checked = self.protection is not None and self._fit is not None
-            buffers = list(self._fit[1].buffers()) if checked and self._fit is not None else []
-            opt = optimizer if checked else None
-            return measure(trainer, probe, self._acts, loss, opt, buffers)
+            prot = self.protection
+            if prot is None:
+                return measure(trainer, probe, self._acts, loss)
+            return measure(trainer, probe, self._acts, loss, optimizer, prot.buffers_nonfinite)
         except Exception as e:
             if self.strict:
                 raise

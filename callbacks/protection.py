@@ -93,6 +93,7 @@ class Protection:
         self._reported_bad_weights = False
         self._user_after = False
         self._buffers: BufferWatch | None = None
+        self.buffers_nonfinite: torch.Tensor | None = None  # the buffers' check of this step
         self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
 
     # --- fit and batch boundaries ------------------------------------------------------------
@@ -108,8 +109,14 @@ class Protection:
         self.guard.cover(trainer.optimizers)
         self.live.keep_batches = self.root_cause and self.root_causes < self.max_root_causes
         rng = capture_rng() if self.live.keep_batches else None
-        if self.live.begin(batch, index, rng) and self._buffers is not None:
-            self._buffers.begin()
+        if self.live.begin(batch, index, rng) and self._fit is not None:
+            module = self._fit[1]
+            if self._buffers is not None:
+                self._buffers.begin()
+            # Before the forward: the check covers what earlier steps left (a skipped step's
+            # own forward is undone by `BufferWatch`). A device count: read with the step.
+            device = next((p.device for p in module.parameters()), torch.device("cpu"))
+            self.buffers_nonfinite = count_nonfinite(module.buffers(), device)
 
     def measured(self, optimizer: torch.optim.Optimizer, step: Measured) -> None:
         """A step was measured in ``on_before_optimizer_step``. An optimizer that is not
@@ -164,6 +171,8 @@ class Protection:
             values, lrs=self._lrs(optimizer), weights_bad=step.weights_bad,
             stepping_past=stepping_past,
         )  # fmt: skip
+        if step.skip and self._buffers is not None:
+            self._buffers.end(restore=True)  # at once: before any other callback looks
         if self.verify is not None:
             return Verdict(step.skip, self.verify)
         risky = risky_arithmetic(optimizer, values.get(GRAD_NORM, math.inf))

@@ -52,7 +52,10 @@ class BufferWatch:
                         self._copies[key] = buf.detach().clone()
 
     def end(self, restore: bool) -> None:
-        """At the end of the step: put every buffer back (`restore`), or learn which changed."""
+        """At the end of the step: put every buffer back (`restore`), or learn which changed.
+        Once per `begin`: a second call does nothing."""
+        if not self._refs:
+            return
         with torch.no_grad():
             for module, name, buf in self._refs:
                 key = (id(module), name)
