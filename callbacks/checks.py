@@ -145,6 +145,7 @@ def root_cause(
     guard: StepGuard | None,
     step: int,
     strict: bool = False,
+    quiet: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> Finding | None:
     """Replay the failing step's micro-batches (same weights, same batches, same RNG) in a
     sandbox and name the module; the first micro-batch that reproduces the fault is reported.
@@ -152,13 +153,14 @@ def root_cause(
     Micro-batches whose loss was non-finite are replayed first, then the others in order. No
     optimizer can step inside (the guard is inert, ``self.optimizers()`` hands out inert
     stand-ins, ``manual_backward`` only backpropagates); gradients, buffers, RNG and the modules'
-    attributes are put back. None when the replay itself failed (warned; raised when `strict`).
+    attributes are put back; `quiet` keeps the monitor's own hooks out of it. None when the
+    replay itself failed (warned; raised when `strict`).
     Under DDP every rank joins the all-gather of the answers, failed or not, so none waits.
     """
     where: Localization | None = None
     index = 0
     try:
-        with _replaying(pl_module, guard) as box:
+        with quiet(), _replaying(pl_module, guard) as box:
             for index in _replay_order(micro):
                 run = _step_runner(trainer, pl_module, micro[index], loss_scale)
                 rng = micro[index].rng

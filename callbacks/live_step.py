@@ -10,7 +10,6 @@ and the reports read one state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,10 +89,9 @@ class LiveStep:
         """The measurement of this optimizer's coming step, if its hook ran."""
         return self._by_optimizer.get(id(optimizer))
 
-    def end(self) -> tuple[list[Measured], Sequence[MicroBatch]]:
-        """The batch is done: its steps and micro-batches (none while accumulating)."""
-        if not self.steps:
-            return [], ()
-        steps, micro = self.steps, self.micro
-        self.steps, self.micro, self._by_optimizer = [], [], {}
-        return steps, micro
+    def end(self) -> list[Measured]:
+        """The batch is done: its steps (none while accumulating)."""
+        steps = self.steps
+        if steps:
+            self.steps, self.micro, self._by_optimizer = [], [], {}
+        return steps

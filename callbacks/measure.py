@@ -85,6 +85,7 @@ class Measured:
     skip: bool = False  # the guard skipped the optimizer step
     reason: str = ""  # why (`stabilizer.callbacks.guard.decide`)
     reverted: bool = False  # the guard undid the step's non-finite update
+    replayed: bool = False  # its root cause was looked for
     found: list[Finding] = field(default_factory=list)  # the monitor's own findings of the step
     probe: GradProbe | None = None  # the probe that measured it (whether its gradients changed)
 

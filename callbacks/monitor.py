@@ -165,6 +165,7 @@ class StabilityMonitor(pl.Callback):
                 max_root_causes=self.MAX_ROOT_CAUSES,
                 lr_factor=lambda: self.auto.lr.factor if self.auto is not None else 1.0,
                 stepping_past=lambda s: self.auto is not None and self.auto.skip.active(s),
+                inert=self._sandboxed,
                 strict=strict,
             )
             if policy != "observe"
@@ -259,12 +260,11 @@ class StabilityMonitor(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
-        steps, micro = self.live.end()
+        steps = self.live.end()
         if not steps:  # an accumulating micro-batch: no optimizer step yet
             return
         if self.protection is not None:
-            with self._sandboxed():
-                self.protection.end_batch(trainer, pl_module, steps, micro)
+            self.protection.end_batch(trainer, steps)
         for step in steps:
             if self._deferred(step):
                 self._report_pending(trainer, pl_module)

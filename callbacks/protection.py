@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 import lightning.pytorch as pl
 import torch
@@ -31,7 +32,7 @@ from stabilizer.live.tensors import all_finite, count_nonfinite, optimizer_state
 
 from .checks import root_cause
 from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, StepGuard, Verdict, decide, risky_arithmetic
-from .live_step import LiveStep, MicroBatch
+from .live_step import LiveStep
 from .measure import Measured
 
 __all__ = ["Protection", "user_code_after"]
@@ -67,6 +68,7 @@ class Protection:
         max_root_causes: Replays allowed over the run.
         lr_factor: The LR multiplier in force (policy ``auto``), read at each step.
         stepping_past: Whether ``auto`` is stepping past bad data at a step.
+        inert: The monitor's context in which its own hooks ignore what runs (a replay).
         strict: Raise on an internal error instead of warning.
     """
 
@@ -80,11 +82,12 @@ class Protection:
         max_root_causes: int,
         lr_factor: Callable[[], float],
         stepping_past: Callable[[int], bool],
+        inert: Callable[[], AbstractContextManager[None]],
         strict: bool,
     ) -> None:
         self.live, self.verify, self.stop_after = live, verify, stop_after
         self.root_cause, self.max_root_causes, self.strict = root_cause, max_root_causes, strict
-        self._lr_factor, self._stepping_past = lr_factor, stepping_past
+        self._lr_factor, self._stepping_past, self._inert = lr_factor, stepping_past, inert
         self.guard = StepGuard(self._judge, self._reverted)
         self.bad_in_a_row = 0  # consecutive bad steps
         self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
@@ -123,6 +126,10 @@ class Protection:
         guarded yet (replaced inside this batch) is guarded from its next step on; this one is
         judged here, the latest point left, and a skip drops its gradients (torch optimizers
         pass over parameters without one)."""
+        if step.scaled and step.bad:
+            # Under a grad scaler a NaN loss makes NaN gradients: the scaler, not the guard,
+            # skips the step, so the replay runs here, before it (this reads the numbers now).
+            self._replay(step)
         if self.guard.covers(optimizer):
             return
         self.guard.cover([optimizer])
@@ -131,18 +138,15 @@ class Protection:
                 for p in group["params"]:
                     p.grad = None
 
-    def end_batch(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, steps: Sequence[Measured],
-        micro: Sequence[MicroBatch],
-    ) -> None:  # fmt: skip
-        """After the batch's steps: buffers back if one was skipped, the weights' check, the
-        root cause of a first bad step, the counting and the stop."""
+    def end_batch(self, trainer: pl.Trainer, steps: Sequence[Measured]) -> None:
+        """After the batch's steps: buffers back if one was skipped (a scaler's skip), the
+        weights' check, the monitor's own findings of a first bad step, counting and stop."""
         if self._buffers is not None:
             self._buffers.end(restore=any(s.skipped for s in steps))
         for step in steps:
             self._weights_checked(trainer, step)
             if step.bad and self.bad_in_a_row == 0:
-                self._first_bad(trainer, pl_module, step, micro)
+                self._first_bad(step)
             self._count(trainer, step)
 
     def finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Finding]:
@@ -173,6 +177,8 @@ class Protection:
         )  # fmt: skip
         if step.skip and self._buffers is not None:
             self._buffers.end(restore=True)  # at once: before any other callback looks
+        if step.skip and step.bad:
+            self._replay(step)  # before the step, as the user's code saw it
         if self.verify is not None:
             return Verdict(step.skip, self.verify)
         risky = risky_arithmetic(optimizer, values.get(GRAD_NORM, math.inf))
@@ -243,25 +249,34 @@ class Protection:
             {"checked_step": float(step)}, ("optimizer",), ("rollback",),
         )  # fmt: skip
 
-    def _first_bad(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        step: Measured,
-        micro: Sequence[MicroBatch],
-    ) -> None:
+    def _first_bad(self, step: Measured) -> None:
+        """The findings of a first bad step that only the monitor knows (no replay needed)."""
         if step.reason == UNCHECKED or step.numbers is None:
             step.found.append(step.unchecked())
+        elif step.reason == BAD_LR:  # the cause is known: no replay of the batch
+            step.found.append(_bad_lr_finding(step))
+
+    def _replay(self, step: Measured) -> None:
+        """Name the cause of the first bad step of an episode: replay its micro-batches."""
+        micro = self.live.micro
+        if (
+            step.replayed
+            or self.bad_in_a_row
+            or step.reason in (UNCHECKED, BAD_LR, BAD_WEIGHTS)
+            or step.weights_bad
+            or not self.live.keep_batches
+            or not micro
+            or micro[0].batch is None
+            or self._fit is None
+        ):
             return
-        if step.reason in (BAD_LR, BAD_WEIGHTS):
-            if step.reason == BAD_LR:  # the cause is known: no replay of the batch
-                step.found.append(_bad_lr_finding(step))
-            return
-        if not self.live.keep_batches or not micro or micro[0].batch is None:
-            return
+        step.replayed = True
         self.root_causes += 1  # every rank replays: the answers are gathered from all of them
-        scale = step.loss_scale
-        found = root_cause(trainer, pl_module, micro, scale, self.guard, step.step, self.strict)
+        trainer, pl_module = self._fit
+        found = root_cause(
+            trainer, pl_module, micro, step.loss_scale, self.guard, step.step, self.strict,
+            self._inert,
+        )  # fmt: skip
         if found is not None:
             step.found.append(found)
 

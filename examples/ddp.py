@@ -1,6 +1,6 @@
 """The monitor under DDP: 2 CPU processes over gloo, a NaN on one rank skips the step on both.
 
-    python examples/ddp.py --steps 20 --nan-at 10
+    python examples/ddp.py --steps 20 --nan-at 10 [--accumulate 2] [--jsonl PATH]
 
 The LM of ``examples/own_module.py``, trained with ``Trainer(strategy="ddp", devices=2)``. With
 ``--nan-at`` block 1 outputs NaN at that step on rank 1 only. The monitor reduces its numbers
@@ -68,12 +68,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--nan-at", type=int, default=-1, help="step whose block 1 goes NaN")
     parser.add_argument("--log-dir", default="runs/ddp")
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
+    parser.add_argument("--jsonl", default=None, help="the JSONL's path (default: in --log-dir)")
     args = parser.parse_args()
     torch.manual_seed(0)  # the same data on every rank; each reads its half of the batches
-    data = TensorDataset(torch.randint(0, VOCAB, (args.steps * 16, 16)))
+    data = TensorDataset(torch.randint(0, VOCAB, (args.steps * 16 * args.accumulate, 16)))
     model = MyLM()
     inject_nan(model, args.nan_at)
-    monitor = StabilityMonitor()
+    monitor = StabilityMonitor(jsonl=args.jsonl or True)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
@@ -85,6 +87,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         gradient_clip_val=1.0,
+        accumulate_grad_batches=args.accumulate,
         callbacks=[monitor],
     )
     trainer.fit(model, DataLoader(data, batch_size=8))

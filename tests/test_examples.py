@@ -86,6 +86,22 @@ def test_hf_gpt2_example(tmp_path: Path) -> None:
     assert "transformer.h.1.mlp produced NaN/Inf in the forward pass" in report.stdout
 
 
+def test_ddp_a_failing_jsonl_on_rank_0_hangs_nobody(tmp_path: Path) -> None:
+    """Rank 0's JSONL writes fail (``/dev/full``: no space left), the NaN is on rank 1 in an
+    accumulated step: every rank still joins the root cause's collective, the console goes on,
+    the replicas stay identical, and the cause is rank 1's first micro-batch."""
+    out = _run(sys.executable, "examples/ddp.py", "--steps", "8", "--nan-at", "4",
+               "--accumulate", "2", "--jsonl", "/dev/full", "--log-dir", str(tmp_path),
+               OMP_NUM_THREADS="1")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = re.findall(r"^rank (\d): step (\d+), (\d+) skipped, weights (\w+)$", out.stdout, re.M)
+    assert sorted(r[:3] for r in ranks) == [("0", "8", "1"), ("1", "8", "1")], out.stdout
+    assert ranks[0][3] == ranks[1][3]
+    assert "the jsonl output stopped after an error" in out.stderr
+    assert "root_cause [blocks.1]: rank 1: micro-batch 1 of 2: " in out.stderr
+    assert "stabilizer: done at step 8" in out.stderr  # the console outlived the JSONL
+
+
 def test_ddp_example_nan_on_one_rank_skips_everywhere(tmp_path: Path) -> None:
     """``protect`` under ``Trainer(strategy="ddp")``, 2 CPU ranks over gloo: a NaN on rank 1
     skips the step on both, the replicas stay identical, rank 0 alone reports."""
