@@ -423,3 +423,30 @@ def test_masked_lm_on_a_trainer_gets_an_info_not_a_critical(tmp_path: Path) -> N
 def test_the_causal_check_switched_off_alone(tmp_path: Path) -> None:
     found = _fit_masked_lm(tmp_path, preflight={"causal": False}).findings
     assert not [f for f in found if f.kind == "causal_leak"]
+
+
+class SequenceClassifier(nn.Module):
+    """Bidirectional encoder pooled to (batch, classes): no positions in its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(64, 8), nn.Linear(8, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.embed(ids).mean(dim=1))  # (B, classes)
+
+
+def test_a_sequence_classifier_gets_no_causal_finding() -> None:
+    ids = torch.randint(0, 64, (2, 8))
+    assert causal_self_check(SequenceClassifier(), ids) == []
+
+
+def test_adam_with_eps_zero_is_a_config_risk() -> None:
+    from stabilizer.live.preflight import optimizer_risks
+
+    layer = nn.Linear(2, 2)
+    (risk,) = optimizer_risks([torch.optim.Adam(layer.parameters(), eps=0.0)])
+    assert risk.kind == "config_risk" and risk.severity == Severity.WARNING
+    assert "eps=0" in risk.message
+    assert optimizer_risks([torch.optim.Adam(layer.parameters())]) == []
+    assert optimizer_risks([torch.optim.SGD(layer.parameters(), lr=0.1)]) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from stabilizer.demo.config import GPTConfig
@@ -74,3 +76,50 @@ def test_a_group_without_any_gradient_is_gradless_not_zero() -> None:
     probe = GradProbe(pre)
     probe()
     assert probe.gradless == set()
+
+
+def _probe_of(*grads: torch.Tensor) -> dict[str, float]:
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    module = torch.nn.Module()
+    for i, p in enumerate(params):
+        module.register_parameter(f"p{i}", p)
+    probe = GradProbe(module)
+    return dict(zip(probe.keys, probe().tolist(), strict=True))
+
+
+def test_a_huge_finite_gradient_is_finite() -> None:
+    # 1e20 squared overflows float32: the norms are accumulated in float64.
+    values = _probe_of(torch.full((4,), 1e20))
+    assert values["nonfinite_grads"] == 0.0
+    assert abs(values["grad_norm"] - 2e20) < 1e14
+
+
+def test_fp64_and_complex_gradients_are_checked_exactly() -> None:
+    finite = _probe_of(
+        torch.tensor([3.0, 4.0], dtype=torch.float64) * 1e200,
+        torch.tensor([3 + 4j], dtype=torch.complex64),
+    )
+    assert finite["nonfinite_grads"] == 0.0
+    bad = _probe_of(
+        torch.tensor([1.0, math.inf], dtype=torch.float64),
+        torch.tensor([complex(math.nan, 0.0)], dtype=torch.complex64),
+        torch.ones(2, dtype=torch.bfloat16),
+    )
+    assert bad["nonfinite_grads"] == 2.0
+    assert _probe_of(torch.tensor([3 + 4j], dtype=torch.complex64))["grad_norm"] == 5.0
+
+
+def test_untouched_sees_in_place_writes_and_new_gradients() -> None:
+    layer = torch.nn.Linear(2, 2)
+    layer(torch.ones(1, 2)).sum().backward()
+    probe = GradProbe(layer)
+    probe()
+    assert probe.untouched()
+    assert layer.weight.grad is not None
+    layer.weight.grad.mul_(2.0)  # a clipping hook
+    assert not probe.untouched()
+    probe()
+    layer.bias.grad = torch.zeros(2)  # a new gradient object
+    assert not probe.untouched()

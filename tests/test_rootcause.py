@@ -329,3 +329,27 @@ def test_the_finding_of_a_nan_made_in_the_loss_points_at_the_loss_code() -> None
     forward = _finding(7, Localization(phase="forward", module="model.blocks.1.mlp"))
     assert forward.location == ("blocks.1.mlp",) and "model." not in forward.message
     assert "numerical fault" in forward.message and "upcast_to_fp32" in forward.remedies
+
+
+def test_a_nan_weight_no_module_used_is_not_the_cause() -> None:
+    # An unused parameter holding NaN (a stale init): the NaN of the loss comes from elsewhere.
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    net.unused = nn.Linear(2, 2)
+    with torch.no_grad():
+        net.unused.weight.fill_(math.nan)
+    x = torch.ones(1, 4)
+    loc = locate_nonfinite(net, lambda: net(x).sum() / 0.0 * 0.0)
+    assert loc.phase == "loss"
+
+
+def test_a_nan_batch_is_the_input_whichever_module_sees_it_first() -> None:
+    # The batch goes through a submodule (the LightningModule's `self.net(x)`), never the root.
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+
+    wrapper = Wrapper()
+    x = torch.tensor([[1.0, math.nan, 0.0, 0.0]])
+    loc = locate_nonfinite(wrapper, lambda: wrapper.net(x).sum(), inputs=(x, torch.zeros(1)))
+    assert (loc.phase, loc.message) == ("input", "the input batch holds NaN/Inf")

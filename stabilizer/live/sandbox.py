@@ -47,6 +47,8 @@ def sandbox(model: nn.Module) -> Iterator[Sandboxed]:
     buffers = [
         (b, b.detach().clone()) for m in modules for b in m._buffers.values() if b is not None
     ]
+    for _, p in params:
+        p.grad = None  # a backward inside would accumulate into the caller's gradients
     try:
         yield report
     finally:

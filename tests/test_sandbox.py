@@ -1,0 +1,73 @@
+"""`sandbox`: what runs inside leaves gradients, buffers, attributes and RNG as they were."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+from stabilizer.live.buffers import BufferWatch
+from stabilizer.live.sandbox import sandbox
+
+
+class Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.norm = nn.Linear(3, 3), nn.BatchNorm1d(3)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.norm(self.lin(x))
+
+
+def test_sandbox_puts_everything_back() -> None:
+    model = Counting()
+    model(torch.randn(4, 3)).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    copies = [g.clone() for g in grads if g is not None]
+    stats = [b.clone() for b in model.buffers()]
+    torch.manual_seed(1)
+    expected = (torch.rand(1), np.random.rand(), random.random())
+    torch.manual_seed(1)
+    with sandbox(model) as box:
+        model.eval()
+        model.train()
+        model(torch.randn(4, 3) * 1e3).sum().backward()  # new stats, new grads, RNG drawn
+        torch.rand(5)
+        np.random.rand(3)
+        random.random()
+        model.lin.weight.requires_grad_(False)
+    assert box.changed == []
+    assert model.calls == 1 and model.training
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))  # same objects
+    assert all(
+        torch.equal(a, b) for a, b in zip(copies, [g for g in grads if g is not None], strict=True)
+    )
+    assert all(torch.equal(a, b) for a, b in zip(stats, model.buffers(), strict=True))
+    assert model.lin.weight.requires_grad
+    assert (torch.rand(1), np.random.rand(), random.random()) == expected
+
+
+def test_sandbox_names_a_parameter_written_in_place() -> None:
+    model = Counting()
+    with sandbox(model) as box, torch.no_grad():
+        model.lin.bias.add_(1.0)
+    assert box.changed == ["lin.bias"]
+
+
+def test_buffer_watch_restores_running_statistics_and_learns_what_changes() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    model.register_buffer("fixed", torch.ones(3))
+    watch = BufferWatch(model)
+    for _ in range(BufferWatch.LEARN_STEPS):  # learning: everything is copied and compared
+        watch.begin()
+        model(torch.randn(4, 2))
+        watch.end(restore=False)
+    before = [b.clone() for b in model.buffers()]
+    watch.begin()
+    model(torch.full((4, 2), float("nan")))  # a NaN batch: BatchNorm's statistics go NaN
+    watch.end(restore=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True))
