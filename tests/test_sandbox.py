@@ -29,9 +29,7 @@ def test_sandbox_puts_everything_back() -> None:
     grads = [p.grad for p in model.parameters()]
     copies = [g.clone() for g in grads if g is not None]
     stats = [b.clone() for b in model.buffers()]
-    torch.manual_seed(1)
-    expected = (torch.rand(1), np.random.rand(), random.random())
-    torch.manual_seed(1)
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
     with sandbox(model) as box:
         model.eval()
         model.train()
@@ -48,7 +46,8 @@ def test_sandbox_puts_everything_back() -> None:
     )
     assert all(torch.equal(a, b) for a, b in zip(stats, model.buffers(), strict=True))
     assert model.lin.weight.requires_grad
-    assert (torch.rand(1), np.random.rand(), random.random()) == expected
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert (np.random.get_state()[1] == states[1]).all() and random.getstate() == states[2]
 
 
 def test_sandbox_names_a_parameter_written_in_place() -> None:
