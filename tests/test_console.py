@@ -98,7 +98,7 @@ def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> No
     assert printed[3:5] == [folded, "root cause at 5 more steps (14…46)"]
     assert printed[-1].startswith(
         "done at step 48: 12 findings (12 error), worst: step 6 nonfinite_loss; "
-        "6 steps skipped, weights intact"
+        "6 steps skipped, weights checked finite at the end"
     )
     assert len(printed) == 6  # start, NaN, root cause, two folds, end: not two printed per NaN
 
@@ -106,7 +106,8 @@ def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> No
 def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
     console = _console()
     for step in range(0, 200, 8):
-        record = StepRecord(step, {"skipped": 1.0})
+        # Each step's weights were checked finite before it, and its update skipped.
+        record = StepRecord(step, {"skipped": 1.0, "nonfinite_weights": 0.0})
         console.report(record, [_nan(step)])
     assert printed[0].startswith("step 0 error nonfinite_loss")
     assert printed[1:4] == [
@@ -116,6 +117,15 @@ def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
     ]
     console.finish(200)
     assert printed[4] == "NaN/Inf loss at 3 more steps (176…192), each skipped; weights intact"
+
+
+def test_no_claim_about_the_weights_without_their_check(printed: list[str]) -> None:
+    console = _console()
+    console.report(StepRecord(0, {"skipped": 1.0}), [_nan(0)])  # skipped, weights not checked
+    console.report(StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}), [_nan(8)])
+    console.finish(10, skipped=2, intact=False)
+    assert printed[0].endswith("step skipped -> try: upcast_to_fp32, rollback")
+    assert "NOT intact" in printed[-1] and "weights intact" not in " ".join(printed)
 
 
 def test_remedy_applied_and_critical_findings_always_print(printed: list[str]) -> None:

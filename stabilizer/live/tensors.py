@@ -33,8 +33,8 @@ def stored_values(t: Tensor) -> Tensor:
 
 
 def _real(t: Tensor) -> Tensor:
-    """A dense real view: complex as (re, im) pairs, sparse as its stored values."""
-    t = stored_values(t.detach())
+    """A dense real view (under ``no_grad``): complex as (re, im) pairs, sparse as its values."""
+    t = stored_values(t)
     return torch.view_as_real(t) if t.is_complex() else t
 
 
@@ -52,12 +52,12 @@ def l2_norms(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     when the tensor holds a NaN or an Inf. An fp64 tensor is scaled by its largest magnitude
     first, for the same guarantee.
     """
-    real = [_real(g) for g in grads]
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, g in enumerate(real):
-        by_dtype.setdefault(g.dtype, []).append(i)
-    norms: list[Tensor] = [torch.empty(())] * len(real)
     with torch.no_grad():
+        real = [_real(g) for g in grads]
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, g in enumerate(real):
+            by_dtype.setdefault(g.dtype, []).append(i)
+        norms: list[Tensor] = [torch.empty(())] * len(real)
         for dtype, idx in by_dtype.items():
             ts = [real[i] for i in idx]
             if dtype == torch.float64:
@@ -83,12 +83,12 @@ def count_nonfinite(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
     left out, so that the count never waits for a copy; integer tensors cannot be non-finite.
     Uses the max-abs norm, which cannot overflow.
     """
-    by_dtype: dict[torch.dtype, list[Tensor]] = {}
-    for t in _checkable(tensors):
-        if t.device == device:
-            by_dtype.setdefault(t.dtype, []).append(t)
-    count = torch.zeros((), dtype=torch.float32, device=device)
     with torch.no_grad():
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for t in _checkable(tensors):
+            if t.device == device:
+                by_dtype.setdefault(t.dtype, []).append(t)
+        count = torch.zeros((), dtype=torch.float32, device=device)
         for ts in by_dtype.values():
             peaks = torch.stack(torch._foreach_norm(ts, ord=math.inf))
             count = count + (~torch.isfinite(peaks)).sum().float()
@@ -98,10 +98,10 @@ def count_nonfinite(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
 def all_finite(tensors: Iterable[Tensor]) -> bool:
     """Whether every element of every floating or complex tensor is finite (waits for the
     device: one host sync per device and dtype). Integer and empty tensors are skipped."""
-    by_key: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-    for t in _checkable(tensors):
-        by_key.setdefault((t.device, t.dtype), []).append(t)
     with torch.no_grad():
+        by_key: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+        for t in _checkable(tensors):
+            by_key.setdefault((t.device, t.dtype), []).append(t)
         flags = [
             torch.stack(torch._foreach_norm(ts, ord=math.inf)).isfinite().all().cpu()
             for ts in by_key.values()
