@@ -15,8 +15,9 @@ device sync at the window's two ends only (none per step: a per-step sync would 
 waits the monitor must not add). Modes are interleaved round by round so that drifts of a shared
 machine hit them alike; the table shows the median over rounds of each mode's time per step and
 its ratio to ``none``. The monitor's own hooks are also timed (host time spent inside them per
-step, in the window): on a CPU that is the overhead, free of step-time noise; on a GPU it is host
-time that overlaps the device's work unless it waits. Then one ``protect`` run with a NaN at one
+step, in the window, the guard's judge inside the optimizer step included): on a CPU that is the
+overhead, free of step-time noise; on a GPU it is host time that overlaps the device's work
+unless it waits. Then one ``protect`` run with a NaN at one
 step times the root-cause replay, paid only on a failing step.
 Results are recorded in docs/benchmarks.md.
 """
@@ -59,6 +60,17 @@ class TimedMonitor(StabilityMonitor):  # type: ignore[misc]
     def __init__(self, policy: str) -> None:
         super().__init__(policy=policy, jsonl=False)
         self.hook_time, self.timing = 0.0, False
+        if self.protection is not None:  # the guard's judge runs inside the optimizer step
+            guard, judge = self.protection.guard, self.protection.guard._judge
+
+            def timed_judge(optimizer: Any) -> Any:
+                t = time.perf_counter()
+                out = judge(optimizer)
+                if self.timing:
+                    self.hook_time += time.perf_counter() - t
+                return out
+
+            guard._judge = timed_judge
 
     def _timed(self, hook: str, *args: Any) -> None:
         t = time.perf_counter()

@@ -60,6 +60,8 @@ class StabilityMonitor(pl.Callback):
                                   ``LearningRateMonitor`` numbers them: ``pg1`` is ``lr``)
     ``loss_scale``, ``skipped``   fp16 grad scaler's scale; 1 when the step's update was skipped
     ``nonfinite_update``          1 when the guard undid an update that made weights non-finite
+    ``nonfinite_weights``         protect/auto: parameters, optimizer-state tensors and buffers
+                                  holding NaN/Inf before the step (the last update's check)
     ``clip_val``, ``clipped``     gradient clipping threshold; 1 when clipping fired
     ``act_absmax/<module>``       max |activation| (norm inputs, attention, MLP), at the sampled
                                   steps only (every ``activation_every``)
@@ -72,11 +74,13 @@ class StabilityMonitor(pl.Callback):
     TensorBoard also gets a custom-scalars layout (all per-layer gradient norms in one chart),
     a layers × steps heatmap image every ``heatmap_every`` steps, and findings as text.
 
-    Policies (see ``docs/protection.md``): ``"protect"`` (default) skips the optimizer step of any
-    step whose loss or gradients are non-finite (the optimizer never sees it: parameters and
-    optimizer state stay untouched; ``skipped`` = 1), undoes a step that turned the weights
-    non-finite (``guard_optimizer``), and stops the Trainer after ``stop_after`` non-finite steps
-    in a row. ``"observe"`` only detects and reports. ``"auto"`` protects and also applies the
+    Policies (see ``docs/protection.md``): ``"protect"`` (default) decides inside each
+    optimizer step, after every hook and the clipping, and skips a step whose loss, gradients or
+    LR are non-finite (the optimizer never sees it: parameters, optimizer state and buffers stay
+    untouched; ``skipped`` = 1); copies and checks a step whose arithmetic can overflow
+    (``guard_optimizer``); checks every step's result in the next step's measurement; and stops
+    the Trainer after ``stop_after`` bad steps in a row, or at once when the weights are found
+    non-finite. ``"observe"`` only detects and reports. ``"auto"`` protects and also applies the
     remedies of :class:`~stabilizer.callbacks.auto.AutoRemedies` (clipping, fp32 norms and
     softmax, pre-LN, LR cut, rollback), each application a ``remedy_applied`` finding. The LR
     scheduler still advances on skipped steps, as it does when an fp16 grad scaler skips one.
@@ -100,14 +104,16 @@ class StabilityMonitor(pl.Callback):
         strict: Raise on an internal error of the monitor instead of warning once (training goes
             on either way when ``False``: an error in reporting stops the reports, never the
             protection; a step the guard cannot check is skipped).
-        guard_optimizer: ``protect`` only: copy parameters and optimizer state before each step
-            and undo the step if it made them non-finite. ``None``: when parameters are fp16 or
-            bf16 (``16-true``, ``bf16-true``), where the optimizer's own arithmetic can overflow.
+        guard_optimizer: ``protect`` only: copy parameters and optimizer state before a step
+            and undo the step if it made them non-finite: ``True`` every step, ``False`` none,
+            ``None`` where the optimizer's own arithmetic can overflow from finite gradients
+            (fp16/bf16 parameters, Adam-style ``eps=0``, a huge gradient; LBFGS always).
         stop_after: ``protect`` only: stop the Trainer (``trainer.should_stop``) after this many
             non-finite steps in a row; ``None`` never stops.
         root_cause: ``protect`` only: on the first step of each non-finite episode, replay the
-            step under hooks and name the module that produced the NaN/Inf (``root_cause``
-            finding; at most `MAX_ROOT_CAUSES` a run). Costs one forward+backward, then only.
+            step's micro-batches under hooks, in a sandbox, and name the module (and
+            micro-batch, and rank) that produced the NaN/Inf (``root_cause`` finding; at most
+            `MAX_ROOT_CAUSES` a run). Costs a forward+backward per micro-batch, then only.
         preflight: At the first training batch, check the configuration (``config_risk``) and
             run the causal self-check (``causal_leak``). ``True``, ``False``, or a dict that
             switches single checks off: ``{"causal": False}`` (names in
