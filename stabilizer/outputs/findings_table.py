@@ -12,7 +12,7 @@ every version instead, the newest last.
 `episodes` merges the versions of an episode: a finding continues an earlier one when it has the
 same kind and first step, both have a last step, and they name the same places or one names
 none. Findings of one batch (one step's report) and those without a last step (set-up checks)
-are each their own.
+are each their own; a finding equal to a row is no news.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class Episodes:
         earlier = len(self._rows)  # rows of this batch never merge with each other
         changed = False
         for finding in batch:
+            if finding in self._rows:  # the same news again
+                continue
             index = next((i for i in range(earlier) if _continues(finding, self._rows[i])), None)
             if index is None:
                 self._rows.append(finding)
