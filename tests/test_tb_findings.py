@@ -111,19 +111,19 @@ def test_episodes_merge_the_versions_of_one_episode(
 def test_the_table_counts_episodes_and_shortens_a_long_band() -> None:
     rows = [_f("config_risk", 0, None, INFO), _f("depth_imbalance", 27, 199, WARNING, "x", BAND)]
     markdown = findings_text(rows, as_of=200).value[0].tensor.string_val[0].decode()
-    assert markdown.startswith("**2 episodes as of step 200**: 1 warning, 1 info (one row per")
-    assert "| 27–199 | warning | depth_imbalance | x | `block_00`, … 7 more …, `block_08` |" in (
+    assert markdown.startswith("**2 episodes as of step 200**: 1 warning, 1 info (one line per")
+    assert "- **steps 27–199 warning depth_imbalance** [`block_00`, … 7 more …, `block_08`]: x" in (
         markdown
     )
     assert findings_text([], as_of=7).value[0].tensor.string_val[0] == b"No findings as of step 7."
 
 
-_ROW = re.compile(r"<tr>\s*<td>(\d+)(?:–(\d+))?</td>\s*<td>(\w+)</td>\s*<td>(\w+)</td>")
+_ITEM = re.compile(r"<li><strong>steps? (\d+)(?:–\d+)? (\w+) (\w+)</strong>")
 
 
 def _rows(html: str) -> list[tuple[str, int]]:
-    """(kind, first step) of each row of a served findings table."""
-    return [(kind, int(first)) for first, _, _, kind in _ROW.findall(html)]
+    """(kind, first step) of each line of a served findings table, as TensorBoard renders it."""
+    return [(kind, int(first)) for first, _, kind in _ITEM.findall(html)]
 
 
 def _texts(opener: Any, base: str, proc: Any, run: str, ready: Callable[[Any], bool]) -> Any:

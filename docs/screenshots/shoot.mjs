@@ -15,17 +15,27 @@ const context = await chromium.launchPersistentContext(PROFILE, {
 });
 const page = context.pages()[0] ?? (await context.newPage());
 
-// The sidebar (runs and their colours) and the first row of a dashboard's cards.
+// Show only the runs whose names match ``regex`` (the sidebar's run filter).
+async function onlyRuns(regex) {
+  await page.getByPlaceholder('Write a regex to filter runs').last().fill(regex);
+  await page.waitForTimeout(1000);
+}
+
+// The page down to the sidebar's runs (their colours) or ``bottom``, whichever is lower.
 async function shootTop(name, bottom) {
+  const runs = await page.getByText('Toggle all runs').last().boundingBox();
   const box = await bottom.boundingBox();
+  const height = Math.max(runs.y + runs.height, box.y + box.height) + 16;
   await page.screenshot({
     path: `${OUT}/${name}`,
-    clip: { x: 0, y: 0, width: 1400, height: Math.min(1000, box.y + box.height + 16) },
+    clip: { x: 0, y: 0, width: 1400, height: Math.min(1000, height) },
   });
 }
 
-// (a) Custom Scalars: the per-layer charts, log10 and raw, at their default size.
+// (a) Custom Scalars: the per-layer charts, log10 and raw, at their default size; the runs of
+// 4 and 12 blocks.
 await page.goto(`${TB_URL}/#custom_scalars`);
+await onlyRuns('blocks');
 const raw = page
   .locator('tf-custom-scalar-multi-line-chart-card')
   .filter({ hasText: /^\s*gradient norm per layer\s/ });
@@ -33,15 +43,17 @@ await raw.waitFor();
 await page.waitForTimeout(2000); // the lines load and draw
 await shootTop('tensorboard-custom-scalars.png', raw);
 
-// (b) Images: the heatmap of each run at its actual size.
+// (b) Images: the heatmap of each of those runs at its actual size.
 await page.goto(`${TB_URL}/#images`);
+await onlyRuns('blocks');
 await page.getByText('Show actual image size').click();
 await page.locator('img').last().waitFor();
 await page.waitForTimeout(1000);
 await page.screenshot({ path: `${OUT}/tensorboard-heatmap.png` });
 
-// (c) Text: the findings table of the nan run, every episode one row.
+// (c) Text: the findings of the nan run, every episode one line.
 await page.goto(`${TB_URL}/#text`);
+await onlyRuns('nan');
 const table = page.locator('tf-text-loader').filter({ hasText: 'nonfinite_loss' });
 await table.waitFor();
 await page.waitForTimeout(1000);

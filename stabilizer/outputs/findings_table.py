@@ -1,4 +1,4 @@
-"""The findings as one TensorBoard text entry: one row per episode, updated in place.
+"""The findings as one TensorBoard text entry: one line per episode, updated in place.
 
 A detector reports an episode again as it grows or ends (an fp16 overflow cascade as an error,
 then as over; a depth imbalance at its patience, then at the end of the run), and the monitor
@@ -17,6 +17,7 @@ are each their own; a finding equal to a row is no news.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -90,26 +91,32 @@ def episodes(findings: Iterable[Finding]) -> list[Finding]:
     return merged.rows
 
 
-def _cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|")
+def _text(text: str) -> str:
+    """Plain text in markdown: no emphasis, code or link from a message's own characters."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", text)
+
+
+def _code(name: str) -> str:
+    return "`" + name.replace("`", "'") + "`"
 
 
 def _places(location: Sequence[str]) -> str:
     """Up to `_PLACES` names; a longer list as its first and last, with the count between."""
-    names = [f"`{_cell(name)}`" for name in location]
+    names = [_code(name) for name in location]
     if len(names) > _PLACES:
         names = [names[0], f"… {len(names) - 2} more …", names[-1]]
     return ", ".join(names)
 
 
-def _row(finding: Finding) -> str:
-    steps = str(finding.step)
+def _item(finding: Finding) -> str:
+    """One list item, worded as the console's line: ``**steps 60–63 error kind** [where]: ...``."""
+    steps = f"step {finding.step}"
     if finding.end_step is not None and finding.end_step != finding.step:
-        steps += f"–{finding.end_step}"
-    location = _places(finding.location)
-    remedies = ", ".join(f"`{name}`" for name in finding.remedies)
-    cells = (steps, finding.severity.name.lower(), finding.kind, _cell(finding.message))
-    return "| " + " | ".join((*cells, location, remedies)) + " |"
+        steps = f"steps {finding.step}–{finding.end_step}"
+    head = f"- **{steps} {finding.severity.name.lower()} {finding.kind}**"  # (snake_case: no em)
+    where = f" [{_places(finding.location)}]" if finding.location else ""
+    fix = f" → try: {', '.join(map(_code, finding.remedies))}" if finding.remedies else ""
+    return f"{head}{where}: {_text(finding.message)}{fix}"
 
 
 def _heading(rows: Sequence[Finding], as_of: int | None) -> str:
@@ -121,7 +128,7 @@ def _heading(rows: Sequence[Finding], as_of: int | None) -> str:
     plural = "episode" if len(rows) == 1 else "episodes"
     when = f" as of step {as_of}" if as_of is not None else ""
     return (
-        f"**{len(rows)} {plural}{when}**: {', '.join(counts)} (one row per episode: its worst "
+        f"**{len(rows)} {plural}{when}**: {', '.join(counts)} (one line per episode: its worst "
         "severity, its latest message)"
     )
 
@@ -129,10 +136,12 @@ def _heading(rows: Sequence[Finding], as_of: int | None) -> str:
 def findings_text(
     findings: Sequence[Finding], as_of: int | None = None, tag: str = FINDINGS_TAG
 ) -> Summary:
-    """The findings as a markdown table for TensorBoard's text dashboard, in the given order.
+    """The findings as markdown for TensorBoard's text dashboard, one list item each, in order.
 
-    A heading counts them by severity; columns: steps (``start–end``), severity, kind, message,
-    location, remedies. With no findings the text says so. Write it at `FINDINGS_STEP`.
+    A heading counts them by severity; each item reads as the console's line for the finding:
+    steps (``start–end``), severity and kind in bold, location, message, remedies. A list, not a
+    table: TensorBoard breaks table cells anywhere, so a six-column table wraps "severity" into
+    "severit / y". With no findings the text says so. Write it at `FINDINGS_STEP`.
 
     Args:
         findings: The rows, one per episode (see `episodes`).
@@ -143,9 +152,7 @@ def findings_text(
         lines = [
             _heading(findings, as_of),
             "",
-            "| steps | severity | kind | message | location | remedies |",
-            "|---|---|---|---|---|---|",
-            *(_row(finding) for finding in findings),
+            *(_item(finding) for finding in findings),
         ]
         markdown = "\n".join(lines)
     else:
