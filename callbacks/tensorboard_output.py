@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,13 @@ class TensorBoardOutput:
         writer: ``torch.utils.tensorboard.SummaryWriter`` (``TensorBoardLogger.experiment``).
         groups: The depth groups whose gradient norms are logged.
         window: Steps shown in the heatmap (the most recent ones).
+        earlier: The findings of the run before a resume: the table lists them too (a resumed
+            run that writes into the same TensorBoard run replaces the entry).
     """
 
-    def __init__(self, writer: Any, groups: list[str], window: int = 500) -> None:
+    def __init__(
+        self, writer: Any, groups: list[str], window: int = 500, earlier: Sequence[Finding] = ()
+    ) -> None:
         self._file = writer._get_file_writer()
         self._groups: list[str] | None = groups  # the layout is written with the first record
         self._keys = [
@@ -52,6 +57,8 @@ class TensorBoardOutput:
         self._rows: deque[list[float | None]] = deque(maxlen=window)
         self._last: dict[str, float] = {}
         self._episodes = Episodes()
+        for finding in earlier:
+            self._episodes.add([finding])
         self._step = 0  # the last record's step: what the findings table is "as of"
 
     def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:

@@ -174,3 +174,37 @@ def test_every_finding_of_real_runs_is_one_row_of_one_entry(
             else:  # what diagnose finds again: the NaN and the cascade, once each
                 assert {"nonfinite_loss", "fp16_overflow"} <= {kind for kind, _ in served_rows}
         assert FINDINGS_TAG in _get_json(opener, base + "/data/plugin/text/tags")["nan"]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_into_its_tensorboard_run_keeps_its_earlier_findings(
+    tmp_path: Path, one_thread: None
+) -> None:
+    # The resumed run writes a new event file into the same run; its table, at the same step,
+    # replaces the first run's, so it must list the first run's episodes too.
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from test_tb_layout import VOCAB, Stack
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stabilizer.callbacks import StabilityMonitor
+
+    def fit(steps: int, ckpt: str | None) -> None:
+        torch.manual_seed(0)
+        trainer = pl.Trainer(
+            accelerator="cpu", max_steps=steps, log_every_n_steps=1, enable_progress_bar=False,
+            logger=TensorBoardLogger(str(tmp_path), name="run", version=0),
+            enable_model_summary=False, callbacks=[StabilityMonitor(jsonl=False),
+            ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+        )  # fmt: skip
+        data = TensorDataset(torch.randint(0, VOCAB, (12, 6)))
+        trainer.fit(Stack(2), DataLoader(data, batch_size=4), ckpt_path=ckpt)
+
+    fit(3, None)
+    fit(6, str(tmp_path / "ckpt" / "last.ckpt"))
+    with served(tmp_path) as (opener, base, proc):
+        ready = lambda texts: "as of step 6" in str(texts)  # noqa: E731
+        (text,) = _texts(opener, base, proc, "run/version_0", ready)
+    assert _rows(text["text"]) == [("config_risk", 0)]  # no clipping: found by the first run
