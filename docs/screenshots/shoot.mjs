@@ -17,7 +17,7 @@ const page = context.pages()[0] ?? (await context.newPage());
 
 // Show only the runs whose names match ``regex`` (the sidebar's run filter).
 async function onlyRuns(regex) {
-  await page.getByPlaceholder('Write a regex to filter runs').last().fill(regex);
+  await page.getByLabel('Write a regex to filter runs').filter({ visible: true }).fill(regex);
   await page.waitForTimeout(1000);
 }
 
