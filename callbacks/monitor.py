@@ -437,7 +437,8 @@ class StabilityMonitor(pl.Callback):
             self._console.start(trainer, pl_module, self._grads.groups, self.grouping, path)
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if tb and self._grads is not None:
-            self._tb = TensorBoardOutput(tb[0].experiment, self._grads.groups)
+            groups = self._grads.groups  # the table lists the findings before a resume too
+            self._tb = TensorBoardOutput(tb[0].experiment, groups, earlier=self.findings)
 
     def _open_jsonl(self, path: Path) -> None:
         self._writer = JsonlWriter(path)

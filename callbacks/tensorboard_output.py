@@ -1,8 +1,9 @@
-"""TensorBoard extras of the monitor: the per-layer layout, the heatmap image, findings as text."""
+"""TensorBoard extras of the monitor: the layout, log10 norms, the heatmap, the findings table."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,13 +12,17 @@ from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import GRAD_NORM_PREFIX
 from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png
 from stabilizer.outputs.tensorboard import (
+    FINDINGS_STEP,
     HEATMAP_DESCRIPTION,
     HEATMAP_TAG,
+    Episodes,
     custom_scalars_layout,
     depth_order,
     findings_text,
     heatmap_png,
     image_summary,
+    log10_norms,
+    scalar_summary,
 )
 
 __all__ = ["TensorBoardOutput"]
@@ -26,13 +31,21 @@ __all__ = ["TensorBoardOutput"]
 class TensorBoardOutput:
     """Writes what plain scalars cannot show into a run's TensorBoard event file.
 
+    Per record, the log10 of the per-layer gradient norms (the monitor's logger writes the norms
+    themselves); whenever an episode opens, grows or ends, the findings table, one row per
+    episode, written whole at `FINDINGS_STEP` so that TensorBoard keeps the newest alone.
+
     Args:
         writer: ``torch.utils.tensorboard.SummaryWriter`` (``TensorBoardLogger.experiment``).
         groups: The depth groups whose gradient norms are logged.
         window: Steps shown in the heatmap (the most recent ones).
+        earlier: The findings of the run before a resume: the table lists them too (a resumed
+            run that writes into the same TensorBoard run replaces the entry).
     """
 
-    def __init__(self, writer: Any, groups: list[str], window: int = 500) -> None:
+    def __init__(
+        self, writer: Any, groups: list[str], window: int = 500, earlier: Sequence[Finding] = ()
+    ) -> None:
         self._file = writer._get_file_writer()
         self._groups: list[str] | None = groups  # the layout is written with the first record
         self._keys = [
@@ -43,27 +56,46 @@ class TensorBoardOutput:
         # the window is no row (no gradient is not a zero gradient).
         self._rows: deque[list[float | None]] = deque(maxlen=window)
         self._last: dict[str, float] = {}
+        self._episodes = Episodes()
+        for finding in earlier:
+            self._episodes.add([finding])
+        self._step = 0  # the last record's step: what the findings table is "as of"
 
     def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:
-        """Remember the step's per-layer norms; write the heatmap every ``every`` steps."""
+        """Log the step's log10 norms, the heatmap every ``every`` steps, the table if it changed.
+
+        Args:
+            record: The step's record; None at the end of the run.
+            found: The findings reported with it, one batch (see `Episodes.add`).
+            every: Steps between heatmaps (0: only at the end).
+        """
         if record is not None and self._groups is not None:
             # Only now are the logged keys known: no loss-scale chart without a grad scaler.
             self._file.add_summary(custom_scalars_layout(self._groups, record.values), 0)
             self._groups = None
+        if record is not None:
+            self._step = record.step
         if record is not None and self._keys:
+            logged = log10_norms(record.values)
+            if logged:
+                self._file.add_summary(scalar_summary(logged), record.step)
             self._steps.append(record.step)
             self._last.update((k, record.values[k]) for k in self._keys if k in record.values)
             self._rows.append([self._last.get(k) for k in self._keys])
             if every and record.step > 0 and record.step % every == 0:
                 self._heatmap(record.step)
-        if found:
-            self._file.add_summary(findings_text(found), max(f.step for f in found))
+        if self._episodes.add(found):
+            self._table(self._step)
 
     def close(self, step: int) -> None:
-        """Write the final heatmap and flush."""
+        """Write the final heatmap and findings table (as of ``step``), and flush."""
         if self._rows:
             self._heatmap(step)
+        self._table(step)
         self._file.flush()
+
+    def _table(self, as_of: int) -> None:
+        self._file.add_summary(findings_text(self._episodes.rows, as_of), FINDINGS_STEP)
 
     def _heatmap(self, step: int) -> None:
         groups, rows = [], []

@@ -243,7 +243,7 @@ def test_tensorboard_export_reads_back_in_tensorboard(tmp_path: Path) -> None:
     assert {"stability/loss", "stability/grad_norm", "stability/loss_scale"} <= set(tags["scalars"])
     assert len(accumulator.Scalars("stability/loss")) == 200
     text = accumulator.Tensors("stability/findings")[0].tensor_proto.string_val[0].decode()
-    assert "| nonfinite_loss |" in text and "| fp16_overflow |" in text
+    assert " nonfinite_loss**" in text and " fp16_overflow**" in text
     assert "custom_scalars__config__" in tags["tensors"]
 
 

@@ -1,13 +1,15 @@
-"""Runs of different depths in one logdir share the per-layer chart; no chart is left empty.
+"""Runs of different depths in one logdir share the per-layer charts; no chart is left empty.
 
 Two real Trainer runs (4 and 12 blocks) write their TensorBoard files through the monitor; a real
 ``tensorboard`` server reads the logdir, and its HTTP API must show every layer of both runs in
-"gradient norm per layer" and no chart for a signal neither run logs.
+"gradient norm per layer" and in its log10 chart (the log10 of the very values logged), and no
+chart for a signal neither run logs.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -24,9 +26,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks import StabilityMonitor
+from stabilizer.core.records import StepRecord
 from stabilizer.outputs import heatmap
 from stabilizer.outputs.heatmap import draw_heatmap
-from stabilizer.outputs.tensorboard import HEATMAP_TAG
+from stabilizer.outputs.tensorboard import HEATMAP_TAG, LOG10_CHART
+from stabilizer.replay.readers import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -94,14 +98,38 @@ def test_runs_of_4_and_12_layers_share_the_per_layer_chart(tmp_path: Path) -> No
         charts = {chart["title"]: chart for chart in category["chart"]}
         # fp32 runs without update ratios: no chart that would stay empty
         assert "loss scale" not in charts and "update ratio per layer" not in charts
-        (regex,) = charts["gradient norm per layer"]["multiline"]["tag"]
+        assert list(charts)[:2] == [LOG10_CHART, "gradient norm per layer"]  # log10 first
         for depth, run in runs.items():
-            query = urllib.parse.urlencode({"run": run, "tag": regex})
-            matched = _get_json(opener, f"{base}/data/plugin/custom_scalars/scalars?{query}")
-            assert matched["regex_valid"]
+            raw = _matched(opener, base, run, charts["gradient norm per layer"])
             expected = sorted(f"stability/grad_norm/{g}" for g in _groups(depth))
-            assert sorted(matched["tag_to_events"]) == expected  # every layer of each run
+            assert sorted(raw) == expected  # every layer of each run
             assert set(expected) <= set(tags[run])
+            log10 = _matched(opener, base, run, charts[LOG10_CHART])
+            assert sorted(log10) == [t.replace("norm/", "norm_log10/") for t in expected]
+            for tag, events in raw.items():
+                logged = log10[tag.replace("norm/", "norm_log10/")]
+                assert [e[1] for e in logged] == [e[1] for e in events]  # (wall time, step, value)
+                want = [math.log10(e[2]) for e in events]
+                assert [e[2] for e in logged] == pytest.approx(want, rel=1e-6, abs=1e-6)
+
+
+def _matched(opener: Any, base: str, run: str, chart: dict[str, Any]) -> dict[str, Any]:
+    """Tag -> [wall time, step, value] events of the chart's one regex, as the chart reads them."""
+    (regex,) = chart["multiline"]["tag"]
+    query = urllib.parse.urlencode({"run": run, "tag": regex})
+    matched = _get_json(opener, f"{base}/data/plugin/custom_scalars/scalars?{query}")
+    assert matched["regex_valid"]
+    events: dict[str, Any] = matched["tag_to_events"]
+    return events
+
+
+def test_the_log10_norms_are_no_signal_of_a_replay(tmp_path: Path) -> None:
+    # A view for TensorBoard's charts, not a measurement: `diagnose` of the run reads it not.
+    _run(tmp_path, depth=4)
+    items = read_log(tmp_path / "depth4" / "version_0", "tensorboard")
+    keys = {key for item in items if isinstance(item, StepRecord) for key in item.values}
+    assert {f"grad_norm/{g}" for g in _groups(4)} <= keys
+    assert not [key for key in keys if "log10" in key]
 
 
 def _heatmap_images(logdir: Path) -> list[Any]:

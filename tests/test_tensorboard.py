@@ -9,6 +9,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -26,8 +27,10 @@ from tensorboard.plugins.custom_scalar.metadata import CONFIG_SUMMARY_TAG
 
 from stabilizer.core.records import Finding, Severity
 from stabilizer.outputs.tensorboard import (
+    FINDINGS_STEP,
     FINDINGS_TAG,
     HEATMAP_TAG,
+    LOG10_CHART,
     EventWriter,
     SummaryWriter,
     custom_scalars_layout,
@@ -63,7 +66,7 @@ def _findings() -> list[Finding]:
             10,
             20,
             Severity.WARNING,
-            "loss rose 3.0x | back in 10 steps",
+            "loss rose 3.0x | *back* in 10 steps",
             location=("block_03",),
             remedies=("clip_gradients", "rollback"),
         ),
@@ -107,7 +110,9 @@ def _write_run(writer: SummaryWriter, heatmap: bytes) -> None:
     writer.add_summary(
         image_summary(HEATMAP_TAG, heatmap, description="rows: input side first"), 45
     )
-    writer.add_summary(findings_text(_findings()), 45)
+    # As the live monitor writes it: the whole table again whenever it changes, at one step.
+    writer.add_summary(findings_text(_findings()[:1], as_of=20), FINDINGS_STEP)
+    writer.add_summary(findings_text(_findings(), as_of=45), FINDINGS_STEP)
 
 
 def _tb_writer(logdir: Path) -> EventWriter:
@@ -137,11 +142,16 @@ def test_event_file_round_trip(tmp_path: Path, make_writer: Callable[[Path], Any
     assert image.encoded_image_string == heatmap
     assert _decode_png(image.encoded_image_string).shape == (image.height, image.width, 3)
 
-    (text,) = acc.Tensors(FINDINGS_TAG)
+    # The Python loader keeps every version of the table; the newest comes last.
+    first, text = acc.Tensors(FINDINGS_TAG)
+    assert first.step == text.step == FINDINGS_STEP
     markdown = text.tensor_proto.string_val[0].decode()
-    assert "| 10–20 | warning | loss_spike | loss rose 3.0x \\| back in 10 steps |" in markdown
-    assert "`clip_gradients`, `rollback`" in markdown
-    assert "| 30 | error | nonfinite_grad | NaN gradient | `blocks.2` |  |" in markdown
+    assert markdown.startswith("**2 episodes as of step 45**: 1 error, 1 warning (")
+    assert markdown.splitlines()[2:] == [  # one line each, the message's stars no emphasis
+        "- **steps 10–20 warning loss_spike** [`block_03`]: loss rose 3.0x | \\*back\\* in 10 "
+        "steps → try: `clip_gradients`, `rollback`",
+        "- **step 30 error nonfinite_grad** [`blocks.2`]: NaN gradient",
+    ]
 
     (config,) = acc.Tensors(CONFIG_SUMMARY_TAG)
     assert config.step == 0
@@ -188,9 +198,13 @@ def test_per_layer_regex(groups: list[str] | None, tag: str, matches: bool) -> N
     charts = {chart.title: list(chart.multiline.tag) for chart in layout.category[0].chart}
     (regex,) = charts["gradient norm per layer"]
     assert bool(re.match(regex, tag)) is matches
+    (log10,) = charts[LOG10_CHART]  # the same layers, their log10
+    assert bool(re.match(log10, tag.replace("/grad_norm/", "/grad_norm_log10/"))) is matches
+    assert not re.match(log10, tag)
     assert value.tag == CONFIG_SUMMARY_TAG
     assert value.metadata.plugin_data.plugin_name == "custom_scalars"
     assert set(charts) == {
+        LOG10_CHART,
         "gradient norm per layer",
         "gradient norm (total) and clip threshold",
         "loss",
@@ -290,37 +304,52 @@ def _get_json(opener: urllib.request.OpenerDirector, url: str) -> Any:
         return json.loads(response.read())
 
 
-def _wait_for_tags(
-    opener: urllib.request.OpenerDirector, base: str, proc: Any, runs: Sequence[str] = ("run",)
+def _poll(
+    opener: urllib.request.OpenerDirector,
+    url: str,
+    proc: Any,
+    ready: Callable[[Any], bool],
+    what: str,
 ) -> Any:
-    """Scalar tags once the server has loaded the runs; fails if the server exits, or hangs (a
-    bound on a hang, not on speed: a loaded CPU can take a minute to start the server)."""
+    """The JSON at ``url`` once ``ready`` holds for it; fails if the server exits, or hangs (a
+    bound on a hang, not on speed: a loaded CPU can take a minute to start the server, and the
+    default loader commits what it has read as it goes, so a run shows up before its end)."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         assert proc.poll() is None, "tensorboard exited early"
         try:
-            tags = _get_json(opener, base + "/data/plugin/scalars/tags")
-            if all(tags.get(run) for run in runs):
-                return tags
-        except (urllib.error.URLError, ConnectionError):
-            pass
+            data = _get_json(opener, url)
+            if ready(data):
+                return data
+        except (urllib.error.URLError, ConnectionError, ValueError):
+            pass  # not up yet, or a run not loaded yet (400)
         time.sleep(0.5)
-    raise AssertionError("tensorboard did not serve the run's tags within 600 s")
+    raise AssertionError(f"tensorboard did not serve {what} within 600 s")
+
+
+def _wait_for_tags(
+    opener: urllib.request.OpenerDirector, base: str, proc: Any, runs: Sequence[str] = ("run",)
+) -> Any:
+    """Scalar tags once the server has loaded the runs."""
+    url = base + "/data/plugin/scalars/tags"
+    return _poll(opener, url, proc, lambda tags: all(tags.get(run) for run in runs), "the tags")
 
 
 @contextlib.contextmanager
 def served(
-    logdir: Path,
+    logdir: Path, *flags: str
 ) -> Iterator[tuple[urllib.request.OpenerDirector, str, subprocess.Popen[bytes]]]:
-    """A real ``tensorboard`` serving ``logdir`` on a free loopback port: (opener, base URL,
-    process); skips the test when no ``tensorboard`` executable sits beside this Python."""
+    """A real ``tensorboard --logdir logdir`` as a user starts it (its default loader, the Rust
+    data server where it is installed), on a free loopback port: (opener, base URL, process);
+    ``flags`` are added (``"--load_fast", "false"``: the Python loader). Skips the test when no
+    ``tensorboard`` executable sits beside this Python."""
     executable = Path(sys.executable).with_name("tensorboard")
     if not executable.exists():
         pytest.skip(f"no tensorboard executable beside {sys.executable}")
     port = _free_port()
     command = [str(executable), "--logdir", str(logdir), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--load_fast", "false", "--reload_interval", "1"]
-    with (logdir / "tensorboard.log").open("wb") as log:
+    command += ["--port", str(port), *flags]
+    with tempfile.TemporaryFile() as log:  # not in logdir: it may be a run other tests read
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         # Loopback only: bypass any proxy set in the environment.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -335,12 +364,26 @@ def served(
                 proc.wait(timeout=10)
 
 
+def _texts(opener: urllib.request.OpenerDirector, base: str, run: str) -> list[Any]:
+    query = urllib.parse.urlencode({"run": run, "tag": FINDINGS_TAG})
+    texts: list[Any] = _get_json(opener, f"{base}/data/plugin/text/text?{query}")
+    return texts
+
+
 @pytest.mark.slow
 def test_real_tensorboard_server(tmp_path: Path) -> None:
     with EventWriter(str(tmp_path / "run")) as writer:
         _write_run(writer, heatmap_png(np.ones((4, len(STEPS)))))
     with served(tmp_path) as (opener, base, proc):
         tags = _wait_for_tags(opener, base, proc)
+        query = urllib.parse.urlencode({"run": "run", "tag": FINDINGS_TAG})
+        url = f"{base}/data/plugin/text/text?{query}"
+        # The table is written last: once its newest version is served, the whole file is read.
+        (text,) = _poll(opener, url, proc, lambda t: "as of step 45" in str(t), "the findings")
+        assert text["step"] == FINDINGS_STEP
+        assert "warning loss_spike</strong>" in text["text"]
+        assert "error nonfinite_grad</strong>" in text["text"]
+        tags = _get_json(opener, base + "/data/plugin/scalars/tags")
         assert set(LAYER_TAGS) | {"stability/grad_norm"} <= set(tags["run"])
         layout = _get_json(opener, base + "/data/plugin/custom_scalars/layout")
         (category,) = layout["category"]
@@ -352,4 +395,3 @@ def test_real_tensorboard_server(tmp_path: Path) -> None:
         assert sorted(matched["tag_to_events"]) == LAYER_TAGS
         assert len(matched["tag_to_events"]["stability/grad_norm/block_00"]) == len(STEPS)
         assert HEATMAP_TAG in _get_json(opener, base + "/data/plugin/images/tags")["run"]
-        assert FINDINGS_TAG in _get_json(opener, base + "/data/plugin/text/tags")["run"]

@@ -1,11 +1,12 @@
-"""Screenshots of TensorBoard for the README: two real runs of 4 and 12 blocks in one logdir.
+"""Screenshots of TensorBoard for the README: three real runs in one logdir.
 
-A maintainer script, not a test. It trains the demo's ``healthy`` (4 blocks, pre-LN) and
-``post-ln-deep`` (12 blocks, post-LN: the input-side blocks starve) scenarios with a real
-Lightning Trainer, TensorBoardLogger and StabilityMonitor (1 to 3 minutes on 2 CPU cores), starts
-``tensorboard --logdir`` on them and has headless Chromium, driven by ``shoot.mjs`` with
-playwright-core, save ``tensorboard-custom-scalars.png`` and ``tensorboard-heatmap.png`` in
-``docs/``::
+A maintainer script, not a test. It trains the demo's ``healthy`` (4 blocks, pre-LN),
+``post-ln-deep`` (12 blocks, post-LN: the input-side blocks starve) and ``nan`` (fp16: a NaN loss
+and an overflow cascade at step 60) scenarios with a real Lightning Trainer, TensorBoardLogger and
+StabilityMonitor (2 to 4 minutes on 2 CPU cores), starts ``tensorboard --logdir`` on them with
+its default flags, as a user does, and has headless Chromium, driven by ``shoot.mjs`` with
+playwright-core, save ``tensorboard-custom-scalars.png``, ``tensorboard-heatmap.png`` and
+``tensorboard-findings.png`` in ``docs/``::
 
     npm install --prefix docs/screenshots --no-package-lock   # playwright-core, no browser
     .venv/bin/python docs/screenshots/make.py [--logdir DIR] [--out DIR] [--chromium PATH]
@@ -34,8 +35,9 @@ from stabilizer.demo.scenarios import get_scenario
 from stabilizer.outputs.tensorboard import HEATMAP_TAG
 
 HERE = Path(__file__).resolve().parent
-PICTURES = ("tensorboard-custom-scalars.png", "tensorboard-heatmap.png")  # written by shoot.mjs
-RUNS = {"healthy": "healthy_4_blocks", "post-ln-deep": "post-ln-deep_12_blocks"}
+# written by shoot.mjs
+PICTURES = ("tensorboard-custom-scalars.png", "tensorboard-heatmap.png", "tensorboard-findings.png")
+RUNS = {"healthy": "healthy_4_blocks", "post-ln-deep": "post-ln-deep_12_blocks", "nan": "nan_fp16"}
 
 
 def train(logdir: Path) -> None:
@@ -61,7 +63,7 @@ def _free_port() -> int:
 
 
 def _loaded(url: str, opener: urllib.request.OpenerDirector) -> bool:
-    """Whether tensorboard has read both runs to their end: the final heatmap image."""
+    """Whether tensorboard has read every run to its end: the final heatmap image."""
     for scenario, run in RUNS.items():
         query = urllib.parse.urlencode({"run": run, "tag": HEATMAP_TAG, "sample": 0})
         try:
@@ -82,7 +84,7 @@ def _wait_until_loaded(url: str, server: subprocess.Popen[bytes]) -> None:
         if _loaded(url, opener):
             return
         time.sleep(1)
-    raise SystemExit("tensorboard did not load both runs within 2 minutes")
+    raise SystemExit("tensorboard did not load the runs within 2 minutes")
 
 
 def shoot(logdir: Path, out: Path, chromium: str) -> None:
@@ -90,7 +92,7 @@ def shoot(logdir: Path, out: Path, chromium: str) -> None:
     port = _free_port()
     tensorboard = Path(sys.executable).with_name("tensorboard")
     command = [str(tensorboard), "--logdir", str(logdir), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--load_fast", "false"]
+    command += ["--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as profile:
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -19,6 +19,7 @@ __all__ = [
     "CLIP_VAL",
     "EMBED",
     "GRAD_NORM",
+    "GRAD_NORM_LOG10_PREFIX",
     "GRAD_NORM_PREFIX",
     "HEAD",
     "LOSS",
@@ -54,6 +55,9 @@ LR = "lr"  # learning rate of the first parameter group, after the scheduler
 ACT_ABSMAX_PREFIX = "act_absmax/"  # + module name: max |output activation|; sampled steps only
 
 TB_PREFIX = "stability/"  # loggers write every key under this prefix; readers strip it
+# + depth group: log10 of grad_norm/<group>, for TensorBoard's linear charts; a view, not a
+# signal: the readers drop it
+GRAD_NORM_LOG10_PREFIX = "grad_norm_log10/"
 
 EMBED = "embed"  # depth group: token and position embeddings
 HEAD = "head"  # depth group: final norm and output projection

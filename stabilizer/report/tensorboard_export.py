@@ -1,10 +1,11 @@
 """A diagnosed log as TensorBoard events, so any trainer's text log can be browsed there.
 
 While the log streams, every record is written as ``stability/<key>`` scalars at its step (as
-the live monitor logs them); at the end come the custom-scalars layout, the per-layer gradient
-norm heatmap (from the bounded history, when per-layer norms were logged) and the findings table
-as text. Written with `stabilizer.outputs.event_file.EventWriter`, one event file per input,
-opened once; no torch needed.
+the live monitor logs them, with the log10 of the per-layer norms); at the end come the
+custom-scalars layout, the per-layer gradient norm heatmap (from the bounded history, when
+per-layer norms were logged) and the findings table as text, one row per episode. Written with
+`stabilizer.outputs.event_file.EventWriter`, one event file per input, opened once; no torch
+needed.
 
 The file's name ends in `REPLAY_SUFFIX`, so that a later ``stabilizer diagnose`` of a run
 directory that holds the original run's event files too reads those and not this copy.
@@ -23,15 +24,18 @@ from types import TracebackType
 import numpy as np
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from stabilizer.core.records import StepRecord
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.outputs.tensorboard import (
+    FINDINGS_STEP,
     FINDINGS_TAG,
     HEATMAP_TAG,
     EventWriter,
     custom_scalars_layout,
     depth_order,
+    episodes,
     findings_text,
     heatmap_summary,
+    log10_norms,
     scalar_summary,
 )
 from stabilizer.replay.diagnose import Diagnosis
@@ -43,6 +47,14 @@ __all__ = ["FINDINGS_TAG", "HEATMAP_TAG", "REPLAY_SUFFIX", "TensorBoardExport"]
 
 _INT64 = 1 << 63
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _rows(diagnosis: Diagnosis) -> list[Finding]:
+    """One row per episode, segment by segment (a restart's episodes are its own)."""
+    segments: dict[int, list[Finding]] = {}
+    for item in diagnosis.findings:
+        segments.setdefault(item.segment, []).append(item.finding)
+    return [row for index in sorted(segments) for row in episodes(segments[index])]
 
 
 class TensorBoardExport:
@@ -75,7 +87,7 @@ class TensorBoardExport:
             self._values_out += sum(
                 _FLOAT32_MAX < abs(value) < math.inf for value in values.values()
             )
-            self._write(scalar_summary(values), step)
+            self._write(scalar_summary({**values, **log10_norms(values)}), step)
         self._last = step
 
     def finish(self, diagnosis: Diagnosis) -> list[str]:
@@ -90,7 +102,7 @@ class TensorBoardExport:
         if groups:
             _, rows = diagnosis.history.matrix(groups)
             self._write(heatmap_summary(np.asarray(rows, dtype=np.float64)), at)
-        self._write(findings_text([item.finding for item in diagnosis.findings]), at)
+        self._write(findings_text(_rows(diagnosis)), FINDINGS_STEP)
         self.close()
         if self.replace:
             self._remove_earlier()

@@ -1,7 +1,7 @@
 """Logged metric names → signal keys, shared by the readers of structured logs.
 
 - The monitor's own ``stability/<key>`` tags lose their prefix; ``stability/finding/<kind>``
-  (an output, not a signal) is dropped.
+  and ``stability/grad_norm_log10/<group>`` (outputs, not signals) are dropped.
 - Names map to keys through the one alias table (`aliases.ALIASES`, the universal reader's),
   after dropping a ``train/``, ``train_`` or ``training/`` prefix and a ``_step`` suffix
   (Lightning's ``on_step`` + ``on_epoch`` logging): ``train/loss_step`` is the loss;
@@ -24,7 +24,14 @@ import math
 from collections.abc import Mapping, Sequence
 
 from stabilizer.core.groups import depth_group
-from stabilizer.core.signals import CLIPPED, GRAD_NORM, LR, group_key, strip_prefix
+from stabilizer.core.signals import (
+    CLIPPED,
+    GRAD_NORM,
+    GRAD_NORM_LOG10_PREFIX,
+    LR,
+    group_key,
+    strip_prefix,
+)
 
 from . import aliases
 
@@ -47,7 +54,7 @@ _PREFIXES = ("train/", "train_", "training/")
 
 def _lookup(name: str, passthrough: bool) -> tuple[str, int] | None:
     tag = strip_prefix(name)
-    if tag.startswith("finding/"):
+    if tag.startswith(("finding/", GRAD_NORM_LOG10_PREFIX)):
         return None
     if tag is not name:  # the monitor's own tags are signal keys already
         return tag, SET

@@ -1,0 +1,166 @@
+"""The findings as one TensorBoard text entry: one line per episode, updated in place.
+
+A detector reports an episode again as it grows or ends (an fp16 overflow cascade as an error,
+then as over; a depth imbalance at its patience, then at the end of the run), and the monitor
+reports several findings at one step (a NaN loss, its root cause and the overflow cascade at
+step 60). TensorBoard's default loader (the Rust data server) keeps one text per tag and step,
+and a text at a step drops the texts of that tag at later steps. So the table is written whole,
+always at `FINDINGS_STEP`: the newest table replaces the last one, and the Text tab shows one
+entry that lists every episode once. TensorBoard's Python loader (``--load_fast false``) keeps
+every version instead, the newest last.
+
+`episodes` merges the versions of an episode: a finding continues an earlier one when it has the
+same kind and first step, both have a last step, and they name the same places or one names
+none. Findings of one batch (one step's report) and those without a last step (set-up checks)
+are each their own; a finding equal to a row is no news.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text import metadata as text_metadata
+
+from stabilizer.core.records import Finding, Severity
+from stabilizer.core.signals import TB_PREFIX
+
+__all__ = ["FINDINGS_STEP", "FINDINGS_TAG", "Episodes", "episodes", "findings_text"]
+
+FINDINGS_TAG = TB_PREFIX + "findings"  # text: the findings table
+FINDINGS_STEP = 0  # every version of the table: the newest replaces the others
+_PLACES = 3  # locations named in a row (a band of nine blocks: the first, the last, a count)
+
+
+def _continues(new: Finding, old: Finding) -> bool:
+    same = new.kind == old.kind and new.step == old.step
+    ends = new.end_step is not None and old.end_step is not None
+    places = new.location == old.location or not new.location or not old.location
+    return same and ends and places
+
+
+def _merged(old: Finding, new: Finding) -> Finding:
+    """The newer version's steps and message; the worst severity; every place and remedy."""
+    ends = [step for step in (old.end_step, new.end_step) if step is not None]
+    return replace(
+        new,
+        end_step=max(ends) if ends else None,
+        severity=max(old.severity, new.severity),
+        location=tuple(dict.fromkeys((*old.location, *new.location))),
+        remedies=tuple(dict.fromkeys((*new.remedies, *old.remedies))),
+    )
+
+
+class Episodes:
+    """The episodes of a run so far, each the merge of its findings (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._rows: list[Finding] = []
+
+    def add(self, batch: Sequence[Finding]) -> bool:
+        """Merge one batch of findings (reported together); whether any row changed."""
+        earlier = len(self._rows)  # rows of this batch never merge with each other
+        changed = False
+        for finding in batch:
+            if finding in self._rows:  # the same news again
+                continue
+            index = next((i for i in range(earlier) if _continues(finding, self._rows[i])), None)
+            if index is None:
+                self._rows.append(finding)
+                changed = True
+                continue
+            row = _merged(self._rows[index], finding)
+            changed = changed or row != self._rows[index]
+            self._rows[index] = row
+        return changed
+
+    @property
+    def rows(self) -> list[Finding]:
+        """One finding per episode: by first step, severity (worst first), then as they came."""
+        return sorted(self._rows, key=lambda f: (f.step, -f.severity))
+
+
+def episodes(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings of a finished run (each its own batch), one per episode, as `Episodes`."""
+    merged = Episodes()
+    for finding in findings:
+        merged.add([finding])
+    return merged.rows
+
+
+def _text(text: str) -> str:
+    """Plain text in markdown: no emphasis, code or link from a message's own characters."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", text)
+
+
+def _code(name: str) -> str:
+    return "`" + name.replace("`", "'") + "`"
+
+
+def _places(location: Sequence[str]) -> str:
+    """Up to `_PLACES` names; a longer list as its first and last, with the count between."""
+    names = [_code(name) for name in location]
+    if len(names) > _PLACES:
+        names = [names[0], f"… {len(names) - 2} more …", names[-1]]
+    return ", ".join(names)
+
+
+def _item(finding: Finding) -> str:
+    """One list item, worded as the console's line: ``**steps 60–63 error kind** [where]: ...``."""
+    steps = f"step {finding.step}"
+    if finding.end_step is not None and finding.end_step != finding.step:
+        steps = f"steps {finding.step}–{finding.end_step}"
+    head = f"- **{steps} {finding.severity.name.lower()} {finding.kind}**"  # (snake_case: no em)
+    where = f" [{_places(finding.location)}]" if finding.location else ""
+    fix = f" → try: {', '.join(map(_code, finding.remedies))}" if finding.remedies else ""
+    return f"{head}{where}: {_text(finding.message)}{fix}"
+
+
+def _heading(rows: Sequence[Finding], as_of: int | None) -> str:
+    counts = [
+        f"{sum(f.severity == s for f in rows)} {s.name.lower()}"
+        for s in sorted(Severity, reverse=True)
+        if any(f.severity == s for f in rows)
+    ]
+    plural = "episode" if len(rows) == 1 else "episodes"
+    when = f" as of step {as_of}" if as_of is not None else ""
+    return (
+        f"**{len(rows)} {plural}{when}**: {', '.join(counts)} (one line per episode: its worst "
+        "severity, its latest message)"
+    )
+
+
+def findings_text(
+    findings: Sequence[Finding], as_of: int | None = None, tag: str = FINDINGS_TAG
+) -> Summary:
+    """The findings as markdown for TensorBoard's text dashboard, one list item each, in order.
+
+    A heading counts them by severity; each item reads as the console's line for the finding:
+    steps (``start–end``), severity and kind in bold, location, message, remedies. A list, not a
+    table: TensorBoard breaks table cells anywhere, so a six-column table wraps "severity" into
+    "severit / y". With no findings the text says so. Write it at `FINDINGS_STEP`.
+
+    Args:
+        findings: The rows, one per episode (see `episodes`).
+        as_of: The last step the table covers, named in the heading; None: not named.
+        tag: The text tag.
+    """
+    if findings:
+        lines = [
+            _heading(findings, as_of),
+            "",
+            *(_item(finding) for finding in findings),
+        ]
+        markdown = "\n".join(lines)
+    else:
+        markdown = "No findings." if as_of is None else f"No findings as of step {as_of}."
+    tensor = tensor_pb2.TensorProto(
+        dtype="DT_STRING",
+        string_val=[markdown.encode("utf-8")],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+    )
+    metadata = text_metadata.create_summary_metadata(display_name="findings", description="")
+    return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
