@@ -36,10 +36,11 @@ from .episodes import (
     header_facts,
     note_lines,
     outcome,
+    setup_findings,
     step_range,
     verdict,
 )
-from .text import segment_text
+from .text import segment_text, setup_line
 
 __all__ = ["render_markdown"]
 
@@ -92,5 +93,9 @@ def render_markdown(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) 
         lines += ["", "### Timeline"]
         for episode in found:
             lines += _episode(episode, diagnosis)
+    setup = setup_findings(diagnosis)
+    if setup:
+        lines += ["", "### Set-up", ""]
+        lines += [f"- {_escape(setup_line(finding))}" for finding in setup]
     lines += ["", f"**Verdict:** {_escape(verdict(diagnosis, fail_on))}"]
     return "\n".join(lines)
