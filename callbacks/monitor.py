@@ -27,6 +27,7 @@ from .checks import causal_check, config_checks, root_cause
 from .console import Console
 from .guard import BAD_GRADS, BAD_LOSS, UNCHECKED, StepGuard, decide
 from .measure import Measured, measure
+from .run_header import run_header
 from .tensorboard_output import TensorBoardOutput
 
 __all__ = ["StabilityMonitor"]
@@ -384,6 +385,8 @@ class StabilityMonitor(pl.Callback):
         if self.jsonl is not False:
             path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
             self._writer = JsonlWriter(path or Path(str(self.jsonl)))
+            groups = self._grads.groups if self._grads is not None else ()
+            self._writer.write(run_header(trainer, self.policy, groups))  # the run's facts first
         if self._grads is not None:
             path = self._writer.path if self._writer is not None else None
             self._console.start(trainer, pl_module, self._grads.groups, self.grouping, path)
