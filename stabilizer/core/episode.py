@@ -16,11 +16,12 @@ several risks) are never updates.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from .records import Finding
 
-__all__ = ["ONE_SHOT_KINDS", "EpisodeKey", "episode_key", "updated"]
+__all__ = ["ONE_SHOT_KINDS", "EpisodeKey", "episode_key", "fold_updates", "updated"]
 
 ONE_SHOT_KINDS = frozenset({"root_cause", "config_risk", "causal_leak", "remedy_applied"})
 """Kinds the live monitor reports once per event, never as an update of another finding."""
@@ -41,3 +42,18 @@ def updated(first: Finding, later: Finding) -> Finding:
     evidence, at the worst severity the episode reached (an ERROR cascade that is over is still
     an ERROR episode)."""
     return replace(later, severity=max(first.severity, later.severity))
+
+
+def fold_updates(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings in order, one per episode: each update folded into its episode's entry."""
+    folded: list[Finding] = []
+    at: dict[EpisodeKey, int] = {}
+    for finding in findings:
+        key = episode_key(finding)
+        if key is not None and key in at:
+            folded[at[key]] = updated(folded[at[key]], finding)
+            continue
+        if key is not None:
+            at[key] = len(folded)
+        folded.append(finding)
+    return folded

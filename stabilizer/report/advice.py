@@ -228,6 +228,14 @@ def advice_for(kind: str) -> Advice:
     return Advice(kind.replace("_", " "), "not in the advice table: see the message")
 
 
-def remedy_text(name: str) -> str:
-    """The action a remedy name stands for; an unknown name is returned as it is."""
-    return REMEDY_TEXT.get(name, name)
+_FOR_KIND = {
+    # A run that does not learn may have an LR far too low as well as far too high.
+    ("stall", "scale_lr"): "try the learning rate 10x lower and 10x higher: a run that does not "
+    "learn has one far off",
+}
+
+
+def remedy_text(name: str, kind: str = "") -> str:
+    """The action a remedy name stands for (after a finding of ``kind``, where that changes it);
+    an unknown name is returned as it is."""
+    return _FOR_KIND.get((kind, name)) or REMEDY_TEXT.get(name, name)

@@ -195,9 +195,10 @@ def evidence_text(evidence: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {number(value)}" for key, value in evidence.items())
 
 
-def remedy_lines(remedies: Sequence[str]) -> list[str]:
-    """Each remedy's action, in order, with its name: ``"clip ... to 1.0 (clip_gradients)"``."""
-    return [f"{remedy_text(name)} ({name})" for name in remedies]
+def remedy_lines(remedies: Sequence[str], kind: str = "") -> list[str]:
+    """Each remedy's action (after a finding of ``kind``), in order, with its name:
+    ``"clip ... to 1.0 (clip_gradients)"``."""
+    return [f"{remedy_text(name, kind)} ({name})" for name in remedies]
 
 
 def outcome(episode: Episode, segment: Segment, segments: int) -> str:
@@ -274,7 +275,7 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     act = f"act first on #{first.number}, {advice_for(first.worst.kind).title} at "
     act += step_range(first.start, first.end)
     if first.remedies:
-        act += f": {remedy_text(first.remedies[0])}"
+        act += f": {remedy_text(first.remedies[0], first.worst.kind)}"
     below = "" if first.worst.severity >= fail_on else f" (below --fail-on {fail_on.name.lower()})"
     plural = "s" if len(found) > 1 else ""
     last = diagnosis.segments[-1].index

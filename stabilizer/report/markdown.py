@@ -80,7 +80,8 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
         lines.append(f"- **outcome:** {ended}")
     lines.append(f"- **likely cause:** {episode.cause}")
     if episode.remedies:
-        actions = [f"{remedy_text(name)} (`{name}`)" for name in episode.remedies]
+        kind = episode.worst.kind
+        actions = [f"{remedy_text(name, kind)} (`{name}`)" for name in episode.remedies]
         lines.append("- **remedy:** " + "; ".join(actions))
     return lines
 

@@ -97,7 +97,7 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
         lines += _block("outcome", [ended], "    ")
     lines += _block("cause", [episode.cause], "    ")
     if episode.remedies:
-        lines += _block("remedy", remedy_lines(episode.remedies), "    ")
+        lines += _block("remedy", remedy_lines(episode.remedies, worst.kind), "    ")
     return lines
 
 
@@ -123,7 +123,7 @@ def setup_line(finding: Finding) -> str:
     if finding.location:
         text += f" [{', '.join(finding.location)}]"
     if finding.remedies:
-        text += f" -> {'; '.join(remedy_lines(finding.remedies))}"
+        text += f" -> {'; '.join(remedy_lines(finding.remedies, finding.kind))}"
     return text
 
 

@@ -62,6 +62,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ._lines import MAX_LINE, text_lines
+from ._rundir import find_runs
 from ._source import REPLAY_SUFFIX, Source, find_logs, is_binary, open_source
 from ._stream import LogStream
 from .base import (
@@ -109,6 +110,7 @@ __all__ = [
     "TensorBoardReader",
     "UniversalReader",
     "detect_format",
+    "find_runs",
     "read_log",
     "unreadable_message",
 ]
