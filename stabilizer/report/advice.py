@@ -189,14 +189,13 @@ def cause_for(kind: str, findings: Sequence[Finding], facts: RunFacts) -> str:
 
 def _spike_cause(spike: Finding) -> str:
     """A loss spike's cause as its evidence tells: one step up or several, recovered or not."""
-    up = 1 if spike.end_step is None else spike.end_step - spike.step + 1
-    if up == 1:
+    if spike.end_step is None or spike.end_step == spike.step:
         cause = "one batch with an outsized gradient pushed the weights off course"
-    else:
+    else:  # (a log may not hold every step: the span, not a count of bad steps)
         cause = (
-            f"the loss stayed up {up} steps in a row (steps {spike.step}–{spike.end_step}): a run "
-            "of bad batches (corrupt or mislabelled data, a bad shard), or one outsized update "
-            "the weights took that long to undo"
+            f"the loss stayed up from step {spike.step} to {spike.end_step}, not for one step: "
+            "a run of bad batches (corrupt or mislabelled data, a bad shard), or one outsized "
+            "update the weights took that long to undo"
         )
     recovered = spike.evidence.get("recovered", 1.0) >= 0.5
     return cause + ("; the run recovered" if recovered else "; not back by the end of the log")
