@@ -108,3 +108,31 @@ def test_the_console_samples_are_the_current_output() -> None:
         )  # fmt: skip
         assert done.stdout == want, command
         assert status.startswith("echo $?\n") and status.split("\n")[1] == str(done.returncode)
+
+
+@pytest.mark.slow
+def test_the_console_sample_of_the_nan_scenario_is_its_output(tmp_path: Path) -> None:
+    """The README's console lines of ``stabilizer demo --scenario nan``, as printed now (but the
+    replay's time, which varies)."""
+    _made()
+    intro = "from `stabilizer demo\n--scenario nan`, copied as printed):\n\n```text\n"
+    sample = README.split(intro)[1].split("```")[0]
+    done = subprocess.run(
+        [str(VENV / "stabilizer"), "demo", "--scenario", "nan", "--sample", "0", "--device", "cpu"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line for line in done.stderr.splitlines() if line.startswith("stabilizer: ")]
+
+    def timeless(lines: list[str]) -> list[str]:
+        return [re.sub(r"replay \d+\.\d+ s", "replay N s", line) for line in lines]
+
+    assert timeless(printed) == timeless(sample.splitlines())
+
+
+def test_the_remedies_name_their_article() -> None:
+    """docs/remedies.md names the article its remedies come from, and the section (§6.3)."""
+    text = (ROOT / "docs" / "remedies.md").read_text(encoding="utf-8")
+    head = text.split("\n## ")[0]
+    assert "《Transformer 到 GPT：自注意力如何取代循环" in head and "§6.3" in head
+    assert "https://aihist.net/go/csdn05" in head
