@@ -202,20 +202,28 @@ class Console:
         where = f" [{', '.join(finding.location)}]" if finding.location else ""
         return f"{_span(finding)} {finding.kind}{where}, update: {observation(finding)}"
 
+    def _updates(self, finding: Finding) -> bool:
+        """Whether ``finding`` updates an episode printed before (then counted and printed as
+        its update); else it opens one."""
+        episode = episode_key(finding)
+        if episode is None:
+            return False
+        was = self._episodes.get(episode)
+        if was is None:
+            self._episodes[episode] = finding.severity
+            return False
+        if finding.severity > was:  # the episode counts at the worst severity it reached
+            self.counts[was] -= 1
+            self.counts[finding.severity] += 1
+            self._episodes[episode] = finding.severity
+        log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
+        return True
+
     def _finding(self, finding: Finding, record: StepRecord | None) -> None:
         if self.worst is None or finding.severity > self.worst.severity:
             self.worst = finding
-        key = episode_key(finding)
-        was = self._episodes.get(key) if key is not None else None
-        if key is not None and was is not None:  # an update of an episode printed before
-            if finding.severity > was:
-                self.counts[was] -= 1
-                self.counts[finding.severity] += 1
-                self._episodes[key] = finding.severity
-            log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
+        if self._updates(finding):
             return
-        if key is not None:
-            self._episodes[key] = finding.severity
         self.counts[finding.severity] += 1
         self.applied += finding.kind == "remedy_applied"
         key = (finding.kind, finding.severity)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
-from stabilizer.replay.diagnose import Diagnosis, Segment, severity_counts
+from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
 
-from .advice import RunFacts, advice_for, cause_for, fitting_remedies, remedy_text
+from .advice import RunFacts, cause_for, fitting_remedies, remedy_text
 
 __all__ = [
     "FAMILIES",
@@ -37,7 +37,6 @@ __all__ = [
     "run_facts",
     "setup_findings",
     "step_range",
-    "verdict",
 ]
 
 MAX_NOTES = 12  # distinct notes listed; the JSON report has them all
@@ -250,41 +249,3 @@ def header_facts(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     if len(segments) > 1:
         facts.append(("segments", f"{len(segments)} (the run was restarted)"))
     return facts
-
-
-def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
-    """One line: how bad the run is and what to do first."""
-    found = episodes(diagnosis)
-    cut = any(note.kind == "truncated" for note in diagnosis.notes)
-    tail = "; the log is cut short: read up to the damage" if cut else ""
-    setup = setup_findings(diagnosis)
-    if setup:
-        count = f"{len(setup)} set-up note{'s' if len(setup) > 1 else ''}"
-        tail = f"; {count} below ({', '.join(_tally(setup))}){tail}"
-    if not found:
-        head = "healthy"
-        if setup and setup[0].severity >= Severity.WARNING:  # a risk the run did not show yet
-            head = setup[0].severity.name.lower()
-            head += (
-                "" if setup[0].severity >= fail_on else f" (below --fail-on {fail_on.name.lower()})"
-            )
-        return f"{head}: no instabilities found in {diagnosis.records} records{tail}"
-    tally = ", ".join(_tally(e.worst for e in found))
-    first = min(found, key=lambda e: (-e.worst.severity, e.segment, e.start))
-    head = first.worst.severity.name.lower()
-    act = f"act first on #{first.number}, {advice_for(first.worst.kind).title} at "
-    act += step_range(first.start, first.end)
-    if first.remedies:
-        act += f": {remedy_text(first.remedies[0], first.worst.kind)}"
-    below = "" if first.worst.severity >= fail_on else f" (below --fail-on {fail_on.name.lower()})"
-    plural = "s" if len(found) > 1 else ""
-    last = diagnosis.segments[-1].index
-    clean = ""
-    if last > 1 and all(episode.segment < last for episode in found):
-        clean = f"; segment {last}, after the last restart, is clean"
-    return f"{head}{below}: {len(found)} episode{plural} ({tally}); {act}{clean}{tail}"
-
-
-def _tally(findings: Iterable[Finding]) -> list[str]:
-    """``["1 critical", "2 warning"]``: the findings per severity, worst first."""
-    return [f"{count} {name}" for name, count in severity_counts(findings).items() if count]

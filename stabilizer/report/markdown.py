@@ -38,9 +38,9 @@ from .episodes import (
     outcome,
     setup_findings,
     step_range,
-    verdict,
 )
 from .text import segment_text, setup_line
+from .verdict import verdict
 
 __all__ = ["render_markdown"]
 

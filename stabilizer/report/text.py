@@ -43,8 +43,8 @@ from .episodes import (
     remedy_lines,
     setup_findings,
     step_range,
-    verdict,
 )
+from .verdict import verdict
 
 __all__ = ["render_overall", "render_text", "segment_text", "setup_line"]
 
