@@ -17,7 +17,9 @@ event files (all files of the newest run directory, merged by step), then ``metr
 given; a text log that no dedicated reader recognises is read as ``generic``. Records stream:
 memory stays bounded whatever the size of the log.
 
-`read_log` returns a `LogStream`: iterate it for its items, `StepRecord`s and `Restart`s; it
+`read_log` returns a `LogStream`: iterate it for its items, `StepRecord`s and `Restart`s (and,
+first in the monitor's ``stability.jsonl``, its `RunHeader`: the run's precision, devices,
+policy, ...); it
 also tells the format it read, the bytes read so far, the monitor's own findings
 (``stability.jsonl``) and the notes.
 
