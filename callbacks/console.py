@@ -14,6 +14,14 @@ its own handlers. ``logging.getLogger("stabilizer").setLevel(logging.WARNING)`` 
 Repeats are folded: the first finding of a kind at a severity prints in full; later ones are
 counted and printed as one line after `FOLD_STEPS` steps or at the end. ``remedy_applied`` and
 critical findings always print in full.
+
+An episode is one finding: a detector's later finding of the same kind, start step and location
+(the cascade is over, the band of starved layers is gone or lasted to the end, the NaN persists;
+see `stabilizer.core.episode`) prints as that episode's update, without the remedies said
+already, and the end line counts the episode once, at the worst severity it reached::
+
+    stabilizer: steps 60-62 error fp16_overflow: fp16 overflow cascade: 3 skipped steps ...
+    stabilizer: steps 60-63 fp16_overflow, update: fp16 overflow cascade: 4 skipped ...; over
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from stabilizer.core.episode import EpisodeKey, episode_key
 from stabilizer.core.groups import depth_group
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import low_precision
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
 from stabilizer.outputs.wording import applicable_remedies, observation
 
@@ -44,7 +54,6 @@ _NOUNS = {
     "nonfinite_grad": "NaN/Inf gradients",
     "root_cause": "root cause",
 }
-_FULL_PRECISION = ("32", "64")  # Lightning's "32-true", "64-true" (and the short forms)
 
 
 def show_info() -> None:
@@ -105,6 +114,7 @@ class Console:
         self._intact: bool | None = None  # the monitor's last check of the weights
         self._shown: set[tuple[str, Severity]] = set()
         self._folds: dict[tuple[str, Severity], _Fold] = {}
+        self._episodes: dict[EpisodeKey, Severity] = {}  # each episode's worst severity so far
 
     def start(
         self,
@@ -119,7 +129,7 @@ class Console:
         if not self.enabled:
             return
         show_info()
-        self.low_precision = not str(trainer.precision).startswith(_FULL_PRECISION)
+        self.low_precision = low_precision(str(trainer.precision))
         self.jsonl = jsonl
         parts = [f"on, policy {self.policy}"]
         parts.append(f"{len(groups)} depth groups: {compact_groups(groups)}")
@@ -198,11 +208,35 @@ class Console:
             text += f" -> try: {', '.join(remedies)}"
         return text
 
+    def update_line(self, finding: Finding) -> str:
+        """An episode's update as printed: span, kind, where, what it is now."""
+        where = f" [{', '.join(finding.location)}]" if finding.location else ""
+        return f"{_span(finding)} {finding.kind}{where}, update: {observation(finding)}"
+
+    def _updates(self, finding: Finding) -> bool:
+        """Whether ``finding`` updates an episode printed before (then counted and printed as
+        its update); else it opens one."""
+        episode = episode_key(finding)
+        if episode is None:
+            return False
+        was = self._episodes.get(episode)
+        if was is None:
+            self._episodes[episode] = finding.severity
+            return False
+        if finding.severity > was:  # the episode counts at the worst severity it reached
+            self.counts[was] -= 1
+            self.counts[finding.severity] += 1
+            self._episodes[episode] = finding.severity
+        log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
+        return True
+
     def _finding(self, finding: Finding, record: StepRecord | None) -> None:
-        self.counts[finding.severity] += 1
-        self.applied += finding.kind == "remedy_applied"
         if self.worst is None or finding.severity > self.worst.severity:
             self.worst = finding
+        if self._updates(finding):
+            return
+        self.counts[finding.severity] += 1
+        self.applied += finding.kind == "remedy_applied"
         key = (finding.kind, finding.severity)
         folds = finding.kind != "remedy_applied" and finding.severity < Severity.CRITICAL
         if not folds or key not in self._shown:

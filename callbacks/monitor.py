@@ -29,6 +29,7 @@ from .guard import StepGuard
 from .live_step import LiveStep
 from .measure import Measured, measure
 from .protection import Protection
+from .run_header import run_header
 from .tensorboard_output import TensorBoardOutput
 
 __all__ = ["StabilityMonitor"]
@@ -431,7 +432,7 @@ class StabilityMonitor(pl.Callback):
             return
         if self.jsonl is not False:
             path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
-            self._output("jsonl", self._open_jsonl, path or Path(str(self.jsonl)))
+            self._output("jsonl", self._open_jsonl, path or Path(str(self.jsonl)), trainer)
         if self._grads is not None:
             path = self._writer.path if self._writer is not None else None
             self._console.start(trainer, pl_module, self._grads.groups, self.grouping, path)
@@ -440,8 +441,10 @@ class StabilityMonitor(pl.Callback):
             groups = self._grads.groups  # the table lists the findings before a resume too
             self._tb = TensorBoardOutput(tb[0].experiment, groups, earlier=self.findings)
 
-    def _open_jsonl(self, path: Path) -> None:
+    def _open_jsonl(self, path: Path, trainer: pl.Trainer) -> None:
         self._writer = JsonlWriter(path)
+        groups = self._grads.groups if self._grads is not None else ()
+        self._writer.write(run_header(trainer, self.policy, groups))  # the run's facts first
 
     def _default_jsonl(self, trainer: pl.Trainer, log_dir: str) -> Path:
         """Beside the logs; without a logger, a new version directory per run (not on resume)."""

@@ -5,5 +5,16 @@
 #
 # Exit status of `stabilizer diagnose`: 0 clean (below --fail-on), 1 a finding at or above it,
 # 2 a usage error or an unreadable log. The report goes to stdout (--markdown for a PR comment).
+# The command is the one on PATH (a CI job that pip-installed stabilizer), else the one `make`
+# installed in this repository's .venv: the venv need not be activated.
 set -u
-stabilizer diagnose --fail-on "${FAIL_ON:-error}" "$@"
+here=$(dirname "$0")
+if command -v stabilizer >/dev/null 2>&1; then
+    stabilizer=stabilizer
+elif [ -x "$here/../.venv/bin/stabilizer" ]; then
+    stabilizer="$here/../.venv/bin/stabilizer"
+else
+    echo "ci_gate.sh: no stabilizer command: run make (or pip install -e .) first" >&2
+    exit 2
+fi
+"$stabilizer" diagnose --fail-on "${FAIL_ON:-error}" "$@"

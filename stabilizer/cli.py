@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from stabilizer.core.episode import fold_updates
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
 from stabilizer.replay.readers import FORMAT_ALIASES, READERS
@@ -35,6 +36,7 @@ from stabilizer.report.session import (
     OutputError,
     Outputs,
     diagnose_input,
+    expand_runs,
     needs_progress,
     plan_outputs,
     progress_bar,
@@ -90,6 +92,14 @@ def main() -> None:
     help="TensorBoard logs go to LOG_DIR/SCENARIO/version_N.",
 )
 @click.option(
+    "--policy",
+    type=click.Choice(["protect", "observe", "auto"]),
+    default="protect",
+    show_default=True,
+    help="The monitor's policy: observe reports, protect also skips NaN/Inf steps, auto also "
+    "applies the remedies.",
+)
+@click.option(
     "--sample",
     type=click.IntRange(min=0),
     default=240,
@@ -103,6 +113,7 @@ def demo(
     precision: str | None,
     data: Path | None,
     log_dir: Path,
+    policy: str,
     sample: int,
 ) -> None:
     """Train the reference GPT on real text and write TensorBoard logs.
@@ -131,7 +142,7 @@ def demo(
         f"corpus: {corpus.source}, {len(corpus.train):,} train / {len(corpus.val):,} val bytes"
     )
     start = time.perf_counter()
-    monitor = StabilityMonitor()
+    monitor = StabilityMonitor(policy=policy)
     run = run_scenario(
         sc,
         steps=steps,
@@ -151,8 +162,9 @@ def demo(
         f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
         f"val loss {metrics.get('val/loss', float('nan')):.3f}"
     )
-    click.echo(f"findings: {len(monitor.findings) or 'none'}")
-    for finding in monitor.findings:
+    found = fold_updates(monitor.findings)  # one per episode, as the console counts them
+    click.echo(f"findings: {len(found) or 'none'}")
+    for finding in found:
         click.echo(f"  {finding}")
     if sample:
         click.echo("--- sample ---")
@@ -238,7 +250,8 @@ def diagnose(
     output) or - for standard input. Formats: the monitor's stability.jsonl, Lightning
     metrics.csv, TensorBoard event files, the console logs of Megatron-LM, DeepSpeed, the
     Hugging Face Trainer and fairseq, and any other console log that prints steps and metrics
-    (generic: nanoGPT, llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own.
+    (generic: nanoGPT, llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own; a
+    directory of several runs (runs/, lightning_logs/) is each of its runs, then one overall line.
 
     Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error,
     an unreadable input or an output that cannot be written (the worst over all PATHs).
@@ -247,6 +260,7 @@ def diagnose(
         raise click.UsageError("--json and --markdown exclude each other")
     if paths.count("-") > 1:
         raise click.UsageError("- (standard input) can be given only once")
+    paths = tuple(expand_runs(paths, format_))  # a directory of runs: each run
     try:
         plans = plan_outputs(paths, plot, tb_dir, force)
     except OutputError as exc:

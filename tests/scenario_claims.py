@@ -203,6 +203,18 @@ def _nan_16_true(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
     ]
 
 
+def _stall(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
+    loss = curves.loss
+    # At step 300, where the stall check runs, the loss is within its 10% of where it started
+    # (a run that ends before step 300 shows no stall: its ratio is NaN, which breaks the claim).
+    at_300 = _median(loss[296:301]) if len(loss) > 300 else math.nan
+    return [
+        _equal("non-finite losses", _nonfinite(loss), 0),
+        _over("steps trained", len(loss), 300),
+        _over("loss at step 300 / start", at_300 / _median(loss[:5]), 0.9),
+    ]
+
+
 def _post_ln_deep(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
     last = curves.block_norms[-1]
     return [
@@ -241,6 +253,7 @@ _CLAIMS: dict[str, Callable[[Curves, Mapping[str, Curves]], list[Margin]]] = {
     "surge": _surge,
     "nan": _nan,
     "nan-16-true": _nan_16_true,
+    "stall": _stall,
     "post-ln-deep": _post_ln_deep,
     "pre-ln-deep": _pre_ln_deep,
 }

@@ -11,6 +11,7 @@ import pytest
 from stabilizer.core.detectors.loss_spike import LossSpike
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.replay.diagnose import Diagnosis, Located, Segment, diagnose
+from stabilizer.report import report_dict
 from stabilizer.report.episodes import episodes
 from stabilizer.report.markdown import render_markdown
 from stabilizer.report.text import render_text
@@ -114,3 +115,79 @@ def test_a_nan_made_in_the_loss_of_a_protected_fp32_run(tmp_path: Path) -> None:
     text = render_text(diagnosis)
     [block] = [b for b in text.split("\n#") if "non-finite loss" in b]
     assert "fp16" not in block and "fp32" not in block
+
+
+def _overflow_log(path: Path) -> Path:
+    """An fp16 run's JSONL: the scaler skips steps 60-63 (NaN loss, the scale halving), then
+    the scale holds: the cascade detector's ERROR, then its INFO when it is over."""
+    lines = []
+    for step in range(120):
+        bad = 60 <= step < 64
+        scale = 65536.0 / 2 ** min(max(step - 59, 0), 4)
+        values = {"loss": math.nan if bad else 2.0, "loss_scale": scale, "skipped": float(bad)}
+        lines.append(StepRecord(step, values).to_json())
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_episode_is_one_entry_in_every_report(tmp_path: Path) -> None:
+    """#21: the cascade was an ERROR and then an INFO, two entries; the episode is one, at the
+    worst severity it reached, with what it is now (over)."""
+    diagnosis = diagnose(str(_overflow_log(tmp_path / "stability.jsonl")))
+    [overflow] = [
+        item.finding for item in diagnosis.findings if item.finding.kind == "fp16_overflow"
+    ]
+    assert overflow.severity == Severity.ERROR and "over, the scale holds" in overflow.message
+    [episode] = episodes(diagnosis)
+    assert [f.kind for f in episode.findings].count("fp16_overflow") == 1
+    text = render_text(diagnosis)
+    assert text.count("fp16 overflow cascade:") == 1
+    assert "outcome   recovered: the run went on past step 63" in text
+    assert "never recovers" not in text  # #21: said of a run that recovered
+    report = report_dict([diagnosis], Severity.WARNING)
+    assert [f["severity"] for f in report["findings"] if f["kind"] == "fp16_overflow"] == ["error"]
+
+
+def test_a_spike_of_several_bad_steps_is_not_blamed_on_one_batch() -> None:
+    five = Finding(
+        "loss_spike", 150, 154, Severity.WARNING, "loss spiked", {"recovered": 1.0}, (), ()
+    )
+    [episode] = episodes(_diagnosis(five))
+    assert episode.cause.startswith("the loss stayed up from step 150 to 154, not for one step")
+    assert "one batch" not in episode.cause and episode.cause.endswith("the run recovered")
+    single = Finding("loss_spike", 150, 150, Severity.WARNING, "loss spiked", {"recovered": 0.0})
+    [one] = episodes(_diagnosis(single))
+    assert one.cause == (
+        "one batch with an outsized gradient pushed the weights off course; not back by the end "
+        "of the log"
+    )
+
+
+def test_set_up_advice_is_no_episode(tmp_path: Path) -> None:
+    """#21: the preflight's "no gradient clipping" was episode #1 of every healthy report."""
+    clip = Finding(
+        "config_risk",
+        0,
+        None,
+        Severity.INFO,
+        "no gradient clipping: one bad batch ...",
+        {},
+        (),
+        ("clip_gradients",),
+    )
+    diagnosis = _diagnosis(clip, SPIKE)
+    assert [e.worst.kind for e in episodes(diagnosis)] == ["loss_spike"]
+    text = render_text(diagnosis)
+    timeline, setup = text.split("\nset-up: the monitor's checks at the first batch\n")
+    assert "#1" in timeline and "no gradient clipping" not in timeline
+    assert setup.splitlines()[0] == (
+        "    INFO  no gradient clipping: one bad batch ... -> clip the global gradient norm to "
+        "1.0 (clip_gradients)"
+    )
+    assert text.splitlines()[-1].endswith("; 1 set-up note below (1 info)")
+    healthy = render_text(_diagnosis(clip))
+    assert "timeline" not in healthy
+    assert healthy.splitlines()[-1] == (
+        "verdict: healthy: no instabilities found in 401 records; 1 set-up note below (1 info)"
+    )
+    assert "### Set-up" in render_markdown(_diagnosis(clip))

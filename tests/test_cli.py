@@ -7,7 +7,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from stabilizer import __version__
 from stabilizer.cli import main
+from stabilizer.core.run import RunHeader
+from stabilizer.replay.readers import read_log
 
 
 def test_help_lists_commands() -> None:
@@ -31,6 +34,8 @@ def test_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
                 str(tmp_path),
                 "--sample",
                 "40",
+                "--policy",
+                "observe",
             ],
         )
     assert result.exit_code == 0, result.output
@@ -40,6 +45,13 @@ def test_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
     assert "--- sample ---" in result.output
     events = list((tmp_path / "healthy").rglob("events.out.tfevents.*"))
     assert events, result.output
+    # The log opens with the run's facts, the policy the command line asked for among them.
+    [jsonl] = (tmp_path / "healthy").rglob("stability.jsonl")
+    [header, *_] = read_log(jsonl)
+    assert header == RunHeader(
+        "32-true", "cpu", 1, "SingleDeviceStrategy", 1, "observe", header.groups, __version__
+    )
+    assert header.groups == ("embed", "block_00", "block_01", "block_02", "block_03", "head")
 
 
 def test_demo_bad_data_is_a_usage_error(tmp_path: Path) -> None:

@@ -225,3 +225,40 @@ def _nan(step: int) -> Finding:
         (),
         ("skip_step", "upcast_to_fp32", "rollback"),
     )
+
+
+def test_an_episode_prints_once_then_its_updates(printed: list[str]) -> None:
+    """#21: the closing finding of starved layers was folded into "depth_imbalance at 1 more
+    step (27)", and an fp16 cascade counted as an error and an info. An update prints as the
+    episode's update, is never folded, and the end line counts the episode once."""
+    console = _console()
+    band = ("block_00", "block_01")
+    opened = Finding("depth_imbalance", 27, 76, Severity.WARNING, "blocks 0-1 starve", {}, band)
+    closed = Finding(
+        "depth_imbalance", 27, 199, Severity.WARNING, "blocks 0-1 to the end", {}, band
+    )
+    cascade = Finding("fp16_overflow", 60, 62, Severity.ERROR, "cascade: 3 skipped steps")
+    over = Finding("fp16_overflow", 60, 63, Severity.INFO, "cascade: 4 skipped steps; over")
+    for found in ([opened], [cascade], [over]):
+        console.report(None, found)
+    console.report(None, [closed])
+    console.finish(200)
+    assert printed == [
+        "steps 27-76 warning depth_imbalance [block_00, block_01]: blocks 0-1 starve",
+        "steps 60-62 error fp16_overflow: cascade: 3 skipped steps",
+        "steps 60-63 fp16_overflow, update: cascade: 4 skipped steps; over",
+        "steps 27-199 depth_imbalance [block_00, block_01], update: blocks 0-1 to the end",
+        "done at step 200: 2 findings (1 error, 1 warning), worst: steps 60-62 fp16_overflow; "
+        "0 steps skipped",
+    ]
+
+
+def test_an_fp32_run_prints_no_idle_detector_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#21: ``detector 'fp16_overflow' idle`` printed on every fp32 run, without the prefix."""
+    with caplog.at_level(logging.INFO):
+        _fit(tmp_path, TinyLM(), steps=105)  # past the engine's grace of 100 records
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [line for line in lines if "idle" in line]
+    assert all(line.startswith("stabilizer: ") for line in lines if r"stabilizer" in line)

@@ -37,6 +37,8 @@ CONTROLS = [
     ("nan", "healthy"),
     ("nan", "nan-16-true"),
     ("nan-16-true", "nan"),
+    ("stall", "healthy"),
+    ("stall", "post-ln-deep"),
     ("post-ln-deep", "pre-ln-deep"),
     ("pre-ln-deep", "post-ln-deep"),
     ("healthy", "spike"),
@@ -81,7 +83,18 @@ def test_unknown_scenario_lists_valid_names() -> None:
 
 def test_every_scenario_is_small() -> None:
     for sc in SCENARIOS.values():
-        assert sc.steps <= 300 and sc.model.n_layer <= 12
+        # 310: the stall scenario must reach step 300, where the stall check runs.
+        assert sc.steps <= 310 and sc.model.n_layer <= 12
         if sc.activation_fault is not None:
             assert isinstance(sc.activation_fault, ActivationFault)
             assert sc.activation_fault.stop <= sc.steps
+
+
+def test_the_demos_show_what_they_claim(scenario_run: Callable[[str], TracedRun]) -> None:
+    """`stall` is reported as a stall; post-ln-deep, whose loss fell from its start to the
+    unigram entropy and stopped there, as starved layers, never as a stall (#21: it was
+    described as stalling, yet ended before the stall check could run)."""
+    stalled = [f for f in scenario_run("stall").monitor.findings if f.kind == "stall"]
+    assert [(f.step, f.end_step) for f in stalled] == [(0, 300)]
+    post = {f.kind for f in scenario_run("post-ln-deep").monitor.findings}
+    assert "depth_imbalance" in post and "stall" not in post

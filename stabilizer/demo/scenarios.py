@@ -15,8 +15,11 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
                     for a few steps: NaN loss, the scaler skips those steps, training goes on.
 ``nan-16-true``     the same overflow in pure fp16 without a scaler: the NaN reaches the weights
                     and never goes away.
+``stall``           an LR 1000x too low: at step 300, where the stall check runs, the loss is
+                    still where it started (``stall``).
 ``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup): per-layer gradient norms
-                    separate by orders of magnitude and the loss stalls near the unigram entropy.
+                    separate by orders of magnitude and the loss stops falling at the unigram
+                    entropy (it did fall from its start: no ``stall``, a ``depth_imbalance``).
 ``pre-ln-deep``     the same model, LR and warmup with pre-LN: it trains (post-ln-deep's control).
 ==================  ===========================================================================
 """
@@ -136,9 +139,20 @@ SCENARIOS: dict[str, Scenario] = {
             activation_fault=_NAN_FAULT,
         ),
         Scenario(
+            "stall",
+            "the LR is 1000x too low (3e-6): at step 300 the loss is still where it started, "
+            "the run is not learning",
+            model=_TINY,
+            batch_size=8,
+            lr=3e-6,
+            # The stall check runs at step 300 (after the warm-up): the run must get there.
+            steps=310,
+        ),
+        Scenario(
             "post-ln-deep",
-            "post-LN, 12 layers, LR 1e-2 after a 50-step warmup: gradients starve in part of the "
-            "stack and the loss stalls near the unigram entropy",
+            "post-LN, 12 layers, LR 1e-2 after a 50-step warmup: gradients starve in the "
+            "input-side half of the stack and the loss stops falling at the unigram entropy "
+            "(~3.25 nats: it learns byte frequencies only), where pre-LN goes on",
             model=replace(_DEEP, norm_position="post"),
             lr=1e-2,
             # The warmup is the source article's remedy kept on both deep twins: post-LN starves

@@ -12,6 +12,15 @@ cannot straddle a restart (the end of a segment closes its open episodes, as the
 does). The price: each segment starts with the detectors' warm-up (20 records for the spike
 detectors). Findings keep the segment they came from.
 
+Episodes. A detector reports an episode when it is sure of it and again when it ends or
+escalates, with the kind, start step and location of its first finding (see
+`stabilizer.core.episode`); such an update replaces the episode's entry in `Diagnosis.findings`,
+so that every report lists an episode once, at the worst severity it reached.
+
+The run's facts. A ``stability.jsonl`` starts with the monitor's `RunHeader` (precision,
+devices, policy, ...), an item of the stream: it becomes `Diagnosis.run`, for advice that fits
+the run. Other logs, and JSONL logs from before the header, leave it None.
+
 Keys. A log could name a new metric on every line; each distinct key costs memory in the engine
 and the history. The first `MAX_KEYS` distinct keys of a log are kept, later new ones dropped
 with one note.
@@ -25,7 +34,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from stabilizer.core.engine import Engine
+from stabilizer.core.episode import ONE_SHOT_KINDS, EpisodeKey, episode_key, updated
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import LOSS
 
 from .history import History
@@ -80,7 +91,7 @@ class Segment:
     nonfinite_since: int | None = None
 
 
-LIVE_KINDS = frozenset({"root_cause", "config_risk", "causal_leak", "remedy_applied"})
+LIVE_KINDS = ONE_SHOT_KINDS
 """Finding kinds only the live monitor can make: read from its log, not replayed."""
 
 
@@ -101,6 +112,7 @@ class Diagnosis:
     segments: list[Segment] = field(default_factory=list)
     findings: list[Located] = field(default_factory=list)
     history: History = field(default_factory=History)
+    run: RunHeader | None = None
 
     @property
     def records(self) -> int:
@@ -156,9 +168,15 @@ class _Replay:
         self.segment: Segment | None = None
         self.restart: Restart | None = None  # the restart the next record starts a segment at
         self.keys: set[str] = set()  # the value keys kept (at most `MAX_KEYS`)
+        self.open: dict[EpisodeKey, int] = {}  # the segment's episodes: index in the findings
 
     def observe(self, item: Item) -> None:
-        """Take the next item of the stream: a record, or a restart before the next one."""
+        """Take the next item of the stream: a record, a restart before the next one, or the
+        run's header (the first one is kept: a resumed run writes the same facts again)."""
+        if isinstance(item, RunHeader):
+            if self.diagnosis.run is None:
+                self.diagnosis.run = item
+            return
         if isinstance(item, Restart):
             if self.segment is not None:  # (a restart before any record starts nothing)
                 self.restart = item
@@ -192,7 +210,7 @@ class _Replay:
     def _begin(self, step: int, restart: Restart | None) -> None:
         if self.segment is not None:
             self.finish()
-            self.engine = Engine()
+            self.engine, self.open = Engine(), {}
         index = len(self.diagnosis.segments) + 1
         why, line = ("", None) if restart is None else (_why(restart, index), restart.line)
         self.segment = Segment(index, step, step, why=why, line=line)
@@ -215,10 +233,18 @@ class _Replay:
         self.diagnosis.findings.sort(key=lambda item: (item.segment, item.finding.step))
 
     def _keep(self, findings: list[Finding]) -> None:
-        if findings:
+        """Keep new findings; one that updates an episode of the segment replaces its entry."""
+        kept = self.diagnosis.findings
+        for finding in findings:
             assert self.segment is not None
-            index = self.segment.index
-            self.diagnosis.findings += [Located(index, finding) for finding in findings]
+            key = episode_key(finding)
+            at = self.open.get(key) if key is not None else None
+            if at is not None:
+                kept[at] = Located(kept[at].segment, updated(kept[at].finding, finding))
+                continue
+            if key is not None:
+                self.open[key] = len(kept)
+            kept.append(Located(self.segment.index, finding))
 
 
 def _why(restart: Restart, index: int) -> str:

@@ -36,10 +36,11 @@ from stabilizer.replay.diagnose import (
 from stabilizer.replay.history import History
 
 from .advice import ADVICE, REMEDY_TEXT, Advice, advice_for, remedy_text
-from .episodes import Episode, episodes, verdict
+from .episodes import Episode, episodes
 from .json_report import report_dict
 from .markdown import render_markdown
 from .text import render_text
+from .verdict import verdict
 
 __all__ = [
     "ADVICE",

@@ -53,7 +53,7 @@ ADVICE: dict[str, Advice] = {
     "nonfinite_loss": Advice(
         "non-finite loss (NaN/Inf)",
         "an fp16 overflow, a softmax computed without max-subtraction, or LayerNorm computed in "
-        "fp16; once a NaN update reaches the weights the run never recovers",
+        "fp16",
     ),
     "nonfinite_grad": Advice(
         "non-finite gradients (NaN/Inf)",
@@ -136,10 +136,13 @@ class RunFacts:
         fp16: A loss scale was logged (fp16 mixed precision); False: not known to be fp16.
         skipped: Spans of steps ``(first, last)`` in which an update was skipped (by the
             monitor's guard or a grad scaler).
+        low_precision: Whether the run computed in 16 bits, from the run's header in
+            ``stability.jsonl``: False for an fp32 run, None when the log does not say.
     """
 
     fp16: bool = False
     skipped: tuple[tuple[int, int], ...] = ()
+    low_precision: bool | None = None
 
     def was_skipped(self, step: int) -> bool:
         """Whether the update of ``step`` was (as far as the log tells) skipped."""
@@ -154,10 +157,15 @@ _LOSS_CAUSE = (
 )
 _NOT_FP16_CAUSE = {
     "nonfinite_loss": "values past their dtype's range, a softmax computed without "
-    "max-subtraction, or LayerNorm in low precision; once a NaN update reaches the weights the "
-    "run never recovers",
+    "max-subtraction, or LayerNorm in low precision",
     "nonfinite_grad": "an overflow in the backward pass: a softmax without max-subtraction, "
     "a division by a tiny norm, or LayerNorm in low precision",
+}
+_FP32_CAUSE = {  # the run's header says fp32: no 16-bit range to blame
+    "nonfinite_loss": "values past even fp32's range (an activation or logit that grew without "
+    "bound), a softmax computed without max-subtraction, or a log of 0 or a division by 0",
+    "nonfinite_grad": "an overflow in the backward pass: a softmax without max-subtraction, "
+    "a division by a tiny norm, or an activation that grew without bound",
 }
 
 
@@ -170,9 +178,27 @@ def cause_for(kind: str, findings: Sequence[Finding], facts: RunFacts) -> str:
     """The usual cause of ``kind``, as far as the episode's evidence and the run tell."""
     if kind in _NONFINITE and in_the_loss(findings):
         return _LOSS_CAUSE
+    if facts.low_precision is False and kind in _FP32_CAUSE:
+        return _FP32_CAUSE[kind]
     if not facts.fp16 and kind in _NOT_FP16_CAUSE:
         return _NOT_FP16_CAUSE[kind]
+    if kind == "loss_spike":
+        return _spike_cause(next(f for f in findings if f.kind == kind))
     return advice_for(kind).cause
+
+
+def _spike_cause(spike: Finding) -> str:
+    """A loss spike's cause as its evidence tells: one step up or several, recovered or not."""
+    if spike.end_step is None or spike.end_step == spike.step:
+        cause = "one batch with an outsized gradient pushed the weights off course"
+    else:  # (a log may not hold every step: the span, not a count of bad steps)
+        cause = (
+            f"the loss stayed up from step {spike.step} to {spike.end_step}, not for one step: "
+            "a run of bad batches (corrupt or mislabelled data, a bad shard), or one outsized "
+            "update the weights took that long to undo"
+        )
+    recovered = spike.evidence.get("recovered", 1.0) >= 0.5
+    return cause + ("; the run recovered" if recovered else "; not back by the end of the log")
 
 
 def fitting_remedies(
@@ -180,11 +206,12 @@ def fitting_remedies(
 ) -> tuple[str, ...]:
     """The remedies that the evidence supports, each once, in their order.
 
-    A NaN made in the loss gets no fp32 islands; ``skip_step`` is dropped where the step was
+    A NaN made in the loss, or in a run whose header says fp32, gets no fp32 islands (nor bf16,
+    nor fp32 master weights), as on the live console; ``skip_step`` is dropped where the step was
     skipped already.
     """
     dropped: set[str] = set()
-    if in_the_loss(findings):
+    if in_the_loss(findings) or facts.low_precision is False:
         dropped |= LOW_PRECISION_REMEDIES
     nonfinite = [f for f in findings if f.kind in _NONFINITE or f.kind == "fp16_overflow"]
     if nonfinite and all(f.kind == "fp16_overflow" or facts.was_skipped(f.step) for f in nonfinite):
@@ -200,6 +227,14 @@ def advice_for(kind: str) -> Advice:
     return Advice(kind.replace("_", " "), "not in the advice table: see the message")
 
 
-def remedy_text(name: str) -> str:
-    """The action a remedy name stands for; an unknown name is returned as it is."""
-    return REMEDY_TEXT.get(name, name)
+_FOR_KIND = {
+    # A run that does not learn may have an LR far too low as well as far too high.
+    ("stall", "scale_lr"): "try the learning rate 10x lower and 10x higher: a run that does not "
+    "learn has one far off",
+}
+
+
+def remedy_text(name: str, kind: str = "") -> str:
+    """The action a remedy name stands for (after a finding of ``kind``, where that changes it);
+    an unknown name is returned as it is."""
+    return _FOR_KIND.get((kind, name)) or REMEDY_TEXT.get(name, name)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
-from stabilizer.replay.diagnose import Diagnosis, Segment, severity_counts
+from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
 
-from .advice import RunFacts, advice_for, cause_for, fitting_remedies, remedy_text
+from .advice import RunFacts, cause_for, fitting_remedies, remedy_text
 
 __all__ = [
     "FAMILIES",
@@ -29,13 +29,14 @@ __all__ = [
     "episodes",
     "evidence_text",
     "header_facts",
+    "is_setup",
     "note_lines",
     "number",
     "outcome",
     "remedy_lines",
     "run_facts",
+    "setup_findings",
     "step_range",
-    "verdict",
 ]
 
 MAX_NOTES = 12  # distinct notes listed; the JSON report has them all
@@ -117,9 +118,25 @@ class Episode:
         return merged
 
 
+def is_setup(finding: Finding) -> bool:
+    """Whether ``finding`` is advice on the set-up (the preflight's ``config_risk``, a causal
+    check that found a bidirectional model by design), not an event of the training."""
+    return finding.kind == "config_risk" or (
+        finding.kind == "causal_leak" and finding.severity <= Severity.INFO
+    )
+
+
+def setup_findings(diagnosis: Diagnosis) -> list[Finding]:
+    """The set-up advice of the run (from the monitor's checks at its first batch), worst first."""
+    found = [item.finding for item in diagnosis.findings if is_setup(item.finding)]
+    return sorted(found, key=lambda f: -f.severity)
+
+
 def episodes(diagnosis: Diagnosis) -> list[Episode]:
-    """The diagnosis's findings as episodes, by segment, then step (see the module docstring)."""
-    ordered = sorted(diagnosis.findings, key=lambda item: (item.segment, item.finding.step))
+    """The diagnosis's findings as episodes, by segment, then step (see the module docstring);
+    set-up advice (`is_setup`) is no episode."""
+    events = [item for item in diagnosis.findings if not is_setup(item.finding)]
+    ordered = sorted(events, key=lambda item: (item.segment, item.finding.step))
     groups: list[tuple[int, list[Finding]]] = []
     latest: dict[tuple[int, int | str], list[Finding]] = {}  # the open episode by family
     for segment, finding in ordered:
@@ -154,7 +171,8 @@ def run_facts(diagnosis: Diagnosis) -> RunFacts:
         if SKIPPED in one.series and one.series[SKIPPED][1] >= 0.5
     )
     seen = diagnosis.history.keys()
-    return RunFacts(fp16=LOSS_SCALE in seen, skipped=skipped)
+    low = diagnosis.run.low_precision if diagnosis.run is not None else None
+    return RunFacts(fp16=LOSS_SCALE in seen, skipped=skipped, low_precision=low)
 
 
 def number(value: float) -> str:
@@ -176,22 +194,28 @@ def evidence_text(evidence: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {number(value)}" for key, value in evidence.items())
 
 
-def remedy_lines(remedies: Sequence[str]) -> list[str]:
-    """Each remedy's action, in order, with its name: ``"clip ... to 1.0 (clip_gradients)"``."""
-    return [f"{remedy_text(name)} ({name})" for name in remedies]
+def remedy_lines(remedies: Sequence[str], kind: str = "") -> list[str]:
+    """Each remedy's action (after a finding of ``kind``), in order, with its name:
+    ``"clip ... to 1.0 (clip_gradients)"``."""
+    return [f"{remedy_text(name, kind)} ({name})" for name in remedies]
 
 
 def outcome(episode: Episode, segment: Segment, segments: int) -> str:
-    """Whether a non-finite episode ever ended, when the log tells; else ``""``."""
+    """Whether a non-finite episode ended, as the log tells; else ``""``."""
     if episode.worst.kind not in ("nonfinite_loss", "nonfinite_grad"):
         return ""
-    since = segment.nonfinite_since
-    if since is None or since > (episode.end or episode.start):
-        return ""
     where = "segment" if segments > 1 else "log"
+    since, last = segment.nonfinite_since, episode.end or episode.start
+    if since is not None and since <= last:
+        return (
+            f"never recovers: the loss is non-finite from step {since} to the end of the {where} "
+            f"(step {segment.last_step})"
+        )
+    if segment.last_step <= last:
+        return ""
     return (
-        f"never recovers: the loss is non-finite from step {since} to the end of the {where} "
-        f"(step {segment.last_step})"
+        f"recovered: the run went on past step {last}, and its last loss (step "
+        f"{segment.last_step}, the end of the {where}) is finite"
     )
 
 
@@ -213,35 +237,15 @@ def note_lines(notes: Iterable[Note]) -> list[str]:
 
 
 def header_facts(diagnosis: Diagnosis) -> list[tuple[str, str]]:
-    """The header as (label, value) pairs: format, records and steps, segments."""
+    """The header as (label, value) pairs: format, the run's facts (when its log has them),
+    records and steps, segments."""
     steps = diagnosis.steps
     span = "" if steps is None else f", {step_range(*steps)}"
     segments = diagnosis.segments
-    facts = [("format", diagnosis.format), ("records", f"{diagnosis.records}{span}")]
+    facts = [("format", diagnosis.format)]
+    if diagnosis.run is not None:
+        facts.append(("run", diagnosis.run.describe()))
+    facts.append(("records", f"{diagnosis.records}{span}"))
     if len(segments) > 1:
         facts.append(("segments", f"{len(segments)} (the run was restarted)"))
     return facts
-
-
-def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
-    """One line: how bad the run is and what to do first."""
-    found = episodes(diagnosis)
-    cut = any(note.kind == "truncated" for note in diagnosis.notes)
-    tail = "; the log is cut short: read up to the damage" if cut else ""
-    if not found:
-        return f"healthy: no instabilities found in {diagnosis.records} records{tail}"
-    counts = severity_counts(e.worst for e in found)
-    tally = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
-    first = min(found, key=lambda e: (-e.worst.severity, e.segment, e.start))
-    head = first.worst.severity.name.lower()
-    act = f"act first on #{first.number}, {advice_for(first.worst.kind).title} at "
-    act += step_range(first.start, first.end)
-    if first.remedies:
-        act += f": {remedy_text(first.remedies[0])}"
-    below = "" if first.worst.severity >= fail_on else f" (below --fail-on {fail_on.name.lower()})"
-    plural = "s" if len(found) > 1 else ""
-    last = diagnosis.segments[-1].index
-    clean = ""
-    if last > 1 and all(episode.segment < last for episode in found):
-        clean = f"; segment {last}, after the last restart, is clean"
-    return f"{head}{below}: {len(found)} episode{plural} ({tally}); {act}{clean}{tail}"

@@ -1,7 +1,8 @@
 """The machine report: one strict-JSON object for every input of a ``stabilizer diagnose`` run.
 
     {
-      "inputs": [{"path": ..., "format": ..., "records": ..., "steps": {"first": .., "last": ..},
+      "inputs": [{"path": ..., "format": ..., "run": {"type": "run", "precision": ..., ...},
+                  "records": ..., "steps": {"first": .., "last": ..},
                   "segments": [...], "notes": [...], "summary": {...}},
                  {"path": ..., "error": "one line", "summary": {"exit_code": 2}}],
       "findings": [{<Finding.to_dict()>, "input": 0, "segment": 1}, ...],
@@ -9,7 +10,9 @@
                   "worst": "error", "fail_on": "warning", "exit_code": 1}
     }
 
-``input`` is the position in ``inputs``; ``segment`` is 1-based. Non-finite numbers are the
+``run`` is the run's facts from a ``stability.jsonl``'s header (`RunHeader`), else null.
+``input`` is the position in ``inputs``; ``segment`` is 1-based. An episode is one finding: a
+detector's update of it (the cascade is over) replaced its first finding. Non-finite numbers are the
 strings ``"nan"``, ``"inf"`` and ``"-inf"``, as in the run's JSONL log.
 """
 
@@ -47,6 +50,7 @@ def _input(outcome: Diagnosis | Failure, fail_on: Severity) -> dict[str, Any]:
     return {
         "path": outcome.path,
         "format": outcome.format,
+        "run": None if outcome.run is None else outcome.run.to_dict(),
         "records": outcome.records,
         "steps": {"first": steps[0], "last": steps[1]} if steps else None,
         "segments": [asdict(segment) for segment in outcome.segments],

@@ -36,10 +36,11 @@ from .episodes import (
     header_facts,
     note_lines,
     outcome,
+    setup_findings,
     step_range,
-    verdict,
 )
-from .text import segment_text
+from .text import segment_text, setup_line
+from .verdict import verdict
 
 __all__ = ["render_markdown"]
 
@@ -79,7 +80,8 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
         lines.append(f"- **outcome:** {ended}")
     lines.append(f"- **likely cause:** {episode.cause}")
     if episode.remedies:
-        actions = [f"{remedy_text(name)} (`{name}`)" for name in episode.remedies]
+        kind = episode.worst.kind
+        actions = [f"{remedy_text(name, kind)} (`{name}`)" for name in episode.remedies]
         lines.append("- **remedy:** " + "; ".join(actions))
     return lines
 
@@ -92,5 +94,9 @@ def render_markdown(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) 
         lines += ["", "### Timeline"]
         for episode in found:
             lines += _episode(episode, diagnosis)
+    setup = setup_findings(diagnosis)
+    if setup:
+        lines += ["", "### Set-up", ""]
+        lines += [f"- {_escape(setup_line(finding))}" for finding in setup]
     lines += ["", f"**Verdict:** {_escape(verdict(diagnosis, fail_on))}"]
     return "\n".join(lines)

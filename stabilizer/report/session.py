@@ -1,7 +1,8 @@
 """One ``stabilizer diagnose`` run, minus the terminal: inputs in, outcomes and output files out.
 
-The command line (`stabilizer.cli`) prints; this module decides. Each input gets its own
-diagnosis, its own TensorBoard run and its own plot. Every output path is checked before the
+The command line (`stabilizer.cli`) prints; this module decides. A directory of several runs is
+several inputs (`expand_runs`). Each input gets its own diagnosis, its own TensorBoard run and
+its own plot. Every output path is checked before the
 first input is read (`plan_outputs`); outputs never replace or add to what is there unless
 ``force`` (see `stabilizer.report.files`). An input that cannot be read, or whose outputs cannot
 be written, becomes a `Failure` with a one-line message that says which, never a traceback.
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from stabilizer.replay.diagnose import Diagnosis, Failure, diagnose
-from stabilizer.replay.readers import LogReadError
+from stabilizer.replay.readers import LogReadError, find_runs
 
 from .files import OutputError, check_file, check_run_dir
 from .inputs import Wrap, progress_bar
@@ -28,6 +29,7 @@ __all__ = [
     "OutputError",
     "Outputs",
     "diagnose_input",
+    "expand_runs",
     "needs_progress",
     "plan_outputs",
     "plot_path",
@@ -38,6 +40,23 @@ __all__ = [
 
 PROGRESS_BYTES = 50 * 2**20
 """Files larger than this are worth a progress bar (`progress_bar`, by bytes read)."""
+
+
+def expand_runs(paths: Sequence[str], format: str = "auto") -> list[str]:
+    """Each input, a directory of several runs (``runs/``, a Lightning ``lightning_logs/``) as
+    each of its runs, in path order, so that every run is diagnosed, not only the newest."""
+    expanded: list[str] = []
+    for path in paths:
+        runs = find_runs(Path(path), format) if path != "-" and _is_dir(path) else []
+        expanded += [str(run) for run in runs] if len(runs) > 1 else [path]
+    return expanded
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except OSError:
+        return False
 
 
 def needs_progress(path: str) -> bool:

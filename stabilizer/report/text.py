@@ -13,17 +13,22 @@
         remedy    clip the global gradient norm to 1.0 (clip_gradients)
                   roll back to the last good checkpoint and step past the bad batch (rollback)
 
+    set-up: the monitor's checks at the first batch
+        INFO  no gradient clipping: ... -> clip the global gradient norm to 1.0 (clip_gradients)
+
     verdict: critical: 2 episodes (1 critical, 1 warning); act first on #2, ...
 
-Labels sit in a 10-character column; several findings of one episode give several ``what``
-lines. Segments are listed only for a restarted run, notes once per distinct message.
+The set-up section (a ``stability.jsonl``'s preflight advice) follows the episodes: advice on
+the configuration is no event of the run. Labels sit in a 10-character column; several findings
+of one episode give several ``what`` lines. Segments are listed only for a restarted run, notes
+once per distinct message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stabilizer.core.records import Severity
+from stabilizer.core.records import Finding, Severity
 from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
@@ -36,11 +41,12 @@ from .episodes import (
     note_lines,
     outcome,
     remedy_lines,
+    setup_findings,
     step_range,
-    verdict,
 )
+from .verdict import verdict
 
-__all__ = ["render_overall", "render_text", "segment_text"]
+__all__ = ["render_overall", "render_text", "segment_text", "setup_line"]
 
 _LABEL = 10  # width of the label column
 
@@ -91,7 +97,7 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
         lines += _block("outcome", [ended], "    ")
     lines += _block("cause", [episode.cause], "    ")
     if episode.remedies:
-        lines += _block("remedy", remedy_lines(episode.remedies), "    ")
+        lines += _block("remedy", remedy_lines(episode.remedies, worst.kind), "    ")
     return lines
 
 
@@ -103,8 +109,22 @@ def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> s
         lines += ["", f"timeline: {len(found)} episode{'s' if len(found) > 1 else ''}"]
         for episode in found:
             lines += _episode(episode, diagnosis)
+    setup = setup_findings(diagnosis)
+    if setup:
+        lines += ["", "set-up: the monitor's checks at the first batch"]
+        lines += [f"    {setup_line(finding)}" for finding in setup]
     lines += ["", f"verdict: {verdict(diagnosis, fail_on)}"]
     return "\n".join(lines)
+
+
+def setup_line(finding: Finding) -> str:
+    """``"INFO  no gradient clipping: ... -> clip the global gradient norm to 1.0"``."""
+    text = f"{finding.severity.name}  {observation(finding)}"
+    if finding.location:
+        text += f" [{', '.join(finding.location)}]"
+    if finding.remedies:
+        text += f" -> {'; '.join(remedy_lines(finding.remedies, finding.kind))}"
+    return text
 
 
 def render_overall(outcomes: Sequence[Diagnosis | Failure], fail_on: Severity) -> str:

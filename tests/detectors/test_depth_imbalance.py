@@ -34,7 +34,10 @@ def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() ->
     assert (finding.kind, finding.severity) == ("depth_imbalance", Severity.WARNING)
     assert (finding.step, finding.end_step) == (0, 49)
     assert finding.location == tuple(f"block_{i:02d}" for i in range(6))
-    assert finding.message.startswith("input side: blocks 0-5 get 1e-04x the gradient of the rest")
+    assert finding.message.startswith(
+        "input side: blocks 0-5 get 9e-05x to 1e-04x the gradient of the rest (norms 9e-05 to "
+        "1e-04, the rest's median 1e+00) for 50 records"
+    )
     assert finding.evidence["ratio"] == pytest.approx(1e4, rel=1.0)
     assert (finding.evidence["band_first"], finding.evidence["band_last"]) == (0, 5)
     assert finding.evidence["blocks"] == 12
@@ -43,8 +46,9 @@ def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() ->
     assert (closing.kind, closing.severity) == ("depth_imbalance", Severity.WARNING)
     assert (closing.step, closing.end_step) == (0, 299)
     assert closing.message == (
-        "input side: blocks 0-5 get 1e-04x the gradient of the rest from step 0 until the end of "
-        "the log (300 records): switch to pre-LN and keep LR warmup"
+        "input side: blocks 0-5 get 9e-05x to 1e-04x the gradient of the rest (norms 9e-05 to "
+        "1e-04, the rest's median 1e+00) from step 0 until the end of the log (300 records): "
+        "switch to pre-LN and keep LR warmup"
     )
     assert (closing.location, closing.evidence) == (finding.location, finding.evidence)
 
@@ -152,3 +156,18 @@ def test_records_without_block_norms_change_nothing() -> None:
 def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DepthImbalance(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_message_gives_the_band_as_its_evidence_does() -> None:
+    """The whole band, its most starved block too: a post-LN stack's input end gets 1e-9x of
+    the rest's gradient where its least starved block gets 1e-3x (#21: the message said only
+    the latter while the evidence and the heatmap showed the former)."""
+    norms = [1e-11, 1e-9, 1e-7, 1e-5] + [1e-2] * 8
+    [finding, _] = feed(DepthImbalance(), _stack(norms, 100))
+    low, high = finding.evidence["band_min"], finding.evidence["band_max"]
+    rest = finding.evidence["rest_median"]
+    assert f"get {low / rest:.0e}x to {high / rest:.0e}x the gradient of the rest" in (
+        finding.message
+    )
+    assert f"norms {low:.0e} to {high:.0e}, the rest's median {rest:.0e}" in finding.message
+    assert low / rest < 1e-8 < 1e-2 < high / rest * 10

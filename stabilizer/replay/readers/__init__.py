@@ -17,7 +17,9 @@ event files (all files of the newest run directory, merged by step), then ``metr
 given; a text log that no dedicated reader recognises is read as ``generic``. Records stream:
 memory stays bounded whatever the size of the log.
 
-`read_log` returns a `LogStream`: iterate it for its items, `StepRecord`s and `Restart`s; it
+`read_log` returns a `LogStream`: iterate it for its items, `StepRecord`s and `Restart`s (and,
+first in the monitor's ``stability.jsonl``, its `RunHeader`: the run's precision, devices,
+policy, ...); it
 also tells the format it read, the bytes read so far, the monitor's own findings
 (``stability.jsonl``) and the notes.
 
@@ -62,6 +64,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ._lines import MAX_LINE, text_lines
+from ._rundir import find_runs
 from ._source import REPLAY_SUFFIX, Source, find_logs, is_binary, open_source
 from ._stream import LogStream
 from .base import (
@@ -109,6 +112,7 @@ __all__ = [
     "TensorBoardReader",
     "UniversalReader",
     "detect_format",
+    "find_runs",
     "read_log",
     "unreadable_message",
 ]

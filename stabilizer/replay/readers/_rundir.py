@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .base import LogReadError, Note, add_note
 
-__all__ = ["DEPTH", "KINDS", "REPLAY_SUFFIX", "find_logs"]
+__all__ = ["DEPTH", "KINDS", "REPLAY_SUFFIX", "find_logs", "find_runs"]
 
 DEPTH = 4  # directory levels looked into below the given one
 
@@ -58,6 +58,19 @@ def find_logs(directory: Path, format: str, notes: list[Note]) -> tuple[str, lis
         return kind, files
     looked = ", ".join(pattern for _, pattern in kinds)
     raise LogReadError(f"{directory}: nothing readable in this directory (looked for {looked})")
+
+
+def find_runs(directory: Path, format: str = "auto") -> list[Path]:
+    """Every run directory under ``directory``, in path order: the directories holding a log of
+    the most complete kind found (`KINDS`), as `find_logs` would choose among them; ``[]`` when
+    nothing is readable (`find_logs` then says why)."""
+    kinds = [kind for kind in KINDS if format in ("auto", kind[0])]
+    walk = _Walk(directory, [pattern for _, pattern in kinds])
+    for _, pattern in kinds:
+        found = _originals([path for path in walk.found if fnmatchcase(path.name, pattern)], [])
+        if found:
+            return sorted({path.parent for path in found})
+    return []
 
 
 def _originals(found: list[Path], notes: list[Note]) -> list[Path]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import IO, ClassVar, Protocol
 
 from stabilizer.core.records import StepRecord
+from stabilizer.core.run import RunHeader
 
 __all__ = [
     "MAX_NOTES",
@@ -86,8 +87,9 @@ class Restart:
     why: str
 
 
-Item = StepRecord | Restart
-"""What a record stream holds."""
+Item = StepRecord | Restart | RunHeader
+"""What a record stream holds: records, restarts, and the run's facts where the log has them
+(a `RunHeader`, the first line of the monitor's ``stability.jsonl``)."""
 
 MAX_NOTES = 20
 """Notes kept per kind in one list; later ones are counted in a single note."""

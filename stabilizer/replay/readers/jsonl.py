@@ -6,11 +6,13 @@ The monitor writes one strict-JSON object per line (see `StepRecord.to_json`,
     {"type":"step","step":120,"values":{"loss":2.51,"grad_norm":0.83,"lr":"nan"}}
     {"type":"finding","kind":"loss_spike","step":118,...}
 
-Step lines become records as written (keys are signal keys already). Finding lines are collected
-in `JsonlReader.findings` (the first `MAX_FINDINGS`), not replayed. A flat object with a ``step``
-(``{"step": 10, "train/loss": 2.5}``, as many trackers write) is read too, its names mapped
-through the shared aliases. Lines that are not JSON objects are skipped, with one note that counts
-them.
+A run line (``{"type":"run",...}``, `RunHeader`: precision, devices, policy, ...) comes first in
+the monitor's log and is yielded as an item of the stream; logs written before it existed have
+none. Step lines become records as written (keys are signal keys already). Finding lines are
+collected in `JsonlReader.findings` (the first `MAX_FINDINGS`), not replayed. A flat object with
+a ``step`` (``{"step": 10, "train/loss": 2.5}``, as many trackers write) is read too, its names
+mapped through the shared aliases. Lines that are not JSON objects are skipped, with one note
+that counts them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from typing import IO, Any, ClassVar
 
 from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.run import RunHeader
 
 from ._keys import KeyMap
 from ._lines import Segments, text_lines
@@ -52,7 +55,9 @@ class JsonlReader(BaseReader):
         best = 0.0
         for line in head:
             text = line.strip()
-            if text.startswith(('{"type":"step"', '{"type": "step"', '{"type":"finding"')):
+            if text.startswith(
+                ('{"type":"step"', '{"type": "step"', '{"type":"finding"', '{"type":"run"')
+            ):
                 return 1.0
             if text.startswith("{") and '"step"' in text and _object(text) is not None:
                 best = 0.7
@@ -67,7 +72,11 @@ class JsonlReader(BaseReader):
             try:
                 # The object counts even if text follows it: a JSON array written an entry a
                 # line ends its lines with commas.
-                step, values = self._parse(_DECODER.raw_decode(text)[0], keys)
+                data = _DECODER.raw_decode(text)[0]
+                if data.get("type") == "run":
+                    yield RunHeader.from_dict(data)
+                    continue
+                step, values = self._parse(data, keys)
             except _BAD:
                 bad += 1
                 continue

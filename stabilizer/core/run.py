@@ -1,0 +1,130 @@
+"""`RunHeader`: the facts of a run that no step record carries, written once at its start.
+
+The monitor writes it as the first line of ``stability.jsonl`` (and again when a resumed run
+appends to the same file)::
+
+    {"type":"run","precision":"32-true","accelerator":"cpu","devices":1,
+     "strategy":"SingleDeviceStrategy","world_size":1,"policy":"protect",
+     "groups":["embed","block_00","block_01","head"],"version":"0.1.0"}
+
+The JSONL reader yields it as an item of the record stream, as TensorBoard's loader yields a
+session start, and `diagnose` hands it to the reports: advice that only fits a low-precision run
+(fp32 islands, bf16) is left out of the replayed report of an fp32 run, as it is on the live
+console. Logs written before the header existed simply have none; nothing is then assumed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FULL_PRECISION", "RunHeader", "low_precision"]
+
+FULL_PRECISION = ("32", "64")
+"""How Lightning's fp32/fp64 precisions start (``"32-true"``, ``"64-true"``, ``"32"``)."""
+
+
+def low_precision(precision: str) -> bool | None:
+    """Whether a Lightning precision computes in 16 bits; None when it is not known (``""``)."""
+    if not precision:
+        return None
+    return not precision.startswith(FULL_PRECISION)
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    """What the run was: precision, hardware, strategy, policy, depth groups, monitor version.
+
+    Args:
+        precision: Lightning's precision (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ...).
+        accelerator: ``"cpu"``, ``"cuda"``, ``"mps"``, ...
+        devices: Devices of this process's node that train.
+        strategy: The strategy's class name (``"SingleDeviceStrategy"``, ``"DDPStrategy"``).
+        world_size: Processes that train together.
+        policy: The monitor's policy (``observe``, ``protect`` or ``auto``).
+        groups: The depth groups, input side first.
+        version: The version of stabilizer that wrote the log.
+    """
+
+    precision: str = ""
+    accelerator: str = ""
+    devices: int = 1
+    strategy: str = ""
+    world_size: int = 1
+    policy: str = ""
+    groups: tuple[str, ...] = ()
+    version: str = ""
+
+    @property
+    def low_precision(self) -> bool | None:
+        """Whether the run computes in 16 bits (None: the precision is not known)."""
+        return low_precision(self.precision)
+
+    def describe(self) -> str:
+        """``"32-true on 1 cpu, SingleDeviceStrategy, policy protect, 4 depth groups"``."""
+        parts = [f"{self.precision or 'precision unknown'} on {self.devices} {self.accelerator}"]
+        if self.world_size > 1:
+            parts[0] += f" (world size {self.world_size})"
+        parts += [self.strategy] if self.strategy else []
+        parts += [f"policy {self.policy}"] if self.policy else []
+        parts += [f"{len(self.groups)} depth groups"] if self.groups else []
+        parts += [f"stabilizer {self.version}"] if self.version else []
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A strict-JSON-able dict with ``"type": "run"``."""
+        return {
+            "type": "run",
+            "precision": self.precision,
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "strategy": self.strategy,
+            "world_size": self.world_size,
+            "policy": self.policy,
+            "groups": list(self.groups),
+            "version": self.version,
+        }
+
+    def to_json(self) -> str:
+        """One line of strict JSON (see `to_dict`)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunHeader:
+        """The header of a `to_dict` dict; a missing key takes its default (a later version may
+        add facts, an earlier one lacked some).
+
+        Raises:
+            ValueError: ``type`` is not ``"run"`` or a value has the wrong type.
+        """
+        if data.get("type") != "run":
+            raise ValueError(f"`type` must be 'run', got {data.get('type')!r}")
+        groups = data.get("groups", [])
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise ValueError(f"`groups` must be a list of names, got {groups!r}")
+        return cls(
+            precision=_text(data, "precision"),
+            accelerator=_text(data, "accelerator"),
+            devices=_count(data, "devices"),
+            strategy=_text(data, "strategy"),
+            world_size=_count(data, "world_size"),
+            policy=_text(data, "policy"),
+            groups=tuple(groups),
+            version=_text(data, "version"),
+        )
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"`{key}` must be a string, got {value!r}")
+    return value
+
+
+def _count(data: Mapping[str, Any], key: str) -> int:
+    value = data.get(key, 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{key}` must be an integer >= 1, got {value!r}")
+    return value
