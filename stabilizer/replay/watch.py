@@ -161,7 +161,9 @@ class Watch:
         before = len(findings)
         replay.observe(item)
         for located in findings[before:]:
-            self.on_finding(Alert(followed.path, located.segment, located.finding, live, time.time()))
+            self.on_finding(
+                Alert(followed.path, located.segment, located.finding, live, time.time())
+            )
 
     def _failed(self, followed: _Followed, message: str) -> None:
         replay = followed.replay
