@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
@@ -386,6 +387,7 @@ def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options
         session = WatchSession.of_options(paths, format_, options, _say, _tell)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--webhook'") from None
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: the summary, as Ctrl-C
     try:
         with warnings_as_lines(sys.stderr, "stabilizer watch"):
             outcomes = session.run()
@@ -395,3 +397,7 @@ def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options
         _silence_stdout()
         ctx.exit(2)
     ctx.exit(session.exit_status(outcomes))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -111,11 +111,23 @@ class Notifier:
         self.close_episodes, self.timeout, self.retries = close, timeout, retries
         self.backoff, self.source = backoff, source
         self.sent = self.dropped = self.failed = 0
+        self.queue_size = queue_size
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(queue_size)
         self._episodes: OrderedDict[tuple[Any, ...], bool] = OrderedDict()  # → closed
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Settings and counters (a strategy that spawns processes pickles its callbacks)."""
+        state = self.__dict__.copy()
+        for name in ("_queue", "_thread", "_lock"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._queue, self._thread, self._lock = queue.Queue(self.queue_size), None, threading.Lock()
 
     def __repr__(self) -> str:
         hook = redact(self.webhook) if self.webhook else None

@@ -120,6 +120,8 @@ class FollowedFile:
         while not self._stop.is_set():
             if not self.live and self._opened and self.position >= self._history:
                 self.live = True
+                where = "" if self._file == self.path else f" ({self._file})"
+                self._tell(f"{self.path}{where}: at its end; following")
             data = self._take(size)
             if data:
                 self._idle.owed = True
@@ -192,8 +194,6 @@ class FollowedFile:
         if self._fd is not None:
             self._tell(f"{self.path}: rotated; following the new file {target}")
             self._break = not self._ended
-        elif self._opened or str(target) != self.path or not size:
-            self._tell(f"{self.path}: following {target}")
         self.close()
         info = os.fstat(fd)
         self._fd, self._file, self._id = fd, str(target), (info.st_dev, info.st_ino)
