@@ -36,8 +36,11 @@ from .readers._source import HEAD, is_binary
 
 __all__ = ["QUEUE", "Alert", "Watch"]
 
-QUEUE = 10_000
-"""Items waiting for the engines at most; a reader that is that far ahead waits."""
+BATCH = 1000
+"""Items a reader thread hands over at once at most (it hands over what it has at each read)."""
+
+QUEUE = 64
+"""Batches waiting for the engines at most; a reader that is that far ahead waits."""
 
 _CONFIDENT = 0.4  # a sniff score that settles the format before `HEAD` bytes have come
 
@@ -153,7 +156,8 @@ class Watch:
         elif isinstance(item, LogReadError):
             self._failed(followed, str(item))
         elif followed.replay is not None:
-            self._observe(followed, followed.replay, item, live)
+            for one in item:
+                self._observe(followed, followed.replay, one, live)
         return 0
 
     def _observe(self, followed: _Followed, replay: _Replay, item: Any, live: bool) -> None:
@@ -196,8 +200,10 @@ class Watch:
                 if fmt:
                     put((index, fmt, False))
                     reader = READERS[fmt](self._followed[index].notes)
+                    batch = stream.batch = _Batch(index, source, put)
                     for item in reader.read(stream):  # type: ignore[arg-type]
-                        put((index, item, source.live))
+                        batch.add(item)
+                    batch.hand_over()
                     stored = getattr(reader, "findings", [])
             finally:
                 source.close()
@@ -248,13 +254,38 @@ def _settled(head: bytes) -> bool:
     return any(cls.sniff(lines) >= _CONFIDENT for cls in READERS.values()) if lines else False
 
 
+class _Batch:
+    """The items a reader thread has read since its last read of the input: handed over
+    together (one queue operation, not one per line) before the next read, which may wait."""
+
+    def __init__(
+        self, index: int, source: FollowedFile | FollowedPipe, put: Callable[[Any], None]
+    ) -> None:
+        self.index, self.source, self.put = index, source, put
+        self.items: list[Any] = []
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+        if len(self.items) >= BATCH:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        if self.items:  # `live` as it was when these were read
+            self.put((self.index, self.items, self.source.live))
+            self.items = []
+
+
 class _Prefixed:
-    """The bytes read for detection again, then the rest of the followed stream."""
+    """The bytes read for detection again, then the rest of the followed stream; before each
+    read, the batch of items read so far is handed over."""
 
     def __init__(self, head: bytes, source: FollowedFile | FollowedPipe) -> None:
         self._head, self._source = head, source
+        self.batch: _Batch | None = None
 
     def read1(self, size: int = -1) -> bytes:
+        if self.batch is not None:
+            self.batch.hand_over()
         if self._head:
             head, self._head = self._head, b""
             return head
