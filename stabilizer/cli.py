@@ -344,28 +344,15 @@ def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
     show_default=True,
     help="Log format; auto detects it from the first lines.",
 )
-@click.option(
-    "--from-start",
-    is_flag=True,
-    help="Also print and send the findings of what the logs hold already (by default read "
-    "silently, as the detectors' baseline).",
-)
+@click.option("--from-start", is_flag=True, help=WATCH_HELP["from_start"])
 @click.option("--exit-on", type=click.Choice(_SEVERITIES), help=WATCH_HELP["exit_on"])
 @click.option(
-    "--fail-on",
-    type=click.Choice(_SEVERITIES),
-    default="warning",
-    show_default=True,
-    help="At the end, exit 1 when a finding is at least this severe.",
+    "--fail-on", type=click.Choice(_SEVERITIES), default="warning", help=WATCH_HELP["fail_on"]
 )
 @click.option("--exec", "command", metavar="CMD", help=WATCH_HELP["exec"])
 @click.option("--webhook", metavar="URL", envvar=ENV_WEBHOOK, help=WATCH_HELP["webhook"])
 @click.option(
-    "--notify-on",
-    type=click.Choice(_SEVERITIES),
-    default="error",
-    show_default=True,
-    help="Send an episode (--exec, --webhook) once, when a finding of it is this severe.",
+    "--notify-on", type=click.Choice(_SEVERITIES), default="error", help=WATCH_HELP["notify_on"]
 )
 @click.option("--notify-close", is_flag=True, help=WATCH_HELP["notify_close"])
 @click.pass_context
@@ -387,10 +374,11 @@ def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options
         session = WatchSession.of_options(paths, format_, options, _say, _tell)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--webhook'") from None
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: the summary, as Ctrl-C
+    before = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C
     try:
         with warnings_as_lines(sys.stderr, "stabilizer watch"):
             outcomes = session.run()
+        signal.signal(signal.SIGTERM, before)
         for to_stderr, text in session.summary(outcomes):
             _tell(text) if to_stderr else _say(text)
     except _StdoutFailed:

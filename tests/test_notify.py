@@ -34,7 +34,7 @@ class _Hook(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Hook
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if self.server.fail:
             self.server.fail -= 1

@@ -8,19 +8,22 @@ phase waits for the watcher's line about it, never for a time: these tests say n
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from stabilizer.cli import main
+from stabilizer.core.records import StepRecord
+from stabilizer.replay.watch import Alert, Watch
 
 _WRITER = """
 import sys, time
@@ -53,7 +56,9 @@ def _cascade(step: int, scales: int) -> list[str]:
 def _write(path: Path, lines: list[str], mode: str = "a") -> None:
     """Append (or write) ``lines`` from a subprocess, one line at a time."""
     text = "".join(line + "\n" for line in lines)
-    subprocess.run([sys.executable, "-c", _WRITER, str(path), mode], input=text, text=True, check=True)
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, str(path), mode], input=text, text=True, check=True
+    )
 
 
 class _Watcher:
@@ -110,12 +115,12 @@ def test_watch_follows_nan_overflow_rotation_truncation(
     w = _Watcher(str(log))
     watcher.append(w)
     w.wait_for("following", "err")
-    _write(log, _healthy(41, 60) + ["steps: 61 loss: nan lr: [0.0001]"] + _healthy(62, 70))
+    _write(log, [*_healthy(41, 60), "steps: 61 loss: nan lr: [0.0001]", *_healthy(62, 70)])
     w.wait_for("step 61 error nonfinite_loss")
     _write(log, _cascade(71, 17))
     w.wait_for("fp16_overflow")
     log.rename(tmp_path / "train.log.1")  # rotation: the job restarts into a new file
-    _write(log, ["steps: 1 loss: nan lr: [0.0001]"] + _healthy(2, 30), "w")
+    _write(log, ["steps: 1 loss: nan lr: [0.0001]", *_healthy(2, 30)], "w")
     w.wait_for("rotated", "err")
     w.wait_for("step 1 error nonfinite_loss")
     time.sleep(0.3)  # (the watcher is at the file's end: a truncation is seen as one)
@@ -136,21 +141,23 @@ def test_watch_starts_before_the_file_and_reads_history_with_from_start(
     w = _Watcher(str(log), "--from-start", "--exit-on", "error")
     watcher.append(w)
     w.wait_for("not there yet", "err")
-    _write(log, _healthy(1, 30) + ["steps: 31 loss: nan lr: [0.0001]"], "w")
+    _write(log, [*_healthy(1, 30), "steps: 31 loss: nan lr: [0.0001]"], "w")
     assert w.proc.wait(_WAIT) == 1  # --exit-on error: stops at the NaN
     assert any("step 31 error nonfinite_loss" in line for line in w.out), w.out
     assert any("--exit-on" in line for line in w.err), w.err
 
 
 def test_watch_of_a_pipe_ends_with_the_pipe_and_agrees_with_diagnose(tmp_path: Path) -> None:
-    lines = _healthy(1, 40) + ["steps: 41 loss: nan lr: [0.0001]"] + _healthy(42, 50)
+    lines = [*_healthy(1, 40), "steps: 41 loss: nan lr: [0.0001]", *_healthy(42, 50)]
     log = tmp_path / "piped.log"
     log.write_text("".join(line + "\n" for line in lines))
     with log.open("rb") as stdin:
         done = subprocess.run([*_WATCH, "-"], stdin=stdin, capture_output=True, text=True)
     diagnosed = CliRunner().invoke(main, ["diagnose", str(log)])
     assert done.returncode == diagnosed.exit_code == 1, done.stderr
-    found = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if " nonfinite_loss" in line]
+    found = [
+        line.split(" ", 1)[1] for line in done.stdout.splitlines() if " nonfinite_loss" in line
+    ]
     assert found and found[0].startswith("step 41 error nonfinite_loss")
     assert diagnosed.output.split("\n", 1)[1] in done.stdout.replace("standard input", str(log))
 
@@ -173,3 +180,73 @@ def test_watch_help_documents_every_option() -> None:
     for flag in ("--from-start", "--exit-on", "--exec", "--webhook", "--notify-on", "--format"):
         assert flag in out
     assert "Exit status" in out
+
+
+def _watch_in_thread(
+    paths: list[str], tell: list[str]
+) -> tuple[Watch, list[Alert], threading.Thread]:
+    alerts: list[Alert] = []
+    watch = Watch(paths, alerts.append, tell=tell.append)
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    return watch, alerts, thread
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + _WAIT
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_partial_last_line_waits_for_its_end(tmp_path: Path) -> None:
+    log = tmp_path / "partial.log"
+    log.write_text("".join(line + "\n" for line in _healthy(1, 30)) + "steps: 31 loss: n")
+    told: list[str] = []
+    watch, alerts, thread = _watch_in_thread([str(log)], told)
+    _until(lambda: any("following" in line for line in told))
+    time.sleep(0.3)  # (polled a few times while the line was cut: "n" is no value)
+    with log.open("a") as out:
+        out.write("an lr: [0.0001]\n")
+    _until(lambda: bool(alerts))
+    watch.stop()
+    thread.join(_WAIT)
+    assert [(a.finding.kind, a.finding.step, a.live) for a in alerts] == [
+        ("nonfinite_loss", 31, True)
+    ]
+
+
+def test_a_run_directory_whose_log_appears_later(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    told: list[str] = []
+    watch, alerts, thread = _watch_in_thread([str(run)], told)
+    version = run / "version_0"
+    version.mkdir()
+    records = [StepRecord(i, {"loss": 2.5, "grad_norm": 0.5}) for i in range(1, 30)]
+    records.append(StepRecord(30, {"loss": math.nan, "grad_norm": math.nan}))
+    (version / "stability.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    _until(lambda: bool(alerts))
+    watch.stop()
+    thread.join(_WAIT)
+    assert alerts[0].finding.kind == "nonfinite_loss" and alerts[0].finding.step == 30
+    assert any("stability.jsonl" in line for line in told), told
+
+
+def test_binary_input_and_a_dead_webhook_cost_one_line_each(tmp_path: Path) -> None:
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    done = subprocess.run([*_WATCH, str(binary)], capture_output=True, text=True, timeout=_WAIT)
+    assert done.returncode == 2 and "binary data" in done.stderr
+    assert "Traceback" not in done.stderr
+    log = tmp_path / "nan.log"
+    log.write_text("".join(line + "\n" for line in [*_healthy(1, 30), "steps: 31 loss: nan"]))
+    url = "http://127.0.0.1:9/services/T0/B0/secret-token"  # port 9 (discard): nothing listens
+    with log.open("rb") as stdin:
+        done = subprocess.run(
+            [*_WATCH, "-", "--webhook", url], stdin=stdin, capture_output=True, text=True
+        )
+    assert done.returncode == 1, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "failed" in line]
+    assert len(warned) == 1 and "127.0.0.1" in warned[0], done.stderr
+    assert "secret-token" not in done.stderr + done.stdout

@@ -23,6 +23,11 @@ from .text import render_overall, render_text
 __all__ = ["WATCH_HELP", "WatchSession"]
 
 WATCH_HELP = {
+    "from_start": "Also print and send the findings of what the logs hold already (by default "
+    "read silently, as the detectors' baseline).",
+    "fail_on": "At the end, exit 1 when a finding is at least this severe.  [default: warning]",
+    "notify_on": "Send an episode (--exec, --webhook) once, when a finding of it is at least this "
+    "severe.  [default: error]",
     "exit_on": "Stop and exit 1 at the first finding at least this severe (a wrapper script or "
     "a scheduler can then stop the job).",
     "exec": "Run this shell command for each finding sent: the finding as JSON on its standard "
