@@ -15,6 +15,7 @@ baseline; its findings come as alerts with ``live`` False.
 from __future__ import annotations
 
 import io
+import logging
 import queue
 import sys
 import threading
@@ -34,13 +35,15 @@ from .readers import unreadable_message as _unreadable
 from .readers._lines import IDLE_CHUNK, text_lines
 from .readers._source import HEAD, is_binary
 
-__all__ = ["QUEUE", "Alert", "Watch"]
+__all__ = ["BATCH", "QUEUE", "Alert", "Watch"]
 
 BATCH = 1000
 """Items a reader thread hands over at once at most (it hands over what it has at each read)."""
 
 QUEUE = 64
 """Batches waiting for the engines at most; a reader that is that far ahead waits."""
+
+logger = logging.getLogger(__name__)
 
 _CONFIDENT = 0.4  # a sniff score that settles the format before `HEAD` bytes have come
 
@@ -211,6 +214,9 @@ class Watch:
             put((index, exc, True))
         except OSError as exc:
             put((index, LogReadError(f"{path}: cannot read ({exc.strerror or exc})"), True))
+        except Exception as exc:  # never a traceback from a thread: one line, as for a reader
+            logger.debug("watching %s failed", path, exc_info=True)
+            put((index, LogReadError(f"{path}: cannot watch ({type(exc).__name__}: {exc})"), True))
         finally:
             put((index, _End(stored), True))
 
