@@ -3,8 +3,8 @@
 The header holds ``epoch``, ``step`` and one column per logged name; rows are sparse: the train
 metrics of a step and its validation metrics are separate rows with empty cells elsewhere. Rows of
 the same step next to each other merge into one record (later cells win); a blank line ends the
-step being read, as `IDLE` does in a followed file (the logger writes its rows in batches). Column names map
-through the shared aliases (``train_loss_step`` → ``loss``, ``lr-AdamW`` → ``lr``,
+step being read, as `IDLE` does in a followed file (the logger writes its rows in batches).
+Column names map through the shared aliases (``train_loss_step`` → ``loss``, ``lr-AdamW`` → ``lr``,
 ``grad_2.0_norm/<param>`` → per-group norms, ``stability/<key>`` → ``<key>``); the rest pass
 through. A repeated header (two files concatenated) starts over with the new columns.
 """
