@@ -173,6 +173,8 @@ class Notifier:
             self._queue.put_nowait(None)
         thread.join(self.timeout if timeout is None else timeout)
         self._thread = None
+        if thread.is_alive():  # (a daemon thread: it does not hold the process up)
+            self._warn("late", "gave up waiting for the messages still queued or being sent")
         if self.dropped:
             self._warn("dropped", f"{self.dropped} message(s) dropped: the queue was full")
 
