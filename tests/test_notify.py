@@ -127,6 +127,7 @@ def test_arguments_are_checked() -> None:
     assert "x" not in repr(Notifier(webhook="https://hooks.slack.com/services/T/B/x"))
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_trainer_run_notifies_the_nan_once(hook: _Hook) -> None:
     from stabilizer.callbacks.demo.run import run_scenario
     from stabilizer.callbacks.monitor import StabilityMonitor
