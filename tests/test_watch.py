@@ -250,3 +250,20 @@ def test_binary_input_and_a_dead_webhook_cost_one_line_each(tmp_path: Path) -> N
     warned = [line for line in done.stderr.splitlines() if "failed" in line]
     assert len(warned) == 1 and "127.0.0.1" in warned[0], done.stderr
     assert "secret-token" not in done.stderr + done.stdout
+
+
+def test_several_logs_at_once_and_a_restart_in_one(tmp_path: Path) -> None:
+    first, second = tmp_path / "rank0.log", tmp_path / "rank1.log"
+    first.write_text("".join(line + "\n" for line in _healthy(1, 30)))
+    second.write_text("".join(line + "\n" for line in _healthy(1, 30)))
+    told: list[str] = []
+    watch, alerts, thread = _watch_in_thread([str(first), str(second)], told)
+    _until(lambda: sum("following" in line for line in told) == 2)
+    _write(first, ["steps: 31 loss: nan lr: [0.0001]"])
+    _write(second, [*_healthy(10, 20), "steps: 21 loss: nan lr: [0.0001]"])  # resumed at 10
+    _until(lambda: len(alerts) >= 2)
+    watch.stop()
+    thread.join(_WAIT)
+    seen = {(Path(a.path).name, a.segment, a.finding.kind, a.finding.step) for a in alerts}
+    assert ("rank0.log", 1, "nonfinite_loss", 31) in seen
+    assert ("rank1.log", 2, "nonfinite_loss", 21) in seen
