@@ -362,7 +362,8 @@ def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options
     PATH is a log file (it may appear later, rotate or be truncated), a run directory (its
     newest log is followed) or - for standard input (torchrun ... | tee log | stabilizer
     watch -), in any format diagnose reads. Each finding is printed as it is found, with the
-    wall time; Ctrl-C, or the end of standard input, prints the summary diagnose would print.
+    wall time; Ctrl-C, SIGTERM or the end of standard input prints the report diagnose would
+    print.
 
     Exit status: 1 at the first finding at or above --exit-on; otherwise, at the end, 0 when
     no finding is at or above --fail-on, 1 when one is, 2 for a usage error or an input that
