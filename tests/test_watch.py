@@ -120,10 +120,11 @@ def test_watch_follows_nan_overflow_rotation_truncation(
     _write(log, _cascade(71, 17))
     w.wait_for("fp16_overflow")
     log.rename(tmp_path / "train.log.1")  # rotation: the job restarts into a new file
-    _write(log, ["steps: 1 loss: nan lr: [0.0001]", *_healthy(2, 30)], "w")
+    nan = "loss: nan lr: [0.0001]"
+    _write(log, [f"steps: 1 {nan}", *_healthy(2, 29), f"steps: 30 {nan}"], "w")
     w.wait_for("rotated", "err")
     w.wait_for("step 1 error nonfinite_loss")
-    time.sleep(0.3)  # (the watcher is at the file's end: a truncation is seen as one)
+    w.wait_for("step 30 error nonfinite_loss")  # read to its end: shorter content is a truncation
     _write(log, _healthy(1, 5), "w")  # truncated: written again from its start
     w.wait_for("truncated", "err")
     status = w.interrupt()
