@@ -113,6 +113,7 @@ class FollowedFile:
         self._break = False  # a line break is owed before the next file's first byte
         self._idle = _Idle()
         self._checked = -_RECHECK  # when the path was last resolved
+        self._directory = Path(path).is_dir()  # searched every `_RECHECK` only
 
     def read1(self, size: int = -1) -> bytes:
         """What is new (up to ``size`` bytes), `IDLE_CHUNK`, or ``b""`` once ``stop`` is set."""
@@ -164,8 +165,7 @@ class FollowedFile:
         """Look at the path again (every `POLL`; a run directory every `_RECHECK`): open the
         file that appeared, the new file of a rotation, or the truncated file from its start."""
         now = time.monotonic()
-        directory = self._fd is not None and self._file != self.path
-        if now - self._checked < (_RECHECK if directory else self._poll):
+        if now - self._checked < (_RECHECK if self._directory else self._poll):
             return False
         self._checked = now
         target = self._resolve()
