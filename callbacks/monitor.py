@@ -21,6 +21,7 @@ from stabilizer.live.preflight import preflight_switches
 from stabilizer.live.probes import ActivationProbe, GradProbe
 from stabilizer.live.sandbox import sandbox
 from stabilizer.outputs.jsonl import JsonlWriter
+from stabilizer.outputs.notify import Notifier, as_notifier
 
 from .auto import AutoRemedies
 from .checks import causal_check, config_checks
@@ -121,6 +122,9 @@ class StabilityMonitor(pl.Callback):
             `stabilizer.live.preflight.PREFLIGHT_CHECKS`).
         auto: The remedies of policy ``"auto"`` and their settings (which are allowed, snapshot
             interval, rollbacks ...); default ``AutoRemedies()``: all of them.
+        notify: Send findings (rank 0) from a background thread, once per episode: a webhook
+            URL (Slack, Mattermost, Discord's ``/slack``), or a
+            `stabilizer.outputs.notify.Notifier` (a command, the level, ...); None: send none.
     """
 
     MAX_ROOT_CAUSES = 10
@@ -139,6 +143,7 @@ class StabilityMonitor(pl.Callback):
         root_cause: bool = True,
         preflight: bool | Mapping[str, bool] = True,
         auto: AutoRemedies | None = None,
+        notify: Notifier | str | None = None,
     ) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"`policy` must be one of {', '.join(_POLICIES)}, got {policy!r}")
@@ -195,6 +200,7 @@ class StabilityMonitor(pl.Callback):
         self._reporting = True  # False after an internal error in reporting
         self._broken: set[str] = set()  # outputs stopped by an error of their own
         self._warned: set[str] = set()
+        self._notifier = as_notifier(notify)
 
     @property
     def state_key(self) -> str:
@@ -298,6 +304,8 @@ class StabilityMonitor(pl.Callback):
             self._report_pending(trainer, pl_module)
         if self._writer is not None:
             self._writer.close()
+        if self._notifier is not None:
+            self._notifier.close()
         self._release()
 
     def _release(self) -> None:
@@ -486,11 +494,15 @@ class StabilityMonitor(pl.Callback):
             self._output("tensorboard", self._tb.close, trainer.global_step)
         if self._writer is not None:
             self._output("jsonl", self._writer.close)
+        if self._notifier is not None:
+            self._output("notify", self._notifier.close)
 
     def _emit(self, trainer: pl.Trainer, record: StepRecord | None, found: list[Finding]) -> None:
         self.findings.extend(found)
         if not trainer.is_global_zero:
             return
+        if self._notifier is not None:
+            self._output("notify", self._notifier.notify, found)
         if record is not None:
             metrics = {f"stability/{k}": v for k, v in record.values.items()}
             for f in found:

@@ -10,18 +10,20 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from stabilizer.core.episode import fold_updates
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
+from stabilizer.outputs.notify import ENV_WEBHOOK
 from stabilizer.replay.readers import FORMAT_ALIASES, READERS
 from stabilizer.report import (
     Diagnosis,
@@ -43,6 +45,7 @@ from stabilizer.report.session import (
     warnings_as_lines,
 )
 from stabilizer.report.text import render_overall
+from stabilizer.report.watching import WATCH_HELP, WatchSession
 
 if TYPE_CHECKING:
     from stabilizer.demo.model import GPT
@@ -343,3 +346,61 @@ def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
     if not _stderr_is_terminal():
         return None
     return progress_bar(f"reading {path}", stack, sys.stderr)
+
+
+@main.command(name="watch")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(["auto", *READERS, *FORMAT_ALIASES]),
+    default="auto",
+    show_default=True,
+    help="Log format; auto detects it from the first lines.",
+)
+@click.option("--from-start", is_flag=True, help=WATCH_HELP["from_start"])
+@click.option("--exit-on", type=click.Choice(_SEVERITIES), help=WATCH_HELP["exit_on"])
+@click.option(
+    "--fail-on", type=click.Choice(_SEVERITIES), default="warning", help=WATCH_HELP["fail_on"]
+)
+@click.option("--exec", "command", metavar="CMD", help=WATCH_HELP["exec"])
+@click.option("--webhook", metavar="URL", envvar=ENV_WEBHOOK, help=WATCH_HELP["webhook"])
+@click.option(
+    "--notify-on", type=click.Choice(_SEVERITIES), default="error", help=WATCH_HELP["notify_on"]
+)
+@click.option("--notify-close", is_flag=True, help=WATCH_HELP["notify_close"])
+@click.pass_context
+def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options: Any) -> None:
+    """Follow running jobs' logs and report each finding the moment it is found.
+
+    PATH is a log file (it may appear later, rotate or be truncated), a run directory (its
+    newest log is followed) or - for standard input (torchrun ... | tee log | stabilizer
+    watch -), in any format diagnose reads. Each finding is printed as it is found, with the
+    wall time; Ctrl-C, SIGTERM or the end of standard input prints the report diagnose would
+    print.
+
+    Exit status: 1 at the first finding at or above --exit-on; otherwise, at the end, 0 when
+    no finding is at or above --fail-on, 1 when one is, 2 for a usage error or an input that
+    cannot be read.
+    """
+    if paths.count("-") > 1:
+        raise click.UsageError("- (standard input) can be given only once")
+    try:
+        session = WatchSession.of_options(paths, format_, options, _say, _tell)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--webhook'") from None
+    before = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C
+    try:
+        with warnings_as_lines(sys.stderr, "stabilizer watch"):
+            outcomes = session.run()
+        signal.signal(signal.SIGTERM, before)
+        for to_stderr, text in session.summary(outcomes):
+            _tell(text) if to_stderr else _say(text)
+    except _StdoutFailed:
+        _silence_stdout()
+        ctx.exit(2)
+    ctx.exit(session.exit_status(outcomes))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

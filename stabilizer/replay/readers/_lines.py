@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO
 
 from .base import Note, Restart, add_note
 
-__all__ = ["CHUNK", "MAX_LINE", "RESUME", "Segments", "encoding_of", "resume_banner", "text_lines"]
+__all__ = [
+    "CHUNK",
+    "IDLE",
+    "IDLE_CHUNK",
+    "MAX_LINE",
+    "RESUME",
+    "Segments",
+    "encoding_of",
+    "numbered",
+    "resume_banner",
+    "text_lines",
+]
 
 CHUNK = 1 << 20  # bytes decoded at a time
 MAX_LINE = 1 << 20  # characters; longer lines are skipped
@@ -37,6 +48,32 @@ RESUME = re.compile(
     re.IGNORECASE,
 )
 """A resume banner (Lightning, HF, Megatron, DeepSpeed, fairseq, nanoGPT): starts a segment."""
+
+
+class _Idle(str):
+    """The type of `IDLE`: an empty line that is no line."""
+
+    __slots__ = ()
+
+
+IDLE = _Idle()
+"""The line `text_lines` yields when a followed log has no more for now (`IDLE_CHUNK`).
+
+It equals ``""``, so a reader that does not know it reads an empty line; a reader that holds a
+record back until the next line (to join the lines of one step) hands it out on ``line is
+IDLE``, since the next line may be long in coming. `numbered` does not count it.
+"""
+
+
+class _IdleChunk(bytes):
+    """The type of `IDLE_CHUNK`."""
+
+    __slots__ = ()
+
+
+IDLE_CHUNK = _IdleChunk()
+"""What a followed stream's ``read1`` returns when it has nothing now, once after some data:
+`text_lines` turns it into `IDLE` (an empty ``bytes``; told apart by ``is``)."""
 
 
 def resume_banner(line: str) -> str:
@@ -81,6 +118,10 @@ def encoding_of(head: bytes) -> str:
 def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> Iterator[str]:
     """The lines of ``stream`` without line ends (see the module docstring).
 
+    The lines of a chunk are yielded before the next chunk is read, so a stream that waits for
+    more (a pipe, a followed log) hands out every line it has; an `IDLE_CHUNK` read from it
+    becomes the line `IDLE`.
+
     Args:
         stream: A binary stream positioned at the start of the log.
         notes: Over-long lines are reported here.
@@ -88,27 +129,60 @@ def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> I
     """
     read = getattr(stream, "read1", stream.read)
     raw = read(CHUNK)
-    decoder = codecs.getincrementaldecoder(encoding_of(raw))("replace")
-    tail, skipping, count = "", False, 0  # unfinished line; inside an over-long line; lines done
-    while raw:
-        text = decoder.decode(raw)
+    splitter = _Splitter(encoding_of(raw), notes, limit)
+    while raw or raw is IDLE_CHUNK:
+        if raw is IDLE_CHUNK:
+            yield IDLE
+        else:
+            yield from splitter.feed(raw)
         raw = read(CHUNK)
-        if not raw:
-            text += decoder.decode(b"", final=True)
-        if skipping:  # drop the rest of the over-long line, up to its end
-            text, skipping = _after_break(text)
-            if skipping:
-                continue
-        data = _ANSI.sub("", tail + text)
+    yield from splitter.end()
+
+
+class _Splitter:
+    """Decoded text cut into lines, chunk by chunk; the last, unfinished line is held back."""
+
+    def __init__(self, encoding: str, notes: list[Note], limit: int) -> None:
+        self.decoder = codecs.getincrementaldecoder(encoding)("replace")
+        self.notes, self.limit = notes, limit
+        self.tail, self.skipping, self.count = "", False, 0  # unfinished line; inside an
+        # over-long line; lines done
+
+    def feed(self, raw: bytes) -> list[str]:
+        """The lines that ``raw`` finishes."""
+        text = self.decoder.decode(raw)
+        if self.skipping:  # drop the rest of the over-long line, up to its end
+            text, self.skipping = _after_break(text)
+            if self.skipping:
+                return []
+        data = _ANSI.sub("", self.tail + text)
         lines = data.splitlines()
-        tail = _unfinished(data, lines) if raw else ""
-        if len(tail) > limit:
-            message = f"over-long line (> {limit} characters) skipped"
-            add_note(notes, Note("skipped", message, count + len(lines) + 1))
+        self.tail = _unfinished(data, lines)
+        if len(self.tail) > self.limit:
+            message = f"over-long line (> {self.limit} characters) skipped"
+            add_note(self.notes, Note("skipped", message, self.count + len(lines) + 1))
             lines.append("")
-            tail, skipping = "", True
-        count += len(lines)
-        yield from lines
+            self.tail, self.skipping = "", True
+        self.count += len(lines)
+        return lines
+
+    def end(self) -> list[str]:
+        """The last line, if it did not end with a line break."""
+        text = self.decoder.decode(b"", final=True)
+        if self.skipping:
+            text, self.skipping = _after_break(text)
+            if self.skipping:
+                return []
+        return _ANSI.sub("", self.tail + text).splitlines()
+
+
+def numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """``enumerate(lines, 1)``, but `IDLE` comes with the number of the line before it."""
+    count = 0
+    for line in lines:
+        if line is not IDLE:
+            count += 1
+        yield count, line
 
 
 def _unfinished(data: str, lines: list[str]) -> str:

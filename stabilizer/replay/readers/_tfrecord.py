@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterator
 from typing import IO
 
+from ._lines import IDLE_CHUNK
 from .base import Note, add_note
 
 __all__ = ["MAX_RECORD", "frames", "header_ok", "masked_crc32c"]
@@ -63,6 +64,9 @@ def frames(stream: IO[bytes], notes: list[Note], verify: bool = False) -> Iterat
     read = getattr(stream, "read1", stream.read)
     while True:
         more = read(max(_CHUNK, need - len(buf)))
+        if more is IDLE_CHUNK:  # a followed file waits: an empty batch tells the reader
+            yield []
+            continue
         if not more:
             if buf:
                 _stop(notes, "truncated record", base)
@@ -74,7 +78,8 @@ def frames(stream: IO[bytes], notes: list[Note], verify: bool = False) -> Iterat
             _stop(notes, _CORRUPT[need], base + off)
             return
         buf, base = buf[off:], base + off
-        yield batch
+        if batch:  # (an empty batch means `IDLE_CHUNK`)
+            yield batch
 
 
 _CORRUPT = {-1: "corrupt record header", -2: "implausible record length", -3: "corrupt record data"}

@@ -33,7 +33,7 @@ from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
-from ._lines import Segments, text_lines
+from ._lines import Segments, numbered, text_lines
 from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
 
@@ -98,7 +98,7 @@ class HfTrainerReader(BaseReader):
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, count = KeyMap(), HiddenNan(self), Segments(), 0
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
-        for lineno, line in enumerate(text_lines(stream, self.notes), 1):
+        for lineno, line in numbered(text_lines(stream, self.notes)):
             parsed = _dict(line, keys)
             if parsed is None:
                 found = overflow_of(line)

@@ -2,8 +2,9 @@
 
 The header holds ``epoch``, ``step`` and one column per logged name; rows are sparse: the train
 metrics of a step and its validation metrics are separate rows with empty cells elsewhere. Rows of
-the same step next to each other merge into one record (later cells win). Column names map
-through the shared aliases (``train_loss_step`` → ``loss``, ``lr-AdamW`` → ``lr``,
+the same step next to each other merge into one record (later cells win); a blank line ends the
+step being read, as `IDLE` does in a followed file (the logger writes its rows in batches).
+Column names map through the shared aliases (``train_loss_step`` → ``loss``, ``lr-AdamW`` → ``lr``,
 ``grad_2.0_norm/<param>`` → per-group norms, ``stability/<key>`` → ``<key>``); the rest pass
 through. A repeated header (two files concatenated) starts over with the new columns.
 """
@@ -37,33 +38,50 @@ class LightningCsvReader(BaseReader):
         return 0.95 if "epoch" in cells else 0.8
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        keys, segments, rows = KeyMap(), Segments(), csv.reader(text_lines(stream, self.notes))
+        rows, steps = csv.reader(text_lines(stream, self.notes)), _Steps()
         header: list[str] = []
-        step, raw = None, {}  # type: int | None, dict[str, float]
         while True:
             try:
                 for row in rows:  # a csv.Error ends this loop; the next row starts a new one
-                    if "step" in row:  # a header: the columns to read
+                    if not row:  # a blank line, or a followed file waits (`IDLE`)
+                        yield from steps.done()
+                    elif "step" in row:  # a header: the columns to read
                         header = row
-                        continue
-                    cells = _cells(header, row)
-                    if cells is None:
-                        continue
-                    new, values = cells
-                    if new == step:
-                        raw.update(values)
-                        continue
-                    if step is not None:
-                        yield StepRecord(step, keys.values(raw))
-                    restart = segments.restart(new, rows.line_num)
-                    if restart is not None:
-                        yield restart
-                    step, raw = new, values
+                    elif (cells := _cells(header, row)) is not None:
+                        yield from steps.row(*cells, rows.line_num)
                 break
             except csv.Error as exc:  # a row the csv module refuses (a cell over its limit)
                 self.note("skipped", f"a row is not CSV ({exc}): skipped", rows.line_num)
-        if step is not None:
-            yield StepRecord(step, keys.values(raw))
+        yield from steps.done()
+
+
+class _Steps:
+    """The step being read: rows of one step next to each other merge (later cells win)."""
+
+    def __init__(self) -> None:
+        self.keys, self.segments = KeyMap(), Segments()
+        self.step: int | None = None
+        self.raw: dict[str, float] = {}
+
+    def row(self, step: int, values: dict[str, float], line: int) -> list[Item]:
+        """The items a row of ``step`` completes: the step before it, a restart."""
+        if step == self.step:
+            self.raw.update(values)
+            return []
+        done = self.done()
+        restart = self.segments.restart(step, line)
+        if restart is not None:
+            done.append(restart)
+        self.step, self.raw = step, values
+        return done
+
+    def done(self) -> list[Item]:
+        """The step being read, as a record (if any): no row of it follows."""
+        if self.step is None:
+            return []
+        record = StepRecord(self.step, self.keys.values(self.raw))
+        self.step, self.raw = None, {}
+        return [record]
 
 
 def _cells(header: list[str], row: list[str]) -> tuple[int, dict[str, float]] | None:

@@ -71,6 +71,10 @@ class TensorBoardReader(BaseReader):
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         decoder = EventDecoder()
         for batch in frames(stream, self.notes, self.verify):
+            if not batch:  # a followed file waits (`IDLE_CHUNK`): the open steps are done
+                self._flush()
+                yield from self._ready
+                self._ready.clear()
             for data in batch:
                 match = HEAD.match(data)  # an event with a summary
                 decoded = decoder.decode(data, match)

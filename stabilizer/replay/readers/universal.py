@@ -56,7 +56,7 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS, LR
 
-from ._lines import resume_banner, text_lines
+from ._lines import IDLE, numbered, resume_banner, text_lines
 from ._shapes import NUM, overflow_in, printed_again, row_of, table_of
 from .aliases import SIGNALS, key_of
 from .base import BaseReader, Item, Restart
@@ -128,7 +128,10 @@ class UniversalReader(BaseReader):
         steps, join = _Steps(), _Joiner()
         table: tuple[str, ...] | None = None  # the columns of the table being read
         above = ""  # the last line that was no record (a table's header, if a ruler follows)
-        for lineno, line in enumerate(lines, 1):
+        for lineno, line in numbered(lines):
+            if line is IDLE:  # a followed log waits: the pending record is done
+                yield from join.done()
+                continue
             if "\x1b" in line:
                 line = _ANSI.sub("", line)
             if table is not None:
@@ -350,6 +353,10 @@ class _Joiner:
             and lineno == pend.end + 1
             and _wraps(pend, values, line)
         )
+
+    def done(self) -> list[Item]:
+        """The pending record, now: no more lines for it for a while (see `IDLE`)."""
+        return self._finish()
 
     def end(self) -> list[Item]:
         """The records still held when the lines end."""

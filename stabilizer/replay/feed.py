@@ -1,0 +1,207 @@
+"""`feed`: one followed log read in a thread of its own, its items handed over in batches.
+
+The thread opens the input (`follow`), waits for the first lines that tell its format (a line a
+reader is confident of, an event file's header, or `HEAD` bytes), reads it with that format's
+reader, and puts messages on the queue of `Watch`, each ``(index, payload, live)``:
+
+- `Detected`: the format, and the first lines (for the message of a log with no step in it);
+- a list of items (`StepRecord`, `Restart`): all that one read of the input gave (at most
+  `BATCH`), handed over before the next read, which may wait; ``live`` is False for the file's
+  history (what it held when it was opened);
+- a `LogReadError`: the input cannot be read (one line);
+- `Ended`, always last: with the monitor's own findings of a ``stability.jsonl``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stabilizer.core.records import Finding
+
+from .follow import FollowedFile, FollowedPipe, resolver
+from .readers import READERS, LogReadError, Note, TensorBoardReader, detect_format
+from .readers._lines import IDLE_CHUNK, text_lines
+from .readers._source import HEAD, is_binary
+
+__all__ = ["BATCH", "Detected", "Ended", "Put", "feed"]
+
+logger = logging.getLogger(__name__)
+
+BATCH = 1000
+"""Items handed over at once at most."""
+
+_CONFIDENT = 0.4  # a sniff score that settles the format before `HEAD` bytes have come
+
+Put = Callable[[tuple[int, Any, bool]], None]
+"""Puts one message on the queue (waiting while it is full)."""
+
+
+@dataclass(frozen=True)
+class Detected:
+    """The format of an input, and its first lines."""
+
+    format: str
+    head: list[str]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An input ended; the monitor's own findings of a ``stability.jsonl`` come with it."""
+
+    stored: list[Finding]
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One input, as `feed` got it."""
+
+    index: int
+    path: str
+    format: str
+    notes: list[Note]
+
+
+def feed(
+    index: int,
+    path: str,
+    format: str,
+    notes: list[Note],
+    put: Put,
+    *,
+    stop: threading.Event,
+    tell: Callable[[str], None],
+    poll: float,
+) -> None:
+    """Read input ``index`` (``path``) until it ends or ``stop`` is set (see the module doc).
+
+    Args:
+        index: The input's position, sent with each message.
+        path: A file, a run directory, or ``-``.
+        format: A reader name, or ``"auto"``.
+        notes: Where its reader leaves its notes.
+        put: Puts a message on the queue.
+        stop: Set to end the input.
+        tell: Gets one line on what happens to the input (it appeared, rotated, ...).
+        poll: Seconds between two looks at an input with nothing new.
+    """
+    stored: list[Finding] = []
+    try:
+        source = _source(path, format, stop, tell, poll)
+        try:
+            stored = _read(_Input(index, path, format, notes), source, put)
+        finally:
+            source.close()
+    except LogReadError as exc:
+        put((index, exc, True))
+    except OSError as exc:
+        put((index, LogReadError(f"{path}: cannot read ({exc.strerror or exc})"), True))
+    except Exception as exc:  # never a traceback from a thread: one line, as for a reader
+        logger.debug("watching %s failed", path, exc_info=True)
+        put((index, LogReadError(f"{path}: cannot watch ({type(exc).__name__}: {exc})"), True))
+    finally:
+        put((index, Ended(stored), True))
+
+
+def _source(
+    path: str, format: str, stop: threading.Event, tell: Callable[[str], None], poll: float
+) -> FollowedFile | FollowedPipe:
+    if path == "-":
+        return FollowedPipe(sys.stdin.fileno(), stop, poll)
+    if not Path(path).exists():
+        tell(f"{path}: not there yet; waiting for it")
+    return FollowedFile(path, resolver(Path(path), format), stop, tell, poll)
+
+
+def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> list[Finding]:
+    """Detect the format, read the items; the monitor's stored findings, if any."""
+    fmt, lines, stream = _detect(given, source)
+    put((given.index, Detected(fmt, lines[:20]), False))
+    if not fmt:
+        return []
+    reader = READERS[fmt](given.notes)
+    batch = stream.batch = _Batch(given.index, source, put)
+    for item in reader.read(stream):  # type: ignore[arg-type]
+        batch.add(item)
+    batch.hand_over()
+    return list(getattr(reader, "findings", []))
+
+
+def _detect(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[str, list[str], _Prefixed]:
+    """The format (``""``: the input ended before any text), the first lines, and a stream
+    from the log's start."""
+    head, ended = b"", False
+    while given.format == "auto" and not _settled(head):
+        more = source.read1(HEAD)
+        if more is not IDLE_CHUNK and not more:
+            ended = True
+            break
+        head += more
+    lines = list(text_lines(io.BytesIO(head), []))
+    stream = _Prefixed(head, source)
+    if given.format != "auto":
+        return given.format, lines, stream
+    if ended and not head.strip():
+        return "", lines, stream
+    return _format_of(head, lines, source.path), lines, stream
+
+
+def _format_of(head: bytes, lines: list[str], name: str) -> str:
+    if TensorBoardReader.sniff_bytes(head) > 0.5:
+        return TensorBoardReader.format
+    if is_binary(head):
+        raise LogReadError(f"{name}: binary data, neither a text log nor an event file")
+    return detect_format(lines)
+
+
+def _settled(head: bytes) -> bool:
+    """Whether the first bytes of a log tell its format: enough of them, an event file's
+    header, binary data, or lines that a reader is confident of."""
+    if len(head) >= HEAD or TensorBoardReader.sniff_bytes(head) > 0.5 or is_binary(head):
+        return bool(head)
+    lines = [line for line in text_lines(io.BytesIO(head), []) if line.strip()]
+    return any(cls.sniff(lines) >= _CONFIDENT for cls in READERS.values()) if lines else False
+
+
+class _Batch:
+    """The items read since the last read of the input: handed over together (one queue
+    operation, not one per line) before the next read, which may wait."""
+
+    def __init__(self, index: int, source: FollowedFile | FollowedPipe, put: Put) -> None:
+        self.index, self.source, self.put = index, source, put
+        self.items: list[Any] = []
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+        if len(self.items) >= BATCH:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        if self.items:  # `live` as it was when these were read
+            self.put((self.index, self.items, self.source.live))
+            self.items = []
+
+
+class _Prefixed:
+    """The bytes read for detection again, then the rest of the followed stream; before each
+    read, the batch of items read so far is handed over."""
+
+    def __init__(self, head: bytes, source: FollowedFile | FollowedPipe) -> None:
+        self._head, self._source = head, source
+        self.batch: _Batch | None = None
+
+    def read1(self, size: int = -1) -> bytes:
+        if self.batch is not None:
+            self.batch.hand_over()
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        return self._source.read1(size)
+
+    read = read1

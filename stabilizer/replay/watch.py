@@ -1,0 +1,190 @@
+"""`Watch`: follow running jobs' logs through the engines of `diagnose`, findings as they come.
+
+Each path is followed (`follow`) in a thread of its own that reads it with the reader of its
+format and puts the items on one bounded queue (`feed`); the caller's thread runs them through the
+engines of `diagnose` (a fresh one per segment, split at the `Restart` items as there) and hands
+each finding to ``on_finding`` as soon as it is found, as an `Alert`. The run ends when every
+input has ended (a pipe closes) or `Watch.stop` is called (Ctrl-C: `Watch.run` stops on
+`KeyboardInterrupt` too); then the engines close their open episodes, and `Watch.run` returns a
+`Diagnosis` per path, as `diagnose` would for the same log.
+
+A file's history (what it held when it was opened) is read first, so the detectors have their
+baseline; its findings come as alerts with ``live`` False.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stabilizer.core.records import Finding
+
+from .diagnose import Diagnosis, Failure, _Replay
+from .feed import Detected, Ended, feed
+from .follow import POLL
+from .history import History
+from .readers import LogReadError, Note
+from .readers import unreadable_message as _unreadable
+
+__all__ = ["QUEUE", "Alert", "Watch"]
+
+QUEUE = 64
+"""Batches waiting for the engines at most; a reader that is that far ahead waits."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A finding as `Watch` found it.
+
+    Args:
+        path: The path it was found in, as given.
+        segment: The segment (1-based) of the log it is in.
+        finding: The finding.
+        live: False for a finding in what the file held when the watch began.
+        wall: When it was found (``time.time()``).
+    """
+
+    path: str
+    segment: int
+    finding: Finding
+    live: bool
+    wall: float
+
+
+class _Followed:
+    """The engine side of one path: its diagnosis, once its format is known."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.notes: list[Note] = []
+        self.replay: _Replay | None = None
+        self.failure: Failure | None = None
+        self.head: list[str] = []
+
+    def outcome(self) -> Diagnosis | Failure:
+        if self.replay is None or self.replay.segment is None:
+            if self.failure is not None:
+                return self.failure
+            fmt = self.replay.diagnosis.format if self.replay is not None else "generic"
+            name = "standard input" if self.path == "-" else self.path
+            return Failure(self.path, _unreadable(name, self.head, fmt))
+        return self.replay.diagnosis
+
+
+class Watch:
+    """Follows logs and runs them through the engines (see the module docstring).
+
+    Args:
+        paths: Log files, run directories, or ``-`` (standard input), each followed.
+        on_finding: Called in the caller's thread with each finding, as it is found.
+        format: A reader name, or ``"auto"`` to detect it from each log's first lines.
+        tell: Called (from any thread) with one line on what happened to an input.
+        poll: Seconds between two looks at an input with nothing new.
+        bins: Bins of each log's history, as in `diagnose`.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        on_finding: Callable[[Alert], None],
+        *,
+        format: str = "auto",
+        tell: Callable[[str], None] | None = None,
+        poll: float = POLL,
+        bins: int = 512,
+    ) -> None:
+        self.paths, self.on_finding, self.format = list(paths), on_finding, format
+        self.tell = tell or (lambda line: None)
+        self.poll, self.bins = poll, bins
+        self._stop = threading.Event()
+        self._queue: queue.Queue[tuple[int, Any, bool]] = queue.Queue(QUEUE)
+        self._followed = [_Followed(path) for path in self.paths]
+
+    def stop(self) -> None:
+        """End the watch: the inputs end, the engines close their episodes, `run` returns."""
+        self._stop.set()
+
+    def run(self) -> list[Diagnosis | Failure]:
+        """Follow every input until all have ended or `stop` (or Ctrl-C) came."""
+        threads = [
+            threading.Thread(target=self._feed, args=(i,), daemon=True, name=f"watch-{i}")
+            for i in range(len(self.paths))
+        ]
+        for thread in threads:
+            thread.start()
+        running = len(threads)
+        while running:
+            try:
+                running -= self._take()
+            except KeyboardInterrupt:
+                self.stop()
+        return [followed.outcome() for followed in self._followed]
+
+    def _take(self) -> int:
+        """Handle the next message of a reader thread; 1 when it says its input ended."""
+        try:
+            index, item, live = self._queue.get(timeout=0.5)
+        except queue.Empty:
+            return 0
+        followed = self._followed[index]
+        if isinstance(item, Ended):
+            self._end(followed, item.stored)
+            return 1
+        if isinstance(item, Detected):
+            followed.head = item.head
+            if item.format:
+                notes, history = followed.notes, History(self.bins)
+                diagnosis = Diagnosis(followed.path, item.format, notes, history=history)
+                followed.replay = _Replay(diagnosis, ())
+        elif isinstance(item, LogReadError):
+            self._failed(followed, str(item))
+        elif followed.replay is not None:
+            for one in item:
+                self._observe(followed, followed.replay, one, live)
+        return 0
+
+    def _observe(self, followed: _Followed, replay: _Replay, item: Any, live: bool) -> None:
+        findings = replay.diagnosis.findings
+        before = len(findings)
+        replay.observe(item)
+        for located in findings[before:]:
+            self.on_finding(
+                Alert(followed.path, located.segment, located.finding, live, time.time())
+            )
+
+    def _failed(self, followed: _Followed, message: str) -> None:
+        replay = followed.replay
+        if replay is None or replay.segment is None:
+            followed.failure = Failure(followed.path, message)
+        else:  # a reader gave up part-way: what came before stays
+            followed.notes.append(Note("truncated", f"stopped reading: {message}"))
+
+    def _end(self, followed: _Followed, stored: list[Finding]) -> None:
+        replay = followed.replay
+        if replay is None or replay.segment is None:
+            return
+        findings = replay.diagnosis.findings
+        before = len(findings)
+        replay.finish()
+        for located in findings[before:]:
+            alert = Alert(followed.path, located.segment, located.finding, True, time.time())
+            self.on_finding(alert)
+        replay.keep_live(stored)
+
+    def _feed(self, index: int) -> None:
+        """The thread that reads input ``index`` (`feed`)."""
+        followed = self._followed[index]
+        feed(
+            index,
+            followed.path,
+            self.format,
+            followed.notes,
+            self._queue.put,
+            stop=self._stop,
+            tell=self.tell,
+            poll=self.poll,
+        )
