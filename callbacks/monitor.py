@@ -516,7 +516,7 @@ class StabilityMonitor(pl.Callback):
         if self._tb is not None:
             self._output("tensorboard", self._tb.update, record, found, self.heatmap_every)
 
-    def _output(self, name: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    def _output(self, name: str, fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         """One output's work: an error stops that output (one warning), not the others."""
         if name in self._broken:
             return
