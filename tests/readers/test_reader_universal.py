@@ -255,7 +255,7 @@ def test_tables_read_by_column() -> None:
         "                   all       1049       1164      0.455      0.827      0.458       0.35\n"
     )
     (record,) = records(yolo)
-    assert record.step == 21 * 954 + 954  # epoch 22 of 55 (counted from 1), batch 954 of 954
+    assert record.step == 22  # epoch 22 of 55: a table that counts epochs is read in epochs
     assert record.values["box_loss"] == 0.1157 and record.values["Instances"] == 17
     assert math.isclose(record.values["loss"], 0.1157 + 5.355 + 2.998)  # the parts add up
     assert "GPU_mem" not in record.values  # "9.02G" is no number
@@ -269,6 +269,23 @@ def test_tables_read_by_column() -> None:
         [(0, {"loss": 1.25, "val_loss": 0.98, "accuracy": 0.61}),
          (1, {"loss": math.nan, "val_loss": math.nan, "accuracy": 0.1})]
     )  # fmt: skip
+
+
+def test_yolo_legacy_tables_name_their_losses_box_obj_cls() -> None:
+    """YOLOv3/v5/v7 before v6: ``box obj cls`` (and ``total``, their sum) are the losses."""
+    text = (
+        "     Epoch   gpu_mem       box       obj       cls     total    labels  img_size\n"
+        "    42/299     65.1G       nan    0.0151         0       nan      1963       320: 100%|"
+        "####| 729/729 [51:09<00:00,  4.21s/it]\n"
+        " Epoch   gpu_mem       box       obj       cls    labels  img_size\n"
+        "      1/99     2.64G      0.05      0.02      0.01         4       416: 100%|##| 7/7 [\n"
+    )
+    first, second = records(text)
+    assert first.step == 42 and math.isnan(first.values["loss"])  # total: the loss
+    assert first.values["obj_loss"] == 0.0151 and first.values["labels"] == 1963
+    assert second.step == 1 + 0 and math.isclose(second.values["loss"], 0.08)  # the parts add up
+    (none,) = records("Epoch  box  obj  cls\n1 2 3 4\nstep 9 loss 1.0\n")[-1:]  # no loss named:
+    assert none.step == 9  # four cells but a counter and the parts only: still read as a table
 
 
 def test_a_table_counter_named_steps() -> None:

@@ -34,7 +34,8 @@ Registered formats (`READERS`), one reader module each:
   the way a person reads it (nanoGPT, modded-nanogpt, llm.c, litgpt, Keras, tqdm bars, OpenNMT,
   mmengine, Detectron2, ESPnet, ...), with one alias table (``aliases.py``); the fallback.
 - Formats whose meaning differs from their text, or that are no text: ``jsonl`` (the monitor's
-  own), ``lightning_csv``, ``tensorboard``, ``megatron`` (interval averages, skipped
+  own), ``lightning_csv``, ``csv`` (any CSV of a step or epoch column and losses),
+  ``tensorboard``, ``megatron`` (interval averages, skipped
   iterations), ``deepspeed`` (overflow lines), ``fairseq`` (``clip`` percent, ``loss_scale``),
   ``hf_trainer`` (hidden NaN losses), ``hf_trainer_state``.
 
@@ -75,6 +76,7 @@ from .base import (
     Restart,
     add_note,
 )
+from .csv_table import CsvTableReader
 from .deepspeed import DeepSpeedReader
 from .fairseq import FairseqReader
 from .hf_trainer import HfTrainerReader
@@ -93,6 +95,7 @@ __all__ = [
     "READERS",
     "REPLAY_SUFFIX",
     "BaseReader",
+    "CsvTableReader",
     "DeepSpeedReader",
     "FairseqReader",
     "HfTrainerReader",
@@ -118,6 +121,7 @@ READERS: dict[str, type[BaseReader]] = {
     for cls in (
         JsonlReader,
         LightningCsvReader,
+        CsvTableReader,
         TensorBoardReader,
         MegatronReader,
         DeepSpeedReader,

@@ -41,6 +41,7 @@ _TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"
 _RULER = re.compile(r" *-{2,}(?: +-{2,}){2,} *")  # "---  ------  ------------  ------"
 _DASHES = re.compile(r"-+")
 _RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
+_YOLO_PARTS = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss"}
 
 
 Overflow = tuple[dict[str, float], int | None]
@@ -79,23 +80,29 @@ def _overflow(low: str) -> dict[str, float]:
     return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
 
 
-def _header(line: str) -> tuple[str, ...] | None:
+def _header(line: str, low: str) -> tuple[str, ...] | None:
     """The columns of a table's header, or None: names only, a counter first, a loss among them
     (YOLO's ``Epoch  GPU_mem  box_loss  cls_loss  dfl_loss  Instances  Size``, fastai's ``epoch
-    train_loss valid_loss accuracy time``)."""
+    train_loss valid_loss accuracy time``). YOLOv3/v5/v7 before v6 name their losses ``box obj
+    cls`` (and their sum ``total``): read as ``box_loss``, ``obj_loss``, ``cls_loss``, the loss."""
     cells = _CELL.findall(line)
     if len(cells) < 3 or cells[0].lower() not in _TABLE_FIRST:
         return None
-    if not all(_NAME.fullmatch(cell) for cell in cells) or "loss" not in line.lower():
+    if not all(_NAME.fullmatch(cell) for cell in cells):
         return None
-    return tuple(cells)
+    if "loss" in low:
+        return tuple(cells)
+    names = [cell.lower() for cell in cells]
+    if "box" not in names or "obj" not in names:
+        return None
+    return tuple(_YOLO_PARTS.get(name, cell) for name, cell in zip(names, cells, strict=True))
 
 
 def table_of(line: str, low: str, above: str) -> tuple[str, ...] | None:
     """The columns of the table a line that is no record begins (`_header`, or `_ruled` under
     the line ``above`` it), or None."""
-    if "loss" in low:
-        return _header(line)
+    if "loss" in low or " obj " in low:
+        return _header(line, low)
     if "---" in line and "loss" in above.lower():
         return _ruled(above, line)
     return None
@@ -122,12 +129,14 @@ def _ruled(header: str, ruler: str) -> tuple[str, ...] | None:
 def row_of(line: str, columns: tuple[str, ...]) -> str | None:
     """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
     row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
-    is ``Epoch 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``. Cells that are no
+    is ``step: 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``: a table that counts
+epochs is numbered in epochs, not by the bar within each. Cells that are no
     number (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
     cells = list(islice(_CELL.finditer(line), len(columns)))
     if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
         return None
-    parts = [f"{columns[0]}: {cells[0][0]}"]  # ("Steps 9753" is no step, "Steps: 9753" is)
+    first = columns[0] if "step" in columns else "step"  # (spaCy: E, then #, the step)
+    parts = [f"{first}: {cells[0][0]}"]  # the first counter is the step, epoch or not
     for name, cell in zip(columns[1:], cells[1:], strict=True):
         text = cell[0].rstrip(":")
         if _NUMBER.fullmatch(text):
