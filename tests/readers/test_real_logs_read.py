@@ -198,55 +198,6 @@ MISREAD = {
     "caffe_person_search_issue22_solver_loss_nan": "Caffe's 'Train net output #k: loss_bbox = v "
     "(* 1 = v loss)' lines have their own time-of-day header and no step: one becomes a record "
     "at step 0 with its part as the loss, beside the solver's 'Iteration 0, loss = 89.1661'",
-    "multiffn_nli_issue2_batches_nan": seen(4, (100, 400), LOSS, VAL, nan=(100, LOSS)),
-    "lion_issue9_loguru_bracket_nan": seen(5, (1574, 1634), LOSS, nan=(1574, LOSS)),  # "[step]"
-    # epoch 127 (counted from 1) of 464 batches
-    "rtm3d_issue4_avgmeter_healthy": seen(7, (126 * 464 + 35, 126 * 464 + 335), LOSS),
-    "spacy_issue7083_v3_table_healthy": seen(6, (0, 1000), LOSS),  # "#" the step
-    "trl_issue1236_dpo_loss_zero_healthy": seen(3, (1, 3), LOSS, LR),
-    "d3feat_issue23_table_nan": seen(1, (9753, 9753), LOSS, nan=(9753, LOSS)),
-    "mobilefacenet_issue40_total_step_healthy": seen(9, (24050, 24450), LOSS),
-    "mobilenet_ssd_keras_issue21_terminate_on_inf": seen(1, (4, 4), LOSS, nan=(4, LOSS)),
-    # epoch 1 of 11134 iterations, counted from 1
-    "semseg_3d2d_issue4_noisy_healthy": seen(5, (750, 790), LOSS),
-    "pytorch_tutorial_zh_issue1_test_loss_healthy": seen(15, (100, 1500), LOSS),  # 训练次数: N
-    # third hunt: trainers and shapes not yet covered
-    "paddleslim_issue1582_bracket_loss_nan": seen(6, (0, 50), LOSS, nan=(10, LOSS)),  # "[nan]"
-    # "[Losses: x nan, ..., total nan]": the total of the losses is the loss
-    "pytorch_yolov3_issue13_losses_total_nan": seen(4, (323, 326), LOSS, nan=(323, LOSS)),
-    # four batch lines, no batch number: positions 1-4 ("epoch 0" is no step of its own)
-    "bmn_issue22_no_step_total_loss_nan": seen(4, (1, 4), LOSS, nan=(3, LOSS)),
-    "shintb_issue14_global_step_caps_nan": seen(
-        1, (29003, 29003), LOSS, LR, nan=(29003, LOSS)
-    ),  # "**LOSS : nan**"
-    # "Loss is nan, stopping training" has no iteration: after the last, 150
-    "torchvision_detection_issue244_loss_is_nan_stop": seen(5, (0, 151), LOSS, LR, nan=(151, LOSS)),
-    # the stop line and the loss dict below it are the one failing iteration after 0
-    "xview3_issue18_loss_dict_tensor_nan": seen(2, (0, 1), LOSS, LR, nan=(1, LOSS)),
-    # epoch 12 (counted from 1) of 4468 steps
-    "mindocr_issue670_epoch_step_brackets_healthy": seen(
-        7, (11 * 4468 + 700, 11 * 4468 + 1300), LOSS, LR
-    ),
-    # epoch 3's iterations 220-300 and epoch 4's iteration 0, 308 an epoch (counted from 1);
-    # the epoch summary's avg_loss is no step
-    "pccai_issue1_batch_count_epoch_healthy": seen(6, (2 * 308 + 220, 3 * 308), LOSS),
-    "modernbert_issue233_hf_dict_gradnorm_nan": seen(3, (1, 3), LOSS, GNORM, LR, nan=(1, GNORM)),
-    "lite_mono_issue98_pipe_batch_healthy": seen(3, (0, 500), LOSS, LR),
-    # Caffe: iterations 0 and 20; the "Train net output" lines are parts of iteration 0's loss
-    "caffe_person_search_issue22_solver_loss_nan": seen(2, (0, 20), LOSS, LR, nan=(20, LOSS)),
-    "ner_toolkit_issue1_current_loss_healthy": seen(18, (1, 171), LOSS),  # "current loss"
-}
-
-# Read wrong for a reason no general rule settles yet (strict: a fix shows).
-MISREAD = {
-    "bmn_issue22_no_step_total_loss_nan": "'(epoch 0)' on every batch line is taken for the "
-    "step: the four batches merge into one record at step 0 (later values win); the NaN is kept",
-    "pccai_issue1_batch_count_epoch_healthy": "the iteration restarts each epoch and the epoch is "
-    "printed only on lines of its own ('Training at epoch 4', the summary 'Epoch: 3/3'): read as "
-    "steps 220-300, the summary as step 3, then 0, with two restarts",
-    "caffe_person_search_issue22_solver_loss_nan": "Caffe's 'Train net output #k: loss_bbox = v "
-    "(* 1 = v loss)' lines have their own time-of-day header and no step: one becomes a record "
-    "at step 0 with its part as the loss, beside the solver's 'Iteration 0, loss = 89.1661'",
     "multiffn_nli_issue2_batches_nan": "'0 completed epochs, 100 batches': a count before its "
     "name is no step to a general rule (it reads 'epochs, 100'); read by position, 1-4",
     "pytorch_tutorial_zh_issue1_test_loss_healthy": "the step is named in Chinese (训练次数, "

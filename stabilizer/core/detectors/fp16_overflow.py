@@ -17,30 +17,30 @@ __all__ = ["Fp16Overflow"]
 class Fp16Overflow:
     """An fp16 overflow cascade: the dynamic loss scaler cannot find a scale that works.
 
-        Requires: ``loss_scale``; ``skipped`` (else a falling scale counts as a skipped step).
-        Rule: a skip with ≥ `cascade` skips in a row, scale ÷ 2^`drop_pow` in `window`, or ≤ `floor`.
+    Requires: ``loss_scale``; ``skipped`` (else a falling scale counts as a skipped step).
+    Rule: a skip with ≥ `cascade` skips in a row, scale ÷ 2^`drop_pow` in `window`, or ≤ `floor`.
 
-        A scaler probes: it doubles its scale every N good steps and halves it on an overflow, skipping
-        that step. An isolated skip with the scale holding is therefore healthy and stays silent. So
-        does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
-        fits; skips before the first good step are that calibration, only the floor rule applies,
+    A scaler probes: it doubles its scale every N good steps and halves it on an overflow, skipping
+    that step. An isolated skip with the scale holding is therefore healthy and stays silent. So
+    does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
+    fits; skips before the first good step are that calibration, only the floor rule applies,
     unless the log's own steps say the run is past start-up (`startup` steps: from 2^32 a scaler
     halves to 1 in 32 steps), as an excerpt shows that begins hundreds of steps in. The
-        finding is emitted when the cascade is recognised (the run may never leave it); later skips
-        extend the episode silently, and `quiet` good records in a row close it. An episode that
-        grew after it was reported gets a closing finding with the same start and the final count:
-        INFO when it closes, ERROR "until the end of the log" when the stream ends first. The finding
-        starts at the cascade's first skip (that of the run of skips, or, for a fall of the scale, the
-        first after its last top), so an earlier isolated skip in the window is not counted.
+    finding is emitted when the cascade is recognised (the run may never leave it); later skips
+    extend the episode silently, and `quiet` good records in a row close it. An episode that
+    grew after it was reported gets a closing finding with the same start and the final count:
+    INFO when it closes, ERROR "until the end of the log" when the stream ends first. The finding
+    starts at the cascade's first skip (that of the run of skips, or, for a fall of the scale, the
+    first after its last top), so an earlier isolated skip in the window is not counted.
 
-        Args:
-            cascade: Consecutive skipped steps that make a cascade.
-            drop_pow: A fall of the scale by 2**drop_pow within `window` records makes a cascade.
-            window: Records over which the fall of the scale is measured.
-            floor: A skipped step at a scale at or below this is a cascade (gradients overflow even
-                unscaled).
-            quiet: Good (unskipped) records in a row that end an episode.
-            startup: From this step on, skips are no start-up calibration, good step seen or not.
+    Args:
+        cascade: Consecutive skipped steps that make a cascade.
+        drop_pow: A fall of the scale by 2**drop_pow within `window` records makes a cascade.
+        window: Records over which the fall of the scale is measured.
+        floor: A skipped step at a scale at or below this is a cascade (gradients overflow even
+            unscaled).
+        quiet: Good (unskipped) records in a row that end an episode.
+        startup: From this step on, skips are no start-up calibration, good step seen or not.
     """
 
     name: ClassVar[str] = "fp16_overflow"

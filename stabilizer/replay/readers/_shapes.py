@@ -130,8 +130,8 @@ def row_of(line: str, columns: tuple[str, ...]) -> str | None:
     """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
     row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
     is ``step: 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``: a table that counts
-epochs is numbered in epochs, not by the bar within each. Cells that are no
-    number (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
+    epochs is numbered in epochs, not by the bar within each. Cells that are no number
+    (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
     cells = list(islice(_CELL.finditer(line), len(columns)))
     if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
         return None

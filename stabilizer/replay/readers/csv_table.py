@@ -113,4 +113,4 @@ def _training_part(key: str) -> bool:
     low = key.lower()
     if not (low.endswith("loss") or low.startswith("loss_")) or low == "val_loss":
         return False
-    return not low.split("/", 1)[0].split("_", 1)[0] in _HELD_OUT
+    return low.split("/", 1)[0].split("_", 1)[0] not in _HELD_OUT
