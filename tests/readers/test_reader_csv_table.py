@@ -32,7 +32,9 @@ def test_a_padded_results_csv_is_read_in_epochs() -> None:
 
 
 def test_a_step_column_wins_and_a_loss_column_is_the_loss() -> None:
-    text = "epoch, iteration, train/loss, val/loss, lr\n0, 100, 2.5, , 1e-4\n0, 200, 2.4, 2.6, 1e-4\n"
+    text = (
+        "epoch, iteration, train/loss, val/loss, lr\n0, 100, 2.5, , 1e-4\n0, 200, 2.4, 2.6, 1e-4\n"
+    )
     assert detect_format(text.splitlines()) == "csv"
     got = [(r.step, r.values) for r in parse("csv", text)]
     assert got == [
