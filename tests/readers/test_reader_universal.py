@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers._lines import text_lines
+from stabilizer.replay.readers._shapes import joined_blocks
 from stabilizer.replay.readers.aliases import ALIASES, key_of
 from stabilizer.replay.readers.base import Note, Restart
 from stabilizer.replay.readers.universal import UniversalReader, unreadable_message
@@ -286,6 +287,35 @@ def test_yolo_legacy_tables_name_their_losses_box_obj_cls() -> None:
     assert second.step == 1 + 0 and math.isclose(second.values["loss"], 0.08)  # the parts add up
     (none,) = records("Epoch  box  obj  cls\n1 2 3 4\nstep 9 loss 1.0\n")[-1:]  # no loss named:
     assert none.step == 9  # four cells but a counter and the parts only: still read as a table
+
+
+def test_key_value_tables_between_rulers_are_one_record_each() -> None:
+    """OpenAI's logger dumps ``| name | value |`` rows between rulers of dashes: one record, the
+    step one of the rows (``1.53e+05``); guided diffusion's ``Found NaN, decreased lg_loss_scale
+    to X`` lines are skipped steps at scale 2^X."""
+    text = (
+        "-----------------------------\n"
+        "| grad_norm     | 0.348     |\n"
+        "| loss          | 0.384     |\n"
+        "| samples       | 3.3e+05   |\n"
+        "| step          | 3.3e+03   |\n"
+        "-----------------------------\n"
+        "-----------------------------\n"
+        "| loss          | nan       |\n"
+        "| step          | 1.53e+05  |\n"
+        "-----------------------------\n"
+        "Found NaN, decreased lg_loss_scale to -3.5\n"
+        "Found NaN, decreased lg_loss_scale to -4.5\n"
+    )
+    first, second, *skips = records(text)
+    assert first == StepRecord(3300, {"grad_norm": 0.348, "loss": 0.384, "samples": 3.3e5})
+    assert second.step == 153000 and math.isnan(second.values["loss"])
+    assert [(r.step, r.values["skipped"], r.values["loss_scale"]) for r in skips] == [
+        (153001, 1.0, 2**-3.5),
+        (153002, 1.0, 2**-4.5),  # a new scale: a new skip, not the last one printed again
+    ]
+    lines = list(joined_blocks(text.splitlines()))
+    assert len(lines) == len(text.splitlines()) and lines[1].startswith("step: 3300, grad_norm=")
 
 
 def test_a_table_counter_named_steps() -> None:

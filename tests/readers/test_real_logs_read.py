@@ -186,6 +186,11 @@ SEEN = {
     # Caffe: iterations 0 and 20; the "Train net output" lines are parts of iteration 0's loss
     "caffe_person_search_issue22_solver_loss_nan": seen(2, (0, 20), LOSS, LR, nan=(20, LOSS)),
     "ner_toolkit_issue1_current_loss_healthy": seen(18, (1, 171), LOSS),  # "current loss"
+    # one table at step 1.53e+05 (loss nan), then five skips without a step, placed after it
+    "guided_diffusion_issue50_kv_table_nan": seen(
+        6, (153000, 153005), LOSS, SCALE, SKIP, nan=(153000, LOSS)
+    ),
+    "guided_diffusion_issue121_kv_table_healthy": seen(1, (3300, 3300), LOSS, GNORM),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).

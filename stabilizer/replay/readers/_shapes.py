@@ -5,6 +5,9 @@ and tables.
   ``Gradient overflow. Skipping step``, ``Attempted loss scale: X, reducing to Y``): a skipped
   step, with the scale in force after it and the rank that printed it, if named. The universal
   reader reads them, and so does the HF Trainer's, whose console DeepSpeed and apex print into.
+- **Key-value tables** dumped once per record (OpenAI's logger: baselines, improved and guided
+  diffusion): ``| name | value |`` rows between rulers of dashes, the step one of the rows,
+  numbers like ``1.53e+05``. `joined_blocks` joins each block into one line of ``name=value``.
 - **Tables**: a header of names (a counter first, a loss among them: YOLO, fastai), or the names
   above a ruler of dashes (spaCy), then rows of values under them, which the universal reader
   reads written out as ``name=value`` pairs.
@@ -13,19 +16,31 @@ and tables.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 
-__all__ = ["NUM", "Overflow", "overflow_in", "overflow_of", "printed_again", "row_of", "table_of"]
+__all__ = [
+    "NUM",
+    "Overflow",
+    "joined_blocks",
+    "overflow_in",
+    "overflow_of",
+    "printed_again",
+    "row_of",
+    "table_of",
+]
 
 NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
     r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
 )
 _OVERFLOW = re.compile(
     r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
-    r"(?:reducing dynamic|attempted) loss scale"
+    r"(?:reducing dynamic|attempted) loss scale|found nan, decreased lg_loss_scale"
 )
+_LG = "lg_loss_scale"
+_LG_SCALE = re.compile(r"lg_loss_scale to\s*(" + NUM + ")")  # guided diffusion: log2 of the scale
 _NEW_SCALE = re.compile(
     r"(?:reducing (?:loss scale )?to|setting loss scale to:?|loss scale from \S+ to)\s*("
     + NUM
@@ -55,6 +70,7 @@ def printed_again(line: str, found: Overflow, last_line: str, last: Overflow) ->
     (values, rank), (last_values, last_rank) = found, last
     scale = values.get(LOSS_SCALE)
     same = scale is None or last_values.get(LOSS_SCALE, scale) == scale
+    same = same and values.get(_LG) == last_values.get(_LG)
     return same and not (rank is not None and rank == last_rank and line != last_line)
 
 
@@ -77,7 +93,47 @@ def overflow_in(low: str) -> Overflow | None:
 def _overflow(low: str) -> dict[str, float]:
     """The record of an overflow line: a skipped step, and the scale in force after it."""
     scale = _NEW_SCALE.search(low) or _ATTEMPTED.search(low)  # (hysteresis keeps the scale)
-    return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
+    if scale is not None:
+        return {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
+    lg = _LG_SCALE.search(low)
+    if lg is not None:  # "Found NaN, decreased lg_loss_scale to -16199.354": 2 to that power
+        power = float(lg[1])  # (kept too: below 2^-1074 every scale is the same 0)
+        return {SKIPPED: 1.0, LOSS_SCALE: 2.0 ** max(min(power, 1000.0), -1075.0), _LG: power}
+    return {SKIPPED: 1.0}
+
+
+_KV_ROW = re.compile(r"\|\s*([A-Za-z_][\w./-]*)\s*\|\s*(" + NUM + r")\s*\|\s*")
+_KV_COUNTERS = frozenset(("step", "steps", "iter", "iteration", "epoch", "global_step"))
+
+
+def joined_blocks(lines: Iterable[str]) -> Iterator[str]:
+    """``lines``, with each block of ``| name | value |`` rows joined into one line of
+    ``name=value`` pairs (a counter first, written ``step: 153000``: as an integer), in place of
+    its first row; its other rows become ``""``, so line numbers stay."""
+    block: list[str] = []
+    rows = 0
+    for line in lines:
+        if line.startswith("|") and (row := _KV_ROW.fullmatch(line)) is not None:
+            rows += 1
+            name, value = row[1], row[2]
+            if name.lower() not in _KV_COUNTERS:
+                block.append(f"{name}={value}")
+            elif (step := _integer(value)) is not None:
+                block.insert(0, f"{name}: {step}")
+            continue
+        if rows:
+            yield ", ".join(block)
+            yield from [""] * (rows - 1)
+            block, rows = [], 0
+        yield line
+    if rows:
+        yield ", ".join(block)
+
+
+def _integer(text: str) -> int | None:
+    """A counter's value as an integer (``1.53e+05`` is 153000), or None (``nan``)."""
+    value = float(text)
+    return int(value) if value == value and abs(value) < 2**62 else None
 
 
 def _header(line: str, low: str) -> tuple[str, ...] | None:

@@ -57,7 +57,7 @@ from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS, LR
 
 from ._lines import resume_banner, text_lines
-from ._shapes import NUM, overflow_in, printed_again, row_of, table_of
+from ._shapes import NUM, joined_blocks, overflow_in, printed_again, row_of, table_of
 from .aliases import SIGNALS, key_of
 from .base import BaseReader, Item, Restart
 
@@ -128,14 +128,16 @@ class UniversalReader(BaseReader):
         steps, join = _Steps(), _Joiner()
         table: tuple[str, ...] | None = None  # the columns of the table being read
         above = ""  # the last line that was no record (a table's header, if a ruler follows)
-        for lineno, line in enumerate(lines, 1):
+        for lineno, line in enumerate(joined_blocks(lines), 1):
             if "\x1b" in line:
                 line = _ANSI.sub("", line)
             if table is not None:
                 row = row_of(line, table)
                 table, line = (None, line) if row is None else (table, row)
             low = line.lower()
-            if ("overflow" in low or "loss scale" in low) and (found := overflow_in(low)):
+            if ("overflow" in low or "loss scale" in low or "lg_loss" in low) and (
+                found := overflow_in(low)
+            ):
                 yield from join.overflow(lineno, line, *found)
                 continue
             step, where = steps.of(low)
