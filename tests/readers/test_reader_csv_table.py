@@ -27,7 +27,7 @@ def test_a_padded_results_csv_is_read_in_epochs() -> None:
     first, second = parse("csv", YOLOV5)
     assert (first.step, second.step) == (0, 1)  # the log counts epochs: so does the report
     assert math.isclose(first.values["loss"], 0.07348 + 0.027402 + 0.02)  # training parts only
-    assert first.values["val/box_loss"] == 0.06 and first.values["x/lr0"] == 0.0033
+    assert first.values["val/box_loss"] == 0.06 and first.values["lr"] == 0.0033  # x/lr0
     assert math.isnan(second.values["loss"])
 
 
