@@ -195,6 +195,8 @@ SEEN = {
     # a CSV that counts epochs: read in epochs; the loss is the sum of the train/ parts
     "ultralytics_gallstone_results_csv_healthy": seen(10, (1, 10), LOSS, LR),
     "ultralytics_drone_results_csv_healthy": seen(20, (1, 20), LOSS, LR),
+    # Caffe iterations 0-300; the pinned loss is finite (1746.73 = 20 x 87.3365)
+    "updown_captioner_issue2_caffe_loss_pinned": seen(4, (0, 300), LOSS, LR),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
