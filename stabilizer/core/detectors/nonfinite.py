@@ -130,8 +130,8 @@ class NonFinite:
             what, kind = f"loss is {loss}", "nonfinite_loss"
             if math.isfinite(loss):
                 what = (
-                    f"loss is pinned at {loss:g} ({loss / _FLOOR_LOSS:.0f} x 87.3365 = -ln(FLT_MIN):"
-                    " every probability underflowed to 0)"
+                    f"loss is pinned at {loss:g} ({loss / _FLOOR_LOSS:.0f} x 87.3365 = "
+                    "-ln(FLT_MIN): every probability underflowed to 0)"
                 )
         elif location == ("optimizer",):
             what, kind = "the optimizer step made finite weights non-finite", "nonfinite_update"
