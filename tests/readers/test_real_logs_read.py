@@ -197,6 +197,8 @@ SEEN = {
     "ultralytics_drone_results_csv_healthy": seen(20, (1, 20), LOSS, LR),
     # Caffe iterations 0-300; the pinned loss is finite (1746.73 = 20 x 87.3365)
     "updown_captioner_issue2_caffe_loss_pinned": seen(4, (0, 300), LOSS, LR),
+    # HF dicts without a bar: positions 1-10
+    "grokfast_issue9_hf_gradnorm_geometric": seen(10, (1, 10), LOSS, GNORM, LR),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
