@@ -318,6 +318,46 @@ def test_key_value_tables_between_rulers_are_one_record_each() -> None:
     assert len(lines) == len(text.splitlines()) and lines[1].startswith("step: 3300, grad_norm=")
 
 
+def test_a_step_line_then_indented_name_value_lines_make_one_record() -> None:
+    """OLMo (allenai/OLMo#692): the step on a line of its own after a timestamp and the logger's
+    name, the metrics below it a line each, indented, thousands separated (``195,153``);
+    ``CrossEntropyLoss`` is the loss, ``optim/total_grad_norm`` the gradient norm."""
+    text = (
+        "    System/Peak GPU Memory (MB)=6,784\n"
+        "2024-08-06 09:59:26.181 intern-studio-160750:0  olmo.train:908  INFO    "
+        "[step=1/739328,epoch=0]\n"
+        "    optim/total_grad_norm=231.7\n"
+        "    train/CrossEntropyLoss=12.18\n"
+        "    train/Perplexity=195,153\n"
+        "    throughput/total_tokens=1,048,576\n"
+        "2024-08-06 10:00:05.520 intern-studio-160750:0  olmo.train:908  INFO    "
+        "[step=2/739328,epoch=0]\n"
+        "    optim/total_grad_norm=0.0002\n"
+        "    train/CrossEntropyLoss=1.7872662283480167e-06\n"
+    )
+    first, second = records(text)
+    assert first == StepRecord(
+        1,
+        {"grad_norm": 231.7, "loss": 12.18, "ppl": 195153.0, "throughput/total_tokens": 1048576.0},
+    )
+    assert second == StepRecord(2, {"grad_norm": 0.0002, "loss": 1.7872662283480167e-06})
+
+
+def test_thousands_separators_camel_case_losses_and_perplexity() -> None:
+    """``Sen. 1,052,108`` (Marian) is one number; ``CTCLoss`` a loss, ``ValLoss`` none; a
+    perplexity alone gives the loss as its log (data2text#9: ``PPL 8226.52``)."""
+    (marian,) = records("Ep. 1 : Up. 16000 : Sen. 1,052,108 : Cost 6.59608603 : Time 1153.11s")
+    assert marian.values["Sen."] == 1052108
+    (ctc,) = records("step 3 CTCLoss: 1.5 ValLoss: 2.5")
+    assert ctc.values == {"loss": 1.5, "val_loss": 2.5}
+    (ppl,) = records("Epoch 1 ; Iter 50/213 ; LR 1.0000 ; Target tokens/s 1265 ; PPL 8226.52 ;")
+    assert math.isclose(ppl.values["loss"], math.log(8226.52)) and ppl.step == 50
+    (nan,) = records("step 4 PPL nan")
+    assert math.isnan(nan.values["loss"])
+    (both,) = records("step 5 loss 2.0 ppl 7.39")
+    assert both.values["loss"] == 2.0  # a printed loss wins
+
+
 def test_a_table_counter_named_steps() -> None:
     """A table whose counter column is ``Steps`` (D3Feat): its rows are at those steps."""
     text = "Steps desc_loss det_loss train_accuracy time\n9753 nan 0.5 0.00 1698.001\n"

@@ -32,8 +32,10 @@ __all__ = [
     "table_of",
 ]
 
-NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
-    r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
+NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once);
+    # thousands separators ("41,943,040": groups of three after a first digit that is no 0)
+    r"[-+]?+(?:[1-9]\d{0,2}+(?:,\d{3}+)++(?!\d)(?:\.\d++)?+|\d++\.?+\d*+(?:[eE][-+]?+\d++)?+"
+    r"|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
 )
 _OVERFLOW = re.compile(
     r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
@@ -94,10 +96,10 @@ def _overflow(low: str) -> dict[str, float]:
     """The record of an overflow line: a skipped step, and the scale in force after it."""
     scale = _NEW_SCALE.search(low) or _ATTEMPTED.search(low)  # (hysteresis keeps the scale)
     if scale is not None:
-        return {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
+        return {SKIPPED: 1.0, LOSS_SCALE: float(scale[1].replace(",", ""))}
     lg = _LG_SCALE.search(low)
     if lg is not None:  # "Found NaN, decreased lg_loss_scale to -16199.354": 2 to that power
-        power = float(lg[1])  # (kept too: below 2^-1074 every scale is the same 0)
+        power = float(lg[1].replace(",", ""))  # (kept too: below 2^-1074 every scale is the same 0)
         return {SKIPPED: 1.0, LOSS_SCALE: 2.0 ** max(min(power, 1000.0), -1075.0), _LG: power}
     return {SKIPPED: 1.0}
 
@@ -132,7 +134,7 @@ def joined_blocks(lines: Iterable[str]) -> Iterator[str]:
 
 def _integer(text: str) -> int | None:
     """A counter's value as an integer (``1.53e+05`` is 153000), or None (``nan``)."""
-    value = float(text)
+    value = float(text.replace(",", ""))
     return int(value) if value == value and abs(value) < 2**62 else None
 
 

@@ -48,6 +48,7 @@ A `Restart` comes just before the first record after the step went back or a res
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ from stabilizer.core.signals import LOSS, LR
 
 from ._lines import resume_banner, text_lines
 from ._shapes import NUM, joined_blocks, overflow_in, printed_again, row_of, table_of
-from .aliases import SIGNALS, key_of
+from .aliases import PPL, SIGNALS, key_of
 from .base import BaseReader, Item, Restart
 
 __all__ = ["UniversalReader", "unreadable_message"]
@@ -247,7 +248,8 @@ def _values(line: str) -> dict[str, float]:
         if key is None or key in values:
             continue
         if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
-            values[key] = float(text)  # others need "=", ": " or a blank: not "(trainer:581)"
+            # others need "=", ": " or a blank: not "(trainer:581)"
+            values[key] = float(text.replace(",", "") if "," in text else text)
     if "total" in values and LOSS not in values and "losses" in line.lower():
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
     return values
@@ -261,7 +263,13 @@ def _known(values: dict[str, float]) -> set[str]:
 
 def _total(values: dict[str, float]) -> dict[str, float]:
     """A record's values, with the sum of its ``loss_*`` or ``*_loss`` parts as its loss if it
-    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ..."""
+    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ...;
+    else the log of its perplexity (``PPL 8226.52``: the loss is ln 8226.52 = 9.01)."""
+    if LOSS not in values and PPL in values:
+        ppl = values[PPL]
+        if ppl <= 0:
+            return values  # (a perplexity of 0 or below is no exp of anything; NaN stays NaN)
+        values[LOSS] = math.log(ppl)
     if LOSS not in values:
         parts = [
             v
@@ -322,6 +330,10 @@ class _Joiner:
                 pend.values = {**pend.values, **_values(pend.text)}
                 pend.end = lineno
                 return []
+            if step is None and lineno == pend.end + 1 and _indented(pend, line):
+                pend.values.update(values)  # "    train/CrossEntropyLoss=11.25" under its step
+                pend.end = lineno
+                return []
         done = self._finish()
         self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
         self.banner = ""
@@ -350,7 +362,7 @@ class _Joiner:
             pend is not None
             and not pend.overflow
             and lineno == pend.end + 1
-            and _wraps(pend, values, line)
+            and (_indented(pend, line) or _wraps(pend, values, line))
         )
 
     def end(self) -> list[Item]:
@@ -390,6 +402,18 @@ class _Joiner:
             self.last = step
             placed.append(StepRecord(step, _total(values)))
         return placed
+
+
+def _indented(pend: _Pending, line: str) -> bool:
+    """Whether an indented line without a step, right below a record's lines, is one more line
+    of that record: OLMo prints ``[step=120/20000,epoch=0]`` and then a ``name=value`` a line.
+    Not under a progress bar: YOLO's indented ``all  1049  0.455 ...`` are validation results."""
+    return (
+        line[:1] in " \t"
+        and pend.step is not None
+        and "%|" not in pend.text
+        and not _HEADER.search(line)
+    )
 
 
 def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
