@@ -9,8 +9,9 @@ is no gradient norm, ``aux loss`` no training loss; they pass through as ``param
 that ends a sentence qualifies nothing: in ``records/second. Loss is 1.26`` the name is ``Loss``.
 A CamelCase name that ends in ``Loss`` (``CrossEntropyLoss``, ``CTCLoss``, ``train/ActionL2Loss``)
 is the loss, a validation loss after ``Val``/``val/``; so is a name of the table after a path
-(``optim/total_grad_norm`` is the gradient norm, ``val/loss`` a validation loss); a perplexity (``ppl``, ``PPL``,
-``Perplexity``) is kept as ``ppl``, whose log is the loss of a record that prints no loss.
+(``optim/total_grad_norm`` is the gradient norm, ``val/loss`` a validation loss); a perplexity
+(``ppl``, ``PPL``, ``Perplexity``) is kept as ``ppl``, whose log is the loss of a record that
+prints no loss.
 """
 
 from __future__ import annotations
