@@ -201,8 +201,12 @@ SEEN = {
     "grokfast_issue9_hf_gradnorm_geometric": seen(10, (1, 10), LOSS, GNORM, LR),
     # PPL only: its log is the loss; iterations counted on across epochs of 213
     "data2text_issue9_ppl_only_healthy": seen(12, (50, 2 * 213 + 200), LOSS, LR),
-    "tablemaster_issue32_mmocr_gradnorm_nan": seen(2, (100, 200), LOSS, GNORM, LR, nan=(100, GNORM)),
-    "megatron_deepspeed_issue396_gradnorm_nan_no_loss": seen(3, (5426, 5428), GNORM, LR, SCALE, nan=(5426, GNORM)),
+    "tablemaster_issue32_mmocr_gradnorm_nan": seen(
+        2, (100, 200), LOSS, GNORM, LR, nan=(100, GNORM)
+    ),
+    "megatron_deepspeed_issue396_gradnorm_nan_no_loss": seen(
+        3, (5426, 5428), GNORM, LR, SCALE, nan=(5426, GNORM)
+    ),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
