@@ -62,6 +62,7 @@ import io
 from collections.abc import Iterable
 from pathlib import Path
 
+from ._document import document_kind
 from ._lines import MAX_LINE, text_lines
 from ._source import REPLAY_SUFFIX, Source, find_logs, is_binary, open_source
 from ._stream import LogStream
@@ -112,6 +113,7 @@ __all__ = [
     "TensorBoardReader",
     "UniversalReader",
     "detect_format",
+    "document_kind",
     "read_log",
     "unreadable_message",
 ]
