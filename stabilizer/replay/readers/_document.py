@@ -21,9 +21,9 @@ _SOURCE = re.compile(r"(?:import [\w.]+|from [\w.]+ import |def \w+\(|class \w+[
 
 def document_kind(lines: Iterable[str]) -> str | None:
     """``"a markdown document"`` or ``"Python source code"`` when the lines are one, else None:
-    two code fences (or two headings and a link or a table's ``|---|`` rule) for markdown; two lines that import, or that
-    start a definition, at the start of a line, for source code. A log prints neither (its
-    configuration dumps have comments, not imports)."""
+    two code fences (or two headings and a link or a table's ``|---|`` rule) for markdown; two
+    lines that import, or that start a definition, at the start of a line, for source code. A
+    log prints neither (its configuration dumps have comments, not imports)."""
     fences = headings = source = 0
     linked = False
     for line in lines:

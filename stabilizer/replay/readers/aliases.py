@@ -95,11 +95,11 @@ def key_of(printed: str) -> str | None:
             base = base[len(prefix) :]
             break
     if name.endswith("Loss") and len(name) > 4 and name[-5].isalnum():  # CrossEntropyLoss, CTCLoss
-        head = base[:-4].rpartition("/")
-        return VAL_LOSS if (head[0] or head[2]).startswith(_HELD_OUT) else LOSS
+        path, _, word = base[:-4].rpartition("/")
+        return VAL_LOSS if (path or word).startswith(_HELD_OUT) else LOSS
     if base not in ALIASES and "/" in base:  # "optim/total_grad_norm": the alias after a path
-        head, _, tail = base.rpartition("/")
-        key = ALIASES.get(tail)
+        path, _, last = base.rpartition("/")
+        key = ALIASES.get(last)
         if key is not None:
-            return VAL_LOSS if key == LOSS and head.startswith(_HELD_OUT) else key
+            return VAL_LOSS if key == LOSS and path.startswith(_HELD_OUT) else key
     return ALIASES.get(base, name)
