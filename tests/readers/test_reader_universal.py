@@ -629,3 +629,32 @@ def test_any_lines_give_int_steps_and_float_values(lines: list[str]) -> None:
         if isinstance(item, StepRecord):
             assert isinstance(item.step, int) and item.values
             assert all(isinstance(value, float) for value in item.values.values())
+
+
+def test_per_rank_memory_and_timer_lines_are_no_records() -> None:
+    """Megatron's ``after 100 iterations memory (MB) | allocated: ...`` and ``time (ms) |
+    forward: ...`` lines (megatron_lm_issue5_2019_no_colon_healthy), also with a rank: no step
+    of their own ("iterations" is no counter), no signal: no records between the iterations."""
+    text = (
+        " iteration      100/   20000 | learning rate 1.010E-06 | lm loss 1.020020E+01 |\n"
+        "after 100 iterations memory (MB) | allocated: 5133.326171875 | max allocated: 7899.06\n"
+        "[Rank 1] (after 100 iterations) memory (MB) | allocated: 5133.3 | reserved: 9324.0\n"
+        "time (ms) | forward: 132.49 | backward: 182.57 | optimizer: 18.18\n"
+        " iteration      200/   20000 | learning rate 2.020E-06 | lm loss 9.444483E+00 |\n"
+    )
+    assert [(r.step, r.values) for r in records(text)] == [
+        (100, {"lr": 1.01e-06, "loss": 10.2002}),
+        (200, {"lr": 2.02e-06, "loss": 9.444483}),
+    ]
+
+
+def test_a_bracketed_epoch_then_a_count_is_the_step() -> None:
+    """``[  3]    2210 || B: ...``: the epoch in brackets, then the count: the count is the step."""
+    text = "[  3]    2210 || B: 0.512 | loss: 2.31\n[  4]    2220 || B: 0.498 | loss: 2.29\n"
+    assert steps(text) == [2210, 2220]
+
+
+def test_a_signals_nan_with_trailing_junk_is_a_nan_a_timers_is_no_value() -> None:
+    (record,) = records("step 7 loss: nanxxx grad_norm: 1.5 step_avg:nanms")
+    assert math.isnan(record.values["loss"]) and record.values["grad_norm"] == 1.5
+    assert "step_avg" not in record.values

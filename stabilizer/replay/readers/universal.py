@@ -10,7 +10,8 @@ A record is a line with metrics beside a step::
 - **The step**, case-blind: ``step``, ``global_step``, ``total_step``, ``num_updates``,
   ``update``, Marian's ``Up.``, ``iteration``, ``iter``, ``batch`` (that order wins: ``iter 8
   step 1`` is step 1; ``[step] 1574`` too), llm.c's
-  ``s:12``, ESPnet's ``12009-12640batch`` (the last); else a count ``n/N`` after an epoch, in a
+  ``s:12``, ESPnet's ``12009-12640batch`` (the last); a count first on the line (``420 | loss``,
+  after a bracketed epoch: ``[  3]    2210 || B: ...``); else a count ``n/N`` after an epoch, in a
   progress bar (``1/18 [``) or in brackets (``[12/100]``); else ``Epoch 3/10``. A count within
   epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
   first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
@@ -22,7 +23,8 @@ A record is a line with metrics beside a step::
   ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
   only by a signal or a loss part.
   Values are numbers, ``nan`` and ``inf`` in any case (``loss: [nan]`` and ``**LOSS : nan**``
-  too); ``nanms`` is no value. When a line has ``loss_*`` parts but no loss (Detectron2, mmdet),
+  too); ``nanms`` is no value, but a signal's ``nan`` with trailing letters (``loss: nanxxx``)
+  is a NaN. When a line has ``loss_*`` parts but no loss (Detectron2, mmdet),
   the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
   overflow``, ``Attempted loss scale: X, reducing to Y``) are skipped steps: ``skipped`` 1 and
@@ -90,13 +92,14 @@ _STEP = re.compile(  # each name starts a word: a lookbehind after its first let
     )
     + r")(?:\(train\))?\]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
 )
+_JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
 _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
 _EPOCH = re.compile(
     r"(?<![\w./-])epoch(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
 )
 _AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
-_LEADING = re.compile(r"\s*(\d+)\s*\|\s")  # "420 | loss 4.06 | lr 9e-04"
+_LEADING = re.compile(r"\s*(?:\[\s*\d+\s*\]\s+)?(\d+)\s*\|\|?\s")  # "420 | loss", "[  3]  2210 || B:"
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
 _BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
@@ -250,6 +253,11 @@ def _values(line: str) -> dict[str, float]:
         if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
             # others need "=", ": " or a blank: not "(trainer:581)"
             values[key] = float(text.replace(",", "") if "," in text else text)
+    if "nan" in line or "NaN" in line:
+        for name, _ in _JUNK_NAN.findall(line):  # "loss: nanxxx": a NaN, if a signal's
+            key = key_of(name)
+            if key in SIGNALS and key not in values:
+                values[key] = math.nan
     if "total" in values and LOSS not in values and "losses" in line.lower():
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
     return values
