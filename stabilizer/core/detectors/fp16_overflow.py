@@ -13,6 +13,8 @@ from .base import check_at_least
 
 __all__ = ["Fp16Overflow"]
 
+_FRESH = 2.0**15  # a fresh scaler halves from 65536 (torch, DeepSpeed) or 2^32: 32768 and up
+
 
 class Fp16Overflow:
     """An fp16 overflow cascade: the dynamic loss scaler cannot find a scale that works.
@@ -25,7 +27,9 @@ class Fp16Overflow:
     does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
     fits; skips before the first good step are that calibration, only the floor rule applies,
     unless the log's own steps say the run is past start-up (`startup` steps: from 2^32 a scaler
-    halves to 1 in 32 steps), as an excerpt shows that begins hundreds of steps in. The
+    halves to 1 in 32 steps) and no scale of a fresh scaler (2^15 or more) has been seen, as an
+    excerpt shows that begins hundreds of steps in (a resumed run whose scaler starts afresh
+    calibrates from 65536 again: that stays calibration). The
     finding is emitted when the cascade is recognised (the run may never leave it); later skips
     extend the episode silently, and `quiet` good records in a row close it. An episode that
     grew after it was reported gets a closing finding with the same start and the final count:
@@ -66,6 +70,7 @@ class Fp16Overflow:
         self._window: deque[tuple[int, float, int]] = deque(maxlen=window)  # step, scale, 0/1
         self._prev: float | None = None  # scale of the previous record
         self._calibrated = False  # whether a good step has been seen
+        self._top = 0.0  # the highest scale seen
         self._run = 0  # consecutive skipped records
         self._active = False  # whether an episode is open (already reported)
         self._good = 0  # good records in a row inside an episode
@@ -80,13 +85,14 @@ class Fp16Overflow:
         if flag is not None and not isfinite(flag):
             flag = None
         prev, self._prev = self._prev, scale
+        self._top = max(self._top, scale)
         skipped = flag >= 0.5 if flag is not None else prev is not None and scale < prev
         known = flag is not None or prev is not None  # the first record alone cannot tell
         if not self._calibrated and known and not skipped:
             self._calibrated = True
             self._window.clear()  # the start-up fall is not a cascade
-        elif not self._calibrated and record.step >= self.startup:
-            self._calibrated = True  # past start-up: no calibration any more
+        elif not self._calibrated and record.step >= self.startup and self._top < _FRESH:
+            self._calibrated = True  # past start-up, and no fresh scaler's scale in sight
         self._run = self._run + 1 if skipped else 0
         self._window.append((record.step, scale, int(skipped)))
         if self._active:
@@ -155,6 +161,7 @@ class Fp16Overflow:
             "window": [list(entry) for entry in self._window],
             "prev": self._prev,
             "calibrated": self._calibrated,
+            "top": self._top,
             "run": self._run,
             "active": self._active,
             "good": self._good,
@@ -166,6 +173,7 @@ class Fp16Overflow:
         self._window.extend((int(s), float(v), int(f)) for s, v, f in state["window"])
         self._prev = None if state["prev"] is None else float(state["prev"])
         self._calibrated, self._run = bool(state["calibrated"]), int(state["run"])
+        self._top = float(state.get("top", 0.0))
         self._active = bool(state["active"])
         self._good = int(state["good"])
         self._episode = dict(state.get("episode", {}))
