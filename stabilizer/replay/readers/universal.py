@@ -15,22 +15,26 @@ A record is a line with metrics beside a step::
   progress bar (``1/18 [``) or in brackets (``[12/100]``); else ``Epoch 3/10``. A count within
   epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
   first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
-  holds for the counts below it.
+  holds for the counts below it. A table that counts epochs is numbered in epochs. The rules
+  are in `_steps`.
 - **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too),
   ``name x``, ``[name] x``, and ``name is x`` for the names of the alias table (`aliases`),
   which also maps names to signal keys; other names pass through as printed (two words as
   ``word_name``). Any name beside a number after a blank is kept (``acc 0.91``, and so also
   ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
   only by a signal or a loss part.
-  Values are numbers, ``nan`` and ``inf`` in any case (``loss: [nan]`` and ``**LOSS : nan**``
+  Values are numbers (thousands separated too: ``41,943,040``), ``nan`` and ``inf`` in any case (``loss: [nan]`` and ``**LOSS : nan**``
   too); ``nanms`` is no value, but a signal's ``nan`` with trailing letters (``loss: nanxxx``)
   is a NaN. When a line has ``loss_*`` parts but no loss (Detectron2, mmdet),
-  the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``.
+  the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``; a
+  line with a perplexity but no loss has its log as the loss.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
-  overflow``, ``Attempted loss scale: X, reducing to Y``) are skipped steps: ``skipped`` 1 and
+  overflow``, ``Attempted loss scale: X, reducing to Y``, guided diffusion's ``Found NaN,
+  decreased lg_loss_scale to X``) are skipped steps: ``skipped`` 1 and
   the new ``loss_scale``. The lines one overflow prints (per rank, per logger) make one record.
 - **Tables** (YOLO, fastai, spaCy): a header of names, a counter first and a loss among them, or
-  names over a ruler of dashes; each row below reads as its ``name=value`` pairs. Overflow lines
+  names over a ruler of dashes; each row below reads as its ``name=value`` pairs. Tables of
+  ``| name | value |`` rows between rulers (OpenAI's logger) are one record each. Overflow lines
   and tables are recognised in `_shapes`.
 
 What is not a record is skipped: tracebacks, ``...``, banners, timestamps (never a step). A line
@@ -40,7 +44,9 @@ they were printed:
 - lines of one step make one record (later values win): a tqdm bar redrawn with a new loss, a
   record two loggers printed, nanoGPT's eval line and its ``iter`` line; so do a step's line and
   the line right below it that has no step, no log header (time of day, ``INFO``) and none of its
-  metrics: a line the terminal wrapped (re-read joined) or an exception's ``loss_dict``;
+  metrics: a line the terminal wrapped (re-read joined) or an exception's ``loss_dict``; and the
+  indented lines right below a step's line, not under a progress bar (OLMo's ``[step=1/739328]``
+  and then ``    train/CrossEntropyLoss=11.25`` a metric a line);
 - a record without a step equal to the one before it is that record printed twice;
 - records without a step are placed just before the next step (ESPnet's warnings precede its
   summary line) and after the last, or at their position in the log (1, 2, ...) if none has one.
