@@ -23,9 +23,10 @@ A record is a line with metrics beside a step::
   ``word_name``). Any name beside a number after a blank is kept (``acc 0.91``, and so also
   ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
   only by a signal or a loss part.
-  Values are numbers (thousands separated too: ``41,943,040``), ``nan`` and ``inf`` in any case (``loss: [nan]`` and ``**LOSS : nan**``
-  too); ``nanms`` is no value, but a signal's ``nan`` with trailing letters (``loss: nanxxx``)
-  is a NaN. When a line has ``loss_*`` parts but no loss (Detectron2, mmdet),
+  Values are numbers (thousands separated too: ``41,943,040``), ``nan`` and ``inf`` in any
+  case (``loss: [nan]`` and ``**LOSS : nan**`` too); ``nanms`` is no value, but a signal's
+  ``nan`` with trailing letters (``loss: nanxxx``) is a NaN. When a line has ``loss_*`` parts
+  but no loss (Detectron2, mmdet),
   the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``; a
   line with a perplexity but no loss has its log as the loss.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
