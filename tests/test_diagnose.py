@@ -498,11 +498,6 @@ def test_a_directory_of_runs_is_each_run_then_one_overall_line(tmp_path: Path) -
     assert one.exit_code == 0 and "overall" not in one.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="#22 (readers) owns the 'not a log' decision: README.md's console samples read as "
-    "records today; remove this mark when its rule lands",
-)
 def test_a_readme_is_no_training_log() -> None:
     """#21/#22: `stabilizer diagnose README.md` reported a CRITICAL episode and exited 1."""
     result = run(Path(__file__).resolve().parents[1] / "README.md")

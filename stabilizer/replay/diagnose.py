@@ -40,7 +40,15 @@ from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import LOSS
 
 from .history import History
-from .readers import Item, LogReadError, Note, Restart, read_log, unreadable_message
+from .readers import (
+    Item,
+    LogReadError,
+    Note,
+    Restart,
+    document_kind,
+    read_log,
+    unreadable_message,
+)
 
 __all__ = [
     "MAX_KEYS",
@@ -56,6 +64,9 @@ __all__ = [
 
 MAX_KEYS = 4096
 """Distinct value keys kept per log; later new keys are dropped, with one note."""
+
+_STRUCTURED = frozenset(("jsonl", "tensorboard", "lightning_csv", "csv", "hf_trainer_state"))
+"""Formats that are no console text: never taken for a document."""
 
 
 class RecordSink(Protocol):
@@ -285,10 +296,16 @@ def diagnose(
         bins: Bins of the downsampled history kept for plots.
 
     Raises:
-        LogReadError: The log cannot be read, or holds no step record at all.
+        LogReadError: The log cannot be read, holds no step record at all, or is a document
+            (markdown, source code: `document_kind`) rather than a log.
     """
     notes: list[Note] = []
     stream = read_log(path, format, notes=notes)
+    kind = None if stream.format in _STRUCTURED else document_kind(stream.head_lines())
+    if kind is not None:  # a README or a script: whatever lines of it quote a log
+        stream.close()
+        name = "standard input" if path == "-" else path
+        raise LogReadError(f"{name}: no training records: this is {kind}, not a training log")
     diagnosis = Diagnosis(path, stream.format, notes, history=History(bins))
     replay = _Replay(diagnosis, sinks)
     try:

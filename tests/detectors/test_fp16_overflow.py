@@ -174,3 +174,25 @@ def test_nonfinite_scale_and_flag_are_skipped(bad: float) -> None:
 def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Fp16Overflow(**kwargs)  # type: ignore[arg-type]
+
+
+def _at(first: int, events: list[tuple[float, int]]) -> list[StepRecord]:
+    return [
+        StepRecord(first + i, {"loss_scale": s, "skipped": float(k)})
+        for i, (s, k) in enumerate(events)
+    ]
+
+
+def test_halvings_hundreds_of_steps_in_are_a_cascade_not_calibration() -> None:
+    """chinese_llama_issue534: skips at steps 378-382, 64 -> 32 -> ... -> 2, no good step of
+    known scale in the excerpt: past start-up, and no fresh scaler's scale: a cascade."""
+    skips = [(32.0, 1), (16.0, 1), (8.0, 1), (4.0, 1), (2.0, 1)]
+    found, final = feed(Fp16Overflow(), _at(378, skips))  # at the third skip, and at the end
+    assert (found.kind, found.step, found.severity) == ("fp16_overflow", 378, Severity.ERROR)
+    assert "5 skipped steps since step 378" in final.message
+
+
+def test_a_resumed_run_whose_scaler_starts_afresh_still_calibrates() -> None:
+    """Resumed at step 5000 with a fresh scaler: 65536 halving to 2048, then good steps."""
+    events = [(65536.0 / 2**k, 1) for k in range(1, 6)] + [(2048.0, 0)] * 50
+    assert feed(Fp16Overflow(), _at(5000, events)) == []

@@ -140,3 +140,19 @@ def test_three_orders_of_magnitude_after_a_single_record_is_a_spike() -> None:
     assert "the 3.46 of the record before" in found[0].message
     assert not feed(GradSpike(), records("grad_norm", [3.46, 3000.0]))  # 867x: not on so little
     assert not feed(GradSpike(), records("grad_norm", [31_101_415.6, 3.46]))  # a fall: never
+
+
+def test_a_norm_growing_geometrically_with_no_jump_is_an_explosion() -> None:
+    """×1.5 a record (grokfast#9: 3.8e12 → 1.4e14 over ten records, the loss flat): no record
+    jumps 10×, but six in a row each 15% or more over the one before, tenfold in all, is growth."""
+    norms = [3.79e12 * 1.5**i for i in range(10)]
+    [found] = feed(GradSpike(), records("grad_norm", norms))
+    assert (found.kind, found.step, found.severity) == ("grad_spike", 6, Severity.WARNING)  # 7th
+
+
+def test_slow_growth_that_is_not_tenfold_or_not_steady_is_no_explosion() -> None:
+    """A warm-up's norm rising 10% a record, or by 20% but with a dip among the six: nothing."""
+    rising = [1.0 * 1.1**i for i in range(30)]
+    dipping = [1.0, 1.2, 1.44, 1.3, 1.56, 1.87, 2.25, 2.7, 3.24, 3.0, 3.6]
+    for norms in (rising, dipping):
+        assert feed(GradSpike(), records("grad_norm", norms)) == []

@@ -134,3 +134,25 @@ def test_records_without_its_signals_change_nothing() -> None:
 def test_persistent_after_is_checked() -> None:
     with pytest.raises(ValueError, match="`persistent_after` must be >= 2, got 1"):
         NonFinite(persistent_after=1)
+
+
+def test_a_loss_pinned_at_minus_ln_flt_min_after_a_lower_one_is_a_nan() -> None:
+    """Caffe clamps log(0) at -ln(FLT_MIN) = 87.3365 (times the loss weight): the same value
+    twice after a lower loss is every probability underflowed (Up-Down-Captioner#2: 184.354,
+    then 1746.73 = 20 x 87.3365 at iterations 100, 200, 300)."""
+    losses = [184.354, 1746.73, 1746.73, 1746.73]
+    steps = [0, 100, 200, 300]
+    found = feed(
+        NonFinite(), [StepRecord(s, {"loss": v}) for s, v in zip(steps, losses, strict=True)]
+    )
+    assert [(f.kind, f.step, f.severity) for f in found] == [
+        ("nonfinite_loss", 200, Severity.ERROR)
+    ]
+    assert "87.3365" in found[0].message and "20 x" in found[0].message
+
+
+def test_a_loss_that_starts_at_minus_ln_flt_min_or_passes_it_is_no_nan() -> None:
+    """From 87.3366 down (BVLC/caffe#1255's first iteration), a loss near it once, or another
+    constant repeated: nothing."""
+    for losses in ([87.3366, 87.3366, 8.26, 8.25], [2.0, 87.3365, 3.0], [1.0, 90.0, 90.0]):
+        assert feed(NonFinite(), records("loss", losses)) == []

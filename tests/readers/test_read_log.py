@@ -40,7 +40,7 @@ def test_detect_format_from_lines(name: str) -> None:
 
 def test_every_format_is_registered_once() -> None:
     assert list(READERS) == [
-        "jsonl", "lightning_csv", "tensorboard", "megatron", "deepspeed", "hf_trainer",
+        "jsonl", "lightning_csv", "csv", "tensorboard", "megatron", "deepspeed", "hf_trainer",
         "hf_trainer_state", "fairseq", "generic",
     ]  # fmt: skip
     assert all(cls.format == name for name, cls in READERS.items())
@@ -163,9 +163,9 @@ def test_old_format_names_read_as_generic() -> None:
     assert read_log(fixture("nanogpt_healthy.log"), format="nanogpt").format == "generic"
     assert read_log(fixture("nanogpt_healthy.log"), format="modded_nanogpt").format == "generic"
     with pytest.raises(
-        LogReadError, match=r"`format` must be auto or one of jsonl, .*, got 'csv'$"
+        LogReadError, match=r"`format` must be auto or one of jsonl, .*, got 'xml'$"
     ):
-        read_log(fixture("nanogpt_healthy.log"), format="csv")
+        read_log(fixture("nanogpt_healthy.log"), format="xml")
 
 
 def test_directory_with_nothing_readable(tmp_path: Path) -> None:

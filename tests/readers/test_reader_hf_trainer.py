@@ -24,7 +24,9 @@ CONSOLE = """\
 
 def test_console_dicts_never_evaluated() -> None:
     notes: list[Note] = []
-    recs = parse("hf_trainer", CONSOLE, notes)
+    recs = parse(
+        "hf_trainer", CONSOLE.replace(" 10%|█         | 50/500 [00:10<01:30,  5.00it/s]", ""), notes
+    )
     assert recs[:2] == [
         StepRecord(1, {"loss": 2.5, "grad_norm": 0.9, "lr": 1e-4, "epoch": 0.5}),
         StepRecord(2, {"loss": 2.4, "grad_norm": 0.8, "lr": 9e-5, "epoch": 0.6}),
@@ -32,7 +34,30 @@ def test_console_dicts_never_evaluated() -> None:
     assert recs[2].step == 3 and math.isnan(recs[2].values["loss"])  # a bare nan
     assert recs[3] == StepRecord(3, {"val_loss": 2.6, "eval_runtime": 1.2, "epoch": 0.7})
     assert len(recs) == 4  # the summary line, whose train_loss is a mean, is skipped
-    assert [n.kind for n in notes] == ["format"]
+    assert [n.kind for n in notes] == ["format"]  # no bar: records count the dicts
+
+
+def test_records_take_the_step_of_the_training_bar() -> None:
+    """The bar printed since the record before numbers it (4711, not 3); without a new bar a
+    record counts on; an evaluation's bar (another total) numbers nothing."""
+    notes: list[Note] = []
+    console = (
+        " 39%|███▉      | 4710/12000 [1:02:03<1:36:01,  1.27it/s]\n"
+        "{'loss': 2.1, 'grad_norm': 0.9, 'learning_rate': 1e-4, 'epoch': 0.39}\n"
+        " 39%|███▉      | 4711/12000 [1:02:04<1:36:00,  1.27it/s]\r"
+        "{'loss': 9.7, 'grad_norm': 40.0, 'learning_rate': 1e-4, 'epoch': 0.39}\n"
+        "{'loss': 2.2, 'grad_norm': 1.0, 'learning_rate': 1e-4, 'epoch': 0.39}\n"
+        " 80%|████████  | 40/50 [00:04<00:01,  9.10it/s]\n"
+        "{'eval_loss': 2.6, 'eval_runtime': 5.2, 'epoch': 0.39}\n"
+    )
+    recs = parse("hf_trainer", console, notes)
+    assert [r.step for r in recs] == [4710, 4711, 4712, 4712]
+    assert recs[1].values["loss"] == 9.7 and recs[3].values == {
+        "val_loss": 2.6,
+        "eval_runtime": 5.2,
+        "epoch": 0.39,
+    }
+    assert not notes  # numbered by the bar: no "records count log lines" note
 
 
 def test_overflows_among_the_dicts_are_skipped_steps() -> None:
@@ -53,19 +78,19 @@ def test_overflows_among_the_dicts_are_skipped_steps() -> None:
     )
     recs = parse("hf_trainer", console, [])
     assert recs == [
-        StepRecord(1, {"skipped": 1.0, "loss_scale": 32.0}),
-        StepRecord(2, {"loss": 2.0491, "lr": 0.0001961913563176343, "epoch": 0.28}),
-        StepRecord(3, {"skipped": 1.0, "loss_scale": 16.0}),  # printed twice: one overflow
-        StepRecord(4, {"skipped": 1.0, "loss_scale": 8.0}),  # apex says it so
-        StepRecord(5, {"skipped": 1.0, "loss_scale": 1.0}),  # at the floor, step after step:
-        StepRecord(6, {"skipped": 1.0, "loss_scale": 1.0}),  # rank 0 reports each, anew
+        StepRecord(378, {"skipped": 1.0, "loss_scale": 32.0}),  # the bar's step
+        StepRecord(379, {"loss": 2.0491, "lr": 0.0001961913563176343, "epoch": 0.28}),
+        StepRecord(380, {"skipped": 1.0, "loss_scale": 16.0}),  # printed twice: one overflow
+        StepRecord(381, {"skipped": 1.0, "loss_scale": 8.0}),  # apex says it so
+        StepRecord(382, {"skipped": 1.0, "loss_scale": 1.0}),  # at the floor, step after step:
+        StepRecord(383, {"skipped": 1.0, "loss_scale": 1.0}),  # rank 0 reports each, anew
     ]
 
 
 def test_healthy_console_fixture() -> None:
     notes: list[Note] = []
     recs = records("hf_trainer_healthy.log", notes)
-    assert recs[0].step == 1 and set(recs[0].values) == {"loss", "grad_norm", "lr", "epoch"}
+    assert recs[0].step == 10 and set(recs[0].values) == {"loss", "grad_norm", "lr", "epoch"}  # bar
     assert not serious(findings(recs))
     assert "hidden_nan" not in {n.kind for n in notes}
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers._lines import text_lines
+from stabilizer.replay.readers._shapes import joined_blocks
 from stabilizer.replay.readers.aliases import ALIASES, key_of
 from stabilizer.replay.readers.base import Note, Restart
 from stabilizer.replay.readers.universal import UniversalReader, unreadable_message
@@ -255,7 +256,7 @@ def test_tables_read_by_column() -> None:
         "                   all       1049       1164      0.455      0.827      0.458       0.35\n"
     )
     (record,) = records(yolo)
-    assert record.step == 21 * 954 + 954  # epoch 22 of 55 (counted from 1), batch 954 of 954
+    assert record.step == 22  # epoch 22 of 55: a table that counts epochs is read in epochs
     assert record.values["box_loss"] == 0.1157 and record.values["Instances"] == 17
     assert math.isclose(record.values["loss"], 0.1157 + 5.355 + 2.998)  # the parts add up
     assert "GPU_mem" not in record.values  # "9.02G" is no number
@@ -269,6 +270,92 @@ def test_tables_read_by_column() -> None:
         [(0, {"loss": 1.25, "val_loss": 0.98, "accuracy": 0.61}),
          (1, {"loss": math.nan, "val_loss": math.nan, "accuracy": 0.1})]
     )  # fmt: skip
+
+
+def test_yolo_legacy_tables_name_their_losses_box_obj_cls() -> None:
+    """YOLOv3/v5/v7 before v6: ``box obj cls`` (and ``total``, their sum) are the losses."""
+    text = (
+        "     Epoch   gpu_mem       box       obj       cls     total    labels  img_size\n"
+        "    42/299     65.1G       nan    0.0151         0       nan      1963       320: 100%|"
+        "####| 729/729 [51:09<00:00,  4.21s/it]\n"
+        " Epoch   gpu_mem       box       obj       cls    labels  img_size\n"
+        "      1/99     2.64G      0.05      0.02      0.01         4       416: 100%|##| 7/7 [\n"
+    )
+    first, second = records(text)
+    assert first.step == 42 and math.isnan(first.values["loss"])  # total: the loss
+    assert first.values["obj_loss"] == 0.0151 and first.values["labels"] == 1963
+    assert second.step == 1 + 0 and math.isclose(second.values["loss"], 0.08)  # the parts add up
+    (none,) = records("Epoch  box  obj  cls\n1 2 3 4\nstep 9 loss 1.0\n")[-1:]  # no loss named:
+    assert none.step == 9  # four cells but a counter and the parts only: still read as a table
+
+
+def test_key_value_tables_between_rulers_are_one_record_each() -> None:
+    """OpenAI's logger dumps ``| name | value |`` rows between rulers of dashes: one record, the
+    step one of the rows (``1.53e+05``); guided diffusion's ``Found NaN, decreased lg_loss_scale
+    to X`` lines are skipped steps at scale 2^X."""
+    text = (
+        "-----------------------------\n"
+        "| grad_norm     | 0.348     |\n"
+        "| loss          | 0.384     |\n"
+        "| samples       | 3.3e+05   |\n"
+        "| step          | 3.3e+03   |\n"
+        "-----------------------------\n"
+        "-----------------------------\n"
+        "| loss          | nan       |\n"
+        "| step          | 1.53e+05  |\n"
+        "-----------------------------\n"
+        "Found NaN, decreased lg_loss_scale to -3.5\n"
+        "Found NaN, decreased lg_loss_scale to -4.5\n"
+    )
+    first, second, *skips = records(text)
+    assert first == StepRecord(3300, {"grad_norm": 0.348, "loss": 0.384, "samples": 3.3e5})
+    assert second.step == 153000 and math.isnan(second.values["loss"])
+    assert [(r.step, r.values["skipped"], r.values["loss_scale"]) for r in skips] == [
+        (153001, 1.0, 2**-3.5),
+        (153002, 1.0, 2**-4.5),  # a new scale: a new skip, not the last one printed again
+    ]
+    lines = list(joined_blocks(text.splitlines()))
+    assert len(lines) == len(text.splitlines()) and lines[1].startswith("step: 3300, grad_norm=")
+
+
+def test_a_step_line_then_indented_name_value_lines_make_one_record() -> None:
+    """OLMo (allenai/OLMo#692): the step on a line of its own after a timestamp and the logger's
+    name, the metrics below it a line each, indented, thousands separated (``195,153``);
+    ``CrossEntropyLoss`` is the loss, ``optim/total_grad_norm`` the gradient norm."""
+    text = (
+        "    System/Peak GPU Memory (MB)=6,784\n"
+        "2024-08-06 09:59:26.181 intern-studio-160750:0  olmo.train:908  INFO    "
+        "[step=1/739328,epoch=0]\n"
+        "    optim/total_grad_norm=231.7\n"
+        "    train/CrossEntropyLoss=12.18\n"
+        "    train/Perplexity=195,153\n"
+        "    throughput/total_tokens=1,048,576\n"
+        "2024-08-06 10:00:05.520 intern-studio-160750:0  olmo.train:908  INFO    "
+        "[step=2/739328,epoch=0]\n"
+        "    optim/total_grad_norm=0.0002\n"
+        "    train/CrossEntropyLoss=1.7872662283480167e-06\n"
+    )
+    first, second = records(text)
+    assert first == StepRecord(
+        1,
+        {"grad_norm": 231.7, "loss": 12.18, "ppl": 195153.0, "throughput/total_tokens": 1048576.0},
+    )
+    assert second == StepRecord(2, {"grad_norm": 0.0002, "loss": 1.7872662283480167e-06})
+
+
+def test_thousands_separators_camel_case_losses_and_perplexity() -> None:
+    """``Sen. 1,052,108`` (Marian) is one number; ``CTCLoss`` a loss, ``ValLoss`` none; a
+    perplexity alone gives the loss as its log (data2text#9: ``PPL 8226.52``)."""
+    (marian,) = records("Ep. 1 : Up. 16000 : Sen. 1,052,108 : Cost 6.59608603 : Time 1153.11s")
+    assert marian.values["Sen."] == 1052108
+    (ctc,) = records("step 3 CTCLoss: 1.5 ValLoss: 2.5")
+    assert ctc.values == {"loss": 1.5, "val_loss": 2.5}
+    (ppl,) = records("Epoch 1 ; Iter 50/213 ; LR 1.0000 ; Target tokens/s 1265 ; PPL 8226.52 ;")
+    assert math.isclose(ppl.values["loss"], math.log(8226.52)) and ppl.step == 50
+    (nan,) = records("step 4 PPL nan")
+    assert math.isnan(nan.values["loss"])
+    (both,) = records("step 5 loss 2.0 ppl 7.39")
+    assert both.values["loss"] == 2.0  # a printed loss wins
 
 
 def test_a_table_counter_named_steps() -> None:
@@ -542,3 +629,32 @@ def test_any_lines_give_int_steps_and_float_values(lines: list[str]) -> None:
         if isinstance(item, StepRecord):
             assert isinstance(item.step, int) and item.values
             assert all(isinstance(value, float) for value in item.values.values())
+
+
+def test_per_rank_memory_and_timer_lines_are_no_records() -> None:
+    """Megatron's ``after 100 iterations memory (MB) | allocated: ...`` and ``time (ms) |
+    forward: ...`` lines (megatron_lm_issue5_2019_no_colon_healthy), also with a rank: no step
+    of their own ("iterations" is no counter), no signal: no records between the iterations."""
+    text = (
+        " iteration      100/   20000 | learning rate 1.010E-06 | lm loss 1.020020E+01 |\n"
+        "after 100 iterations memory (MB) | allocated: 5133.326171875 | max allocated: 7899.06\n"
+        "[Rank 1] (after 100 iterations) memory (MB) | allocated: 5133.3 | reserved: 9324.0\n"
+        "time (ms) | forward: 132.49 | backward: 182.57 | optimizer: 18.18\n"
+        " iteration      200/   20000 | learning rate 2.020E-06 | lm loss 9.444483E+00 |\n"
+    )
+    assert [(r.step, r.values) for r in records(text)] == [
+        (100, {"lr": 1.01e-06, "loss": 10.2002}),
+        (200, {"lr": 2.02e-06, "loss": 9.444483}),
+    ]
+
+
+def test_a_bracketed_epoch_then_a_count_is_the_step() -> None:
+    """``[  3]    2210 || B: ...``: the epoch in brackets, then the count: the count is the step."""
+    text = "[  3]    2210 || B: 0.512 | loss: 2.31\n[  4]    2220 || B: 0.498 | loss: 2.29\n"
+    assert steps(text) == [2210, 2220]
+
+
+def test_a_signals_nan_with_trailing_junk_is_a_nan_a_timers_is_no_value() -> None:
+    (record,) = records("step 7 loss: nanxxx grad_norm: 1.5 step_avg:nanms")
+    assert math.isnan(record.values["loss"]) and record.values["grad_norm"] == 1.5
+    assert "step_avg" not in record.values

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from stabilizer.core.records import StepRecord
+from stabilizer.replay.readers import CsvTableReader, detect_format
 from stabilizer.replay.readers.universal import UniversalReader
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
@@ -129,9 +130,9 @@ SEEN = {
     # Keras: 61878 samples an epoch, epochs 0-14
     "keras_issue21_epoch10_divergence": seen(15, (61878, 15 * 61878), LOSS),
     "mmdet_issue11708_gradnorm_31M": seen(2, (788 + 50, 788 + 100), LOSS, GNORM, LR),  # epoch 2
-    "yolov5_issue4963_table_nan": seen(1, (7, 7), LOSS, nan=(7, LOSS)),  # box, obj, cls: nan
+    "yolov5_issue4963_table_nan": seen(1, (1, 1), LOSS, nan=(1, LOSS)),  # epoch 1: box, obj, cls
     # epochs 22-23 of 954 batches; the loss is box + cls + dfl
-    "ultralytics_issue21765_yolo_table_healthy": seen(2, (21 * 954 + 954, 22 * 954 + 954), LOSS),
+    "ultralytics_issue21765_yolo_table_healthy": seen(2, (22, 23), LOSS),  # epochs 22, 23 of 55
     "rnnt_issue26_global_step_healthy": seen(12, (7, 18), LOSS),
     "sedd_issue9_training_loss_healthy": seen(11, (0, 500), LOSS, VAL),
     "dle_bert_squad_issue1107_step_loss_healthy": seen(9, (2872, 3272), LOSS, LR),
@@ -186,6 +187,26 @@ SEEN = {
     # Caffe: iterations 0 and 20; the "Train net output" lines are parts of iteration 0's loss
     "caffe_person_search_issue22_solver_loss_nan": seen(2, (0, 20), LOSS, LR, nan=(20, LOSS)),
     "ner_toolkit_issue1_current_loss_healthy": seen(18, (1, 171), LOSS),  # "current loss"
+    # one table at step 1.53e+05 (loss nan), then five skips without a step, placed after it
+    "guided_diffusion_issue50_kv_table_nan": seen(
+        6, (153000, 153005), LOSS, SCALE, SKIP, nan=(153000, LOSS)
+    ),
+    "guided_diffusion_issue121_kv_table_healthy": seen(1, (3300, 3300), LOSS, GNORM),
+    # a CSV that counts epochs: read in epochs; the loss is the sum of the train/ parts
+    "ultralytics_gallstone_results_csv_healthy": seen(10, (1, 10), LOSS, LR),
+    "ultralytics_drone_results_csv_healthy": seen(20, (1, 20), LOSS, LR),
+    # Caffe iterations 0-300; the pinned loss is finite (1746.73 = 20 x 87.3365)
+    "updown_captioner_issue2_caffe_loss_pinned": seen(4, (0, 300), LOSS, LR),
+    # HF dicts without a bar: positions 1-10
+    "grokfast_issue9_hf_gradnorm_geometric": seen(10, (1, 10), LOSS, GNORM, LR),
+    # PPL only: its log is the loss; iterations counted on across epochs of 213
+    "data2text_issue9_ppl_only_healthy": seen(12, (50, 2 * 213 + 200), LOSS, LR),
+    "tablemaster_issue32_mmocr_gradnorm_nan": seen(
+        2, (100, 200), LOSS, GNORM, LR, nan=(100, GNORM)
+    ),
+    "megatron_deepspeed_issue396_gradnorm_nan_no_loss": seen(
+        3, (5426, 5428), GNORM, LR, SCALE, nan=(5426, GNORM)
+    ),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
@@ -198,8 +219,6 @@ MISREAD = {
     "caffe_person_search_issue22_solver_loss_nan": "Caffe's 'Train net output #k: loss_bbox = v "
     "(* 1 = v loss)' lines have their own time-of-day header and no step: one becomes a record "
     "at step 0 with its part as the loss, beside the solver's 'Iteration 0, loss = 89.1661'",
-    "yolov5_issue4963_table_nan": "YOLOv5 before v6 names its loss columns box, obj, cls: no "
-    "name says loss, so the table is no table of losses to a general rule",
     "multiffn_nli_issue2_batches_nan": "'0 completed epochs, 100 batches': a count before its "
     "name is no step to a general rule (it reads 'epochs, 100'); read by position, 1-4",
     "pytorch_tutorial_zh_issue1_test_loss_healthy": "the step is named in Chinese (训练次数, "
@@ -212,8 +231,11 @@ LABELS = {
 
 
 def read(name: str) -> list[StepRecord]:
-    with open(REAL / "logs" / f"{name}.log", "rb") as stream:
-        return [item for item in UniversalReader().read(stream) if isinstance(item, StepRecord)]
+    """The universal reader's records, or the CSV reader's for a CSV (no console log)."""
+    path = REAL / "logs" / f"{name}.log"
+    reader = CsvTableReader() if detect_format(path) == "csv" else UniversalReader()
+    with open(path, "rb") as stream:
+        return [item for item in reader.read(stream) if isinstance(item, StepRecord)]
 
 
 def test_every_real_log_has_its_expectations() -> None:

@@ -13,6 +13,8 @@ from .base import check_at_least
 
 __all__ = ["Fp16Overflow"]
 
+_FRESH = 2.0**15  # a fresh scaler halves from 65536 (torch, DeepSpeed) or 2^32: 32768 and up
+
 
 class Fp16Overflow:
     """An fp16 overflow cascade: the dynamic loss scaler cannot find a scale that works.
@@ -23,7 +25,11 @@ class Fp16Overflow:
     A scaler probes: it doubles its scale every N good steps and halves it on an overflow, skipping
     that step. An isolated skip with the scale holding is therefore healthy and stays silent. So
     does start-up: torch and DeepSpeed start at 65536 and halve step after step until the scale
-    fits; skips before the first good step are that calibration, only the floor rule applies. The
+    fits; skips before the first good step are that calibration, only the floor rule applies,
+    unless the log's own steps say the run is past start-up (`startup` steps: from 2^32 a scaler
+    halves to 1 in 32 steps) and no scale of a fresh scaler (2^15 or more) has been seen, as an
+    excerpt shows that begins hundreds of steps in (a resumed run whose scaler starts afresh
+    calibrates from 65536 again: that stays calibration). The
     finding is emitted when the cascade is recognised (the run may never leave it); later skips
     extend the episode silently, and `quiet` good records in a row close it. An episode that
     grew after it was reported gets a closing finding with the same start and the final count:
@@ -38,6 +44,7 @@ class Fp16Overflow:
         floor: A skipped step at a scale at or below this is a cascade (gradients overflow even
             unscaled).
         quiet: Good (unskipped) records in a row that end an episode.
+        startup: From this step on, skips are no start-up calibration, good step seen or not.
     """
 
     name: ClassVar[str] = "fp16_overflow"
@@ -50,16 +57,20 @@ class Fp16Overflow:
         window: int = 100,
         floor: float = 1.0,
         quiet: int = 50,
+        startup: int = 100,
     ) -> None:
         check_at_least("cascade", cascade, 2)
         check_at_least("drop_pow", drop_pow, 1)
         check_at_least("window", window, 2)
         check_at_least("floor", floor, 0.0)
         check_at_least("quiet", quiet, 1)
+        check_at_least("startup", startup, 1)
+        self.startup = startup
         self.cascade, self.drop, self.floor, self.quiet = cascade, 2.0**drop_pow, floor, quiet
         self._window: deque[tuple[int, float, int]] = deque(maxlen=window)  # step, scale, 0/1
         self._prev: float | None = None  # scale of the previous record
         self._calibrated = False  # whether a good step has been seen
+        self._top = 0.0  # the highest scale seen
         self._run = 0  # consecutive skipped records
         self._active = False  # whether an episode is open (already reported)
         self._good = 0  # good records in a row inside an episode
@@ -74,11 +85,14 @@ class Fp16Overflow:
         if flag is not None and not isfinite(flag):
             flag = None
         prev, self._prev = self._prev, scale
+        self._top = max(self._top, scale)
         skipped = flag >= 0.5 if flag is not None else prev is not None and scale < prev
         known = flag is not None or prev is not None  # the first record alone cannot tell
         if not self._calibrated and known and not skipped:
             self._calibrated = True
             self._window.clear()  # the start-up fall is not a cascade
+        elif not self._calibrated and record.step >= self.startup and self._top < _FRESH:
+            self._calibrated = True  # past start-up, and no fresh scaler's scale in sight
         self._run = self._run + 1 if skipped else 0
         self._window.append((record.step, scale, int(skipped)))
         if self._active:
@@ -147,6 +161,7 @@ class Fp16Overflow:
             "window": [list(entry) for entry in self._window],
             "prev": self._prev,
             "calibrated": self._calibrated,
+            "top": self._top,
             "run": self._run,
             "active": self._active,
             "good": self._good,
@@ -158,6 +173,7 @@ class Fp16Overflow:
         self._window.extend((int(s), float(v), int(f)) for s, v, f in state["window"])
         self._prev = None if state["prev"] is None else float(state["prev"])
         self._calibrated, self._run = bool(state["calibrated"]), int(state["run"])
+        self._top = float(state.get("top", 0.0))
         self._active = bool(state["active"])
         self._good = int(state["good"])
         self._episode = dict(state.get("episode", {}))

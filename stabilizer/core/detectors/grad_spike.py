@@ -23,7 +23,8 @@ class GradSpike:
     Requires: ``grad_norm`` (total, unscaled, before clipping); ``clipped`` or ``clip_val``.
     Rule: log10(norm) > med + k·max(σ, sigma_floor), and norm ≥ min_ratio·10^med once
     `min_history` norms are in the baseline, ≥ short_ratio·10^med before (from the third norm on),
-    or `growth`× each of the last `grow_records` records; clipped on more than half the steps.
+    or `growth`× each of the last `grow_records` records (or `slow_growth`× each of the last
+    `slow_records`, `slow_total`× in all); clipped on more than half the steps.
 
     Gradient norms are roughly log-normal, so the baseline lives in log10 space: median and MAD of
     the last `window` positive finite norms, frozen while a spike lasts. The baseline rests on what
@@ -31,7 +32,9 @@ class GradSpike:
     record on; on so few records the norm must reach 10× their median, and after a single record
     1000× it (three orders of magnitude: no batch noise does that). A norm that doubles record
     after record is an explosion under way whatever its ratio to the median (BLOOM-176B:
-    0.24 → 0.95 → 2.39 → 15.9). A spike is one ``grad_spike`` (WARNING) emitted when the norm is
+    0.24 → 0.95 → 2.39 → 15.9), and so is one growing 15% or more record after record for six
+    records, tenfold in all, while no record jumps (grokfast#9: ×1.5 a record, the loss flat at
+    11.3). A spike is one ``grad_spike`` (WARNING) emitted when the norm is
     back under ``med + recover_k·σ``, or at the end of the log; still up after `recovery_window`
     steps, it is reported as a level shift and the baseline restarts. Defaults: typical
     step-to-step noise is 10-30% (σ ≈ 0.05-0.1 decades), so 5σ with a 3× floor ignores it and
@@ -53,6 +56,9 @@ class GradSpike:
         lone_ratio: Right after a single record: a spike is at least this multiple of it.
         growth: Growth factor per record that counts as geometric growth...
         grow_records: ...over this many records in a row.
+        slow_growth: A slower growth factor per record that counts too...
+        slow_records: ...over this many records in a row...
+        slow_total: ...when they grow this many times over in all.
         recover_k: Recovered when within this many standard deviations of the baseline.
         recovery_window: Steps a spike may last before it counts as a level shift.
         clip_window: Steps over which the clipped fraction is measured.
@@ -73,6 +79,9 @@ class GradSpike:
         lone_ratio: float = 1000.0,
         growth: float = 2.0,
         grow_records: int = 3,
+        slow_growth: float = 1.15,
+        slow_records: int = 6,
+        slow_total: float = 10.0,
         recover_k: float = 2.5,
         recovery_window: int = 100,
         clip_window: int = 100,
@@ -90,10 +99,13 @@ class GradSpike:
             ("lone_ratio", lone_ratio),
         ):
             check_at_least(arg, value, 1.0)
-        check_at_least("growth", growth, 1.0)
-        check_at_least("grow_records", grow_records, 1)
-        if grow_records >= window:
-            raise ValueError(f"`grow_records` must be < window ({window}), got {grow_records}")
+        for arg, value in (("growth", growth), ("slow_growth", slow_growth)):
+            check_at_least(arg, value, 1.0)
+        check_at_least("slow_total", slow_total, 1.0)
+        for arg, count in (("grow_records", grow_records), ("slow_records", slow_records)):
+            check_at_least(arg, count, 1)
+            if count >= window:
+                raise ValueError(f"`{arg}` must be < window ({window}), got {count}")
         check_at_least("recover_k", recover_k, 0.0)
         check_at_least("recovery_window", recovery_window, 1)
         check_at_least("clip_window", clip_window, 1)
@@ -102,6 +114,8 @@ class GradSpike:
         self.min_jump, self.short_jump = math.log10(min_ratio), math.log10(short_ratio)
         self.lone_jump = math.log10(lone_ratio)
         self.growth, self.grow_records = math.log10(growth), grow_records
+        self.slow_growth, self.slow_records = math.log10(slow_growth), slow_records
+        self.slow_total = math.log10(slow_total)
         self.recover_k, self.recovery_window = recover_k, recovery_window
         self.clip_window, self.clip_fraction = clip_window, clip_fraction
         self._clips = ClipWindow(clip_window, clip_fraction)
@@ -124,12 +138,19 @@ class GradSpike:
         return (med, med + self.recover_k * band) if x > med + self.k * band else None
 
     def _growing(self, x: float, window: RobustWindow) -> bool:
-        """Whether ``x`` ends `grow_records` records in a row, each `growth`× the one before."""
+        """Whether ``x`` ends `grow_records` records in a row, each `growth`× the one before,
+        or `slow_records` records each `slow_growth`× the one before and `slow_total`× in all."""
         values = window.values
-        if len(values) < self.grow_records or x - values[-1] < self.growth:
+        if x - values[-1] < self.slow_growth:
+            return False  # most norms
+        if len(values) >= self.grow_records and x - values[-1] >= self.growth:
+            run = [values[i] for i in range(-self.grow_records, 0)] + [x]
+            if all(b - a >= self.growth for a, b in pairwise(run)):
+                return True
+        if len(values) < self.slow_records or x - values[-self.slow_records] < self.slow_total:
             return False
-        run = [values[i] for i in range(-self.grow_records, 0)] + [x]
-        return all(b - a >= self.growth for a, b in pairwise(run))
+        run = [values[i] for i in range(-self.slow_records, 0)] + [x]
+        return all(b - a >= self.slow_growth for a, b in pairwise(run))
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from math import isfinite
 from typing import Any, ClassVar
 
@@ -27,8 +28,12 @@ class LossSpike:
 
     Here med and σ (MAD-based) are those of the last `window` finite losses before the spike:
     the baseline rests on what is there, so a pasted excerpt of a few records is judged from its
-    third record on (the evidence says how many records: ``baseline_records``). On so few, σ says
-    little, so the jump must be larger (a doubling) and stand out of the stretch's own spread.
+    second record on (the evidence says how many records: ``baseline_records``). On so few, σ says
+    little, so the jump must be larger (a doubling) and stand out of the stretch's own spread; a
+    loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
+    has reached (1.9), not the median of its fall. After a single record a jump counts only if it
+    stays up: every loss after it at least `short_ratio` times that record, for `settle_records`
+    records; the loss at step 0 (before any update) is no baseline on its own.
 
     While a spike lasts the baseline is frozen, so the spike cannot raise its own bar. The episode
     ends when the loss is back under ``med + recover_k·max(σ, rel_floor·|med|)``: one
@@ -101,19 +106,29 @@ class LossSpike:
         self.min_ratio, self.min_jump, self.short_ratio = min_ratio, min_jump, short_ratio
         self.recover_k = recover_k
         self.settle_steps, self.settle_records = settle_steps, settle_records
+        self._zero = False  # whether the first loss of the baseline is that of step 0
 
     def _classify(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         count = len(window.values)  # (the deque's own len: one Python call less a loss)
-        if count < 2:
-            return None
-        med = window.median()
         if count < self.min_history:
-            jumped = loss >= med + (self.short_ratio - 1.0) * abs(med)
-        else:
-            jumped = loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)
-        if not jumped:
+            return self._short(loss, window) if count else None
+        med = window.median()
+        if not (loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)):
             return None  # most losses: no jump, so no need to measure the noise
         band = max(window.sigma(med), self.rel_floor * abs(med))
+        return (med, med + self.recover_k * band) if loss > med + self.k * band else None
+
+    def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
+        """`_classify` on a short excerpt: against the level a falling loss has reached (its
+        last value), else the median; a doubling that stands out of the stretch's spread."""
+        values = window.values
+        falling = all(b <= a for a, b in pairwise(values))
+        med = values[-1] if falling else window.median()
+        if loss < med + (self.short_ratio - 1.0) * abs(med):
+            return None
+        band = self.rel_floor * abs(med)
+        if not falling:
+            band = max(window.sigma(med), band)
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -121,12 +136,20 @@ class LossSpike:
         if loss is None or not isfinite(loss):
             return []
         tracker = self._tracker
+        if not tracker.window.values and tracker.episode is None:
+            self._zero = record.step == 0  # (a first record at step 0: see `_alone`)
         ended = tracker.observe(record.step, loss)
         if ended is not None:
             back = record.step - ended["start"]
-            return [self._back(ended, back) if "called" in ended else self._spike(ended, back)]
+            if "called" in ended:
+                return [self._back(ended, back)]
+            return [] if ended["baseline_records"] < 2 else [self._spike(ended, back)]
         episode = tracker.episode
         if episode is None:
+            return []
+        if episode["baseline_records"] < 2 and self._alone(loss, episode["baseline"]):
+            tracker.episode = None
+            tracker.window.push(loss)
             return []
         episode["level"] = loss
         # A new list, not an append: `state` copies the episode shallowly.
@@ -135,6 +158,12 @@ class LossSpike:
             return []
         episode["called"] = record.step
         return [self._divergence(episode, end_of_log=False)]
+
+    def _alone(self, loss: float, baseline: float) -> bool:
+        """Whether a loss after a single record says nothing: it is back under `short_ratio`
+        times that record (a jump must stay up), or that record is the loss at step 0, before
+        any update (spaCy then sums the losses of 200 steps)."""
+        return self._zero or loss < self.short_ratio * baseline
 
     def _settled(self, episode: dict[str, Any]) -> bool:
         """Whether the loss has stayed up long enough, and is not on its way back down.
@@ -194,6 +223,8 @@ class LossSpike:
             return []
         if "called" in episode:
             return [self._divergence(episode, end_of_log=True)]
+        if episode["baseline_records"] < 2 and episode["records"] < self.settle_records:
+            return []  # after a single record, only a jump that stays up says something
         return [self._spike(episode, back=None)]
 
     def state_dict(self) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from .base import check_at_least
 
 __all__ = ["NonFinite"]
 
+_FLOOR_LOSS = -math.log(1.1754943508222875e-38)  # -ln(FLT_MIN) = 87.3365: log(0) clamped
+
 
 class NonFinite:
     """A NaN or Inf loss or gradient, and whether the run recovers from it.
@@ -44,6 +46,11 @@ class NonFinite:
     Finite loss and gradients with ``nonfinite_update`` = 1 mean the optimizer itself produced the
     NaN/Inf (AdamW's ``eps`` underflowing in fp16): ``nonfinite_update``, located at the optimizer.
 
+    A loss pinned at ``-ln(FLT_MIN)`` = 87.3365 (or a whole multiple: Caffe prints the loss times
+    its ``loss_weight``), the same value twice running after a lower loss, is a NaN in disguise:
+    every probability underflowed to 0 and the softmax loss clamps log(0) there. It is reported as
+    a non-finite loss, not read as a plateau.
+
     Args:
         persistent_after: Consecutive non-finite records after which the run counts as stuck.
     """
@@ -59,6 +66,8 @@ class NonFinite:
         self._length = 0  # non-finite records in the open episode
         self._loss_seen = False  # whether the open episode had a non-finite loss
         self._optimizer_only = False  # whether only the optimizer went non-finite in it
+        self._lowest = math.inf  # the lowest finite loss seen
+        self._previous: float | None = None  # the loss of the record before
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -67,7 +76,7 @@ class NonFinite:
         ):
             return []
         loss = values.get(LOSS)
-        bad_loss = loss is not None and not math.isfinite(loss)
+        bad_loss = loss is not None and (not math.isfinite(loss) or self._pinned(loss))
         scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
         # A finite sum means every value is finite: no gradient group to look for (most records).
         everything_finite = math.isfinite(sum(values.values()))
@@ -90,6 +99,15 @@ class NonFinite:
             return [self._persistent(f"for {self._length} steps", Severity.CRITICAL)]
         return []
 
+    def _pinned(self, loss: float) -> bool:
+        """Whether a finite loss is pinned at a multiple of ``-ln(FLT_MIN)`` (class docstring)."""
+        previous, self._previous = self._previous, loss
+        lowest, self._lowest = self._lowest, min(self._lowest, loss)
+        if loss != previous or lowest >= loss or loss < _FLOOR_LOSS * 0.9999:
+            return False
+        weight = round(loss / _FLOOR_LOSS)
+        return abs(loss - weight * _FLOOR_LOSS) <= 1e-5 * loss
+
     def _end(self, step: int) -> list[Finding]:
         """A finite record: the open episode, if any, is over; one that persisted says so."""
         found = []
@@ -110,6 +128,11 @@ class NonFinite:
         if loss is not None:
             evidence["loss"] = loss
             what, kind = f"loss is {loss}", "nonfinite_loss"
+            if math.isfinite(loss):
+                what = (
+                    f"loss is pinned at {loss:g} ({loss / _FLOOR_LOSS:.0f} x 87.3365 = "
+                    "-ln(FLT_MIN): every probability underflowed to 0)"
+                )
         elif location == ("optimizer",):
             what, kind = "the optimizer step made finite weights non-finite", "nonfinite_update"
         else:
@@ -164,6 +187,8 @@ class NonFinite:
             "length": self._length,
             "loss_seen": self._loss_seen,
             "optimizer_only": self._optimizer_only,
+            "lowest": None if self._lowest == math.inf else self._lowest,
+            "previous": self._previous,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -171,6 +196,10 @@ class NonFinite:
         self._last = int(state.get("last", self._start or 0))
         self._loss_seen = bool(state["loss_seen"])
         self._optimizer_only = bool(state.get("optimizer_only", False))
+        lowest = state.get("lowest")
+        self._lowest = math.inf if lowest is None else float(lowest)
+        previous = state.get("previous")
+        self._previous = None if previous is None else float(previous)
 
 
 def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:

@@ -36,7 +36,8 @@ Registered formats (`READERS`), one reader module each:
   the way a person reads it (nanoGPT, modded-nanogpt, llm.c, litgpt, Keras, tqdm bars, OpenNMT,
   mmengine, Detectron2, ESPnet, ...), with one alias table (``aliases.py``); the fallback.
 - Formats whose meaning differs from their text, or that are no text: ``jsonl`` (the monitor's
-  own), ``lightning_csv``, ``tensorboard``, ``megatron`` (interval averages, skipped
+  own), ``lightning_csv``, ``csv`` (any CSV of a step or epoch column and losses),
+  ``tensorboard``, ``megatron`` (interval averages, skipped
   iterations), ``deepspeed`` (overflow lines), ``fairseq`` (``clip`` percent, ``loss_scale``),
   ``hf_trainer`` (hidden NaN losses), ``hf_trainer_state``.
 
@@ -63,6 +64,7 @@ import io
 from collections.abc import Iterable
 from pathlib import Path
 
+from ._document import document_kind
 from ._lines import MAX_LINE, text_lines
 from ._rundir import find_runs
 from ._source import REPLAY_SUFFIX, Source, find_logs, is_binary, open_source
@@ -78,6 +80,7 @@ from .base import (
     Restart,
     add_note,
 )
+from .csv_table import CsvTableReader
 from .deepspeed import DeepSpeedReader
 from .fairseq import FairseqReader
 from .hf_trainer import HfTrainerReader
@@ -96,6 +99,7 @@ __all__ = [
     "READERS",
     "REPLAY_SUFFIX",
     "BaseReader",
+    "CsvTableReader",
     "DeepSpeedReader",
     "FairseqReader",
     "HfTrainerReader",
@@ -112,6 +116,7 @@ __all__ = [
     "TensorBoardReader",
     "UniversalReader",
     "detect_format",
+    "document_kind",
     "find_runs",
     "read_log",
     "unreadable_message",
@@ -122,6 +127,7 @@ READERS: dict[str, type[BaseReader]] = {
     for cls in (
         JsonlReader,
         LightningCsvReader,
+        CsvTableReader,
         TensorBoardReader,
         MegatronReader,
         DeepSpeedReader,

@@ -10,7 +10,8 @@
   ``nll_loss`` beside its ``loss`` is not the loss again, and a bare ``norm`` (a weight norm, a
   layer's norm) is only llm.c's console shorthand for the gradient norm.
 - Lightning's `LearningRateMonitor` tags ``lr-<Optimizer>`` (and ``.../pg1``, the first group)
-  are `LR`. fairseq's ``clip``, the percentage of clipped updates, becomes `CLIPPED` in 0..1.
+  are `LR`, and so are Ultralytics' ``lr/pg0`` and ``x/lr0`` (the first group). fairseq's
+  ``clip``, the percentage of clipped updates, becomes `CLIPPED` in 0..1.
 - Lightning's ``grad_norm()`` utility logs ``grad_2.0_norm/<parameter>``: the norms of one depth
   group (`stabilizer.core.groups.depth_group`) combine into ``grad_norm/<group>`` as the square
   root of the sum of squares; ``grad_2.0_norm_total`` is `GRAD_NORM`. Block groups get two
@@ -49,6 +50,7 @@ ALIASES: dict[str, str] = {
 """Lower-case metric names (without ``train/`` prefixes) that mean a signal key."""
 
 _PARAM_NORM = "grad_2.0_norm/"
+_FIRST_GROUP_LR = frozenset(("lr/pg0", "x/lr0"))  # Ultralytics' results.csv: v8+, YOLOv5
 _PREFIXES = ("train/", "train_", "training/")
 
 
@@ -71,6 +73,8 @@ def _lookup(name: str, passthrough: bool) -> tuple[str, int] | None:
     if base == "clip":
         return CLIPPED, PCT
     if base.startswith("lr-") and ("/" not in base or base.endswith("/pg1")):
+        return LR, SET
+    if base in _FIRST_GROUP_LR:
         return LR, SET
     return (tag, SET) if passthrough else None
 

@@ -5,6 +5,9 @@ and tables.
   ``Gradient overflow. Skipping step``, ``Attempted loss scale: X, reducing to Y``): a skipped
   step, with the scale in force after it and the rank that printed it, if named. The universal
   reader reads them, and so does the HF Trainer's, whose console DeepSpeed and apex print into.
+- **Key-value tables** dumped once per record (OpenAI's logger: baselines, improved and guided
+  diffusion): ``| name | value |`` rows between rulers of dashes, the step one of the rows,
+  numbers like ``1.53e+05``. `joined_blocks` joins each block into one line of ``name=value``.
 - **Tables**: a header of names (a counter first, a loss among them: YOLO, fastai), or the names
   above a ruler of dashes (spaCy), then rows of values under them, which the universal reader
   reads written out as ``name=value`` pairs.
@@ -13,19 +16,33 @@ and tables.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 
-__all__ = ["NUM", "Overflow", "overflow_in", "overflow_of", "printed_again", "row_of", "table_of"]
+__all__ = [
+    "NUM",
+    "Overflow",
+    "joined_blocks",
+    "overflow_in",
+    "overflow_of",
+    "printed_again",
+    "row_of",
+    "table_of",
+]
 
-NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once)
-    r"[-+]?+(?:\d++\.?+\d*+(?:[eE][-+]?+\d++)?+|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
+NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once);
+    # thousands separators ("41,943,040": groups of three after a first digit that is no 0)
+    r"[-+]?+(?:[1-9]\d{0,2}+(?:,\d{3}+)++(?!\d)(?:\.\d++)?+|\d++\.?+\d*+(?:[eE][-+]?+\d++)?+"
+    r"|\.\d++|[nN]a[nN]|[iI]nf(?:inity)?+)"
 )
 _OVERFLOW = re.compile(
     r"overflow(?:!| detected|\.\s+skipping)|grad(?:ient)? overflow|"
-    r"(?:reducing dynamic|attempted) loss scale"
+    r"(?:reducing dynamic|attempted) loss scale|found nan, decreased lg_loss_scale"
 )
+_LG = "lg_loss_scale"
+_LG_SCALE = re.compile(r"lg_loss_scale to\s*(" + NUM + ")")  # guided diffusion: log2 of the scale
 _NEW_SCALE = re.compile(
     r"(?:reducing (?:loss scale )?to|setting loss scale to:?|loss scale from \S+ to)\s*("
     + NUM
@@ -41,6 +58,7 @@ _TABLE_FIRST = frozenset(("epoch", "step", "steps", "iter", "iteration", "batch"
 _RULER = re.compile(r" *-{2,}(?: +-{2,}){2,} *")  # "---  ------  ------------  ------"
 _DASHES = re.compile(r"-+")
 _RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
+_YOLO_PARTS = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss"}
 
 
 Overflow = tuple[dict[str, float], int | None]
@@ -54,6 +72,7 @@ def printed_again(line: str, found: Overflow, last_line: str, last: Overflow) ->
     (values, rank), (last_values, last_rank) = found, last
     scale = values.get(LOSS_SCALE)
     same = scale is None or last_values.get(LOSS_SCALE, scale) == scale
+    same = same and values.get(_LG) == last_values.get(_LG)
     return same and not (rank is not None and rank == last_rank and line != last_line)
 
 
@@ -76,26 +95,72 @@ def overflow_in(low: str) -> Overflow | None:
 def _overflow(low: str) -> dict[str, float]:
     """The record of an overflow line: a skipped step, and the scale in force after it."""
     scale = _NEW_SCALE.search(low) or _ATTEMPTED.search(low)  # (hysteresis keeps the scale)
-    return {SKIPPED: 1.0} if scale is None else {SKIPPED: 1.0, LOSS_SCALE: float(scale[1])}
+    if scale is not None:
+        return {SKIPPED: 1.0, LOSS_SCALE: float(scale[1].replace(",", ""))}
+    lg = _LG_SCALE.search(low)
+    if lg is not None:  # "Found NaN, decreased lg_loss_scale to -16199.354": 2 to that power
+        power = float(lg[1].replace(",", ""))  # (kept too: below 2^-1074 every scale is the same 0)
+        return {SKIPPED: 1.0, LOSS_SCALE: 2.0 ** max(min(power, 1000.0), -1075.0), _LG: power}
+    return {SKIPPED: 1.0}
 
 
-def _header(line: str) -> tuple[str, ...] | None:
+_KV_ROW = re.compile(r"\|\s*([A-Za-z_][\w./-]*)\s*\|\s*(" + NUM + r")\s*\|\s*")
+_KV_COUNTERS = frozenset(("step", "steps", "iter", "iteration", "epoch", "global_step"))
+
+
+def joined_blocks(lines: Iterable[str]) -> Iterator[str]:
+    """``lines``, with each block of ``| name | value |`` rows joined into one line of
+    ``name=value`` pairs (a counter first, written ``step: 153000``: as an integer), in place of
+    its first row; its other rows become ``""``, so line numbers stay."""
+    block: list[str] = []
+    rows = 0
+    for line in lines:
+        if line.startswith("|") and (row := _KV_ROW.fullmatch(line)) is not None:
+            rows += 1
+            name, value = row[1], row[2]
+            if name.lower() not in _KV_COUNTERS:
+                block.append(f"{name}={value}")
+            elif (step := _integer(value)) is not None:
+                block.insert(0, f"{name}: {step}")
+            continue
+        if rows:
+            yield ", ".join(block)
+            yield from [""] * (rows - 1)
+            block, rows = [], 0
+        yield line
+    if rows:
+        yield ", ".join(block)
+
+
+def _integer(text: str) -> int | None:
+    """A counter's value as an integer (``1.53e+05`` is 153000), or None (``nan``)."""
+    value = float(text.replace(",", ""))
+    return int(value) if value == value and abs(value) < 2**62 else None
+
+
+def _header(line: str, low: str) -> tuple[str, ...] | None:
     """The columns of a table's header, or None: names only, a counter first, a loss among them
     (YOLO's ``Epoch  GPU_mem  box_loss  cls_loss  dfl_loss  Instances  Size``, fastai's ``epoch
-    train_loss valid_loss accuracy time``)."""
+    train_loss valid_loss accuracy time``). YOLOv3/v5/v7 before v6 name their losses ``box obj
+    cls`` (and their sum ``total``): read as ``box_loss``, ``obj_loss``, ``cls_loss``, the loss."""
     cells = _CELL.findall(line)
     if len(cells) < 3 or cells[0].lower() not in _TABLE_FIRST:
         return None
-    if not all(_NAME.fullmatch(cell) for cell in cells) or "loss" not in line.lower():
+    if not all(_NAME.fullmatch(cell) for cell in cells):
         return None
-    return tuple(cells)
+    if "loss" in low:
+        return tuple(cells)
+    names = [cell.lower() for cell in cells]
+    if "box" not in names or "obj" not in names:
+        return None
+    return tuple(_YOLO_PARTS.get(name, cell) for name, cell in zip(names, cells, strict=True))
 
 
 def table_of(line: str, low: str, above: str) -> tuple[str, ...] | None:
     """The columns of the table a line that is no record begins (`_header`, or `_ruled` under
     the line ``above`` it), or None."""
-    if "loss" in low:
-        return _header(line)
+    if "loss" in low or " obj " in low:
+        return _header(line, low)
     if "---" in line and "loss" in above.lower():
         return _ruled(above, line)
     return None
@@ -122,12 +187,14 @@ def _ruled(header: str, ruler: str) -> tuple[str, ...] | None:
 def row_of(line: str, columns: tuple[str, ...]) -> str | None:
     """A row of the table of ``columns`` written out as ``name=value`` (None if the line is no
     row: fewer cells, or no count first): ``22/55  9.02G  0.1157 ... 640: 100%|...| 954/954 [``
-    is ``Epoch 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``. Cells that are no
-    number (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
+    is ``step: 22/55, box_loss=0.1157, ..., Size=640 100%|...| 954/954 [``: a table that counts
+    epochs is numbered in epochs, not by the bar within each. Cells that are no number
+    (``9.02G``, ``00:12``) are left out; what follows the last column stays as printed."""
     cells = list(islice(_CELL.finditer(line), len(columns)))
     if len(cells) < len(columns) or not _COUNT_CELL.fullmatch(cells[0][0]):
         return None
-    parts = [f"{columns[0]}: {cells[0][0]}"]  # ("Steps 9753" is no step, "Steps: 9753" is)
+    first = columns[0] if "step" in columns else "step"  # (spaCy: E, then #, the step)
+    parts = [f"{first}: {cells[0][0]}"]  # the first counter is the step, epoch or not
     for name, cell in zip(columns[1:], cells[1:], strict=True):
         text = cell[0].rstrip(":")
         if _NUMBER.fullmatch(text):

@@ -7,6 +7,11 @@ prefix and a ``_step`` suffix (Lightning's ``on_step`` logging) are dropped firs
 ``loss``. Two words that are not in the table are not the signal of the second: ``params norm``
 is no gradient norm, ``aux loss`` no training loss; they pass through as ``params_norm``. A word
 that ends a sentence qualifies nothing: in ``records/second. Loss is 1.26`` the name is ``Loss``.
+A CamelCase name that ends in ``Loss`` (``CrossEntropyLoss``, ``CTCLoss``, ``train/ActionL2Loss``)
+is the loss, a validation loss after ``Val``/``val/``; so is a name of the table after a path
+(``optim/total_grad_norm`` is the gradient norm, ``val/loss`` a validation loss); a perplexity
+(``ppl``, ``PPL``, ``Perplexity``) is kept as ``ppl``, whose log is the loss of a record that
+prints no loss.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from functools import lru_cache
 
 from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR
 
-__all__ = ["ALIASES", "SIGNALS", "STEP_NAMES", "VAL_LOSS", "key_of"]
+__all__ = ["ALIASES", "PPL", "SIGNALS", "STEP_NAMES", "VAL_LOSS", "key_of"]
 
 VAL_LOSS = "val_loss"  # a validation loss: reported beside the training loss, never as it
+PPL = "ppl"  # a perplexity: exp of the loss, the loss where none is printed
 
 ALIASES: dict[str, str] = {
     **dict.fromkeys(
@@ -47,6 +53,7 @@ ALIASES: dict[str, str] = {
         ),
         VAL_LOSS,
     ),
+    **dict.fromkeys(("ppl", "perplexity"), PPL),
 }  # fmt: skip
 """Lower-case printed names → signal keys (``trl``, ``tel`` and ``norm`` are llm.c's, ``avr_loss``
 kohya-ss sd-scripts' running average)."""
@@ -62,6 +69,7 @@ STEP_NAMES = frozenset(
 
 _PREFIXES = ("train/", "train_", "training/")
 _FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
+_HELD_OUT = ("val", "valid", "test", "eval", "dev")  # a CamelCase loss of these is no training loss
 
 
 @lru_cache(maxsize=4096)
@@ -86,4 +94,12 @@ def key_of(printed: str) -> str | None:
         if base.startswith(prefix):
             base = base[len(prefix) :]
             break
+    if name.endswith("Loss") and len(name) > 4 and name[-5].isalnum():  # CrossEntropyLoss, CTCLoss
+        path, _, word = base[:-4].rpartition("/")
+        return VAL_LOSS if (path or word).startswith(_HELD_OUT) else LOSS
+    if base not in ALIASES and "/" in base:  # "optim/total_grad_norm": the alias after a path
+        path, _, last = base.rpartition("/")
+        key = ALIASES.get(last)
+        if key is not None:
+            return VAL_LOSS if key == LOSS and path.startswith(_HELD_OUT) else key
     return ALIASES.get(base, name)

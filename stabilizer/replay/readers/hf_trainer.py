@@ -6,9 +6,13 @@ A line (Python dict syntax, often glued to a tqdm bar)::
 
 The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. Numbers may be bare
 ``nan``/``inf`` (not Python literals) or wrapped as ``tensor(0.9, ...)`` / ``np.float32(0.9)``.
-The console carries no step: training dicts are numbered 1, 2, ... (times ``logging_steps`` is the
-optimizer step) unless a dict has a ``step``. Eval dicts (``eval_*`` keys) land on the current
-number; the final summary (``train_runtime``, whose ``train_loss`` is the run's mean) is skipped.
+The dicts carry no step; the tqdm bar between them does (``4711/12000 [``: 4711 optimizer steps
+done). A record takes the count of the bar when one was printed since the record before, else it
+counts on from that record (1, 2, ... from the start of a log without a bar, times
+``logging_steps`` is the optimizer step); a dict's own ``step`` wins. Eval dicts (``eval_*`` keys)
+land on the current step; the final summary (``train_runtime``, whose ``train_loss`` is the run's
+mean) is skipped. The training bar is the first one printed (its total); an evaluation's bar
+(another total) numbers nothing.
 
 The Trainer hides NaN losses by default (``logging_nan_inf_filter=True``): a NaN step's loss is
 replaced by the interval's running mean, and an interval of NaN steps logs a loss of exactly 0.
@@ -18,7 +22,7 @@ after positive ones, the same loss three times running) and leaves a ``hidden_na
 Under DeepSpeed or apex the fp16 loss scaler prints its overflows among the dicts (``[deepspeed]
 OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32``, often glued to the
 tqdm bar): each is a skipped step with the new scale (`_shapes.overflow_of`), numbered with the
-dicts in log order; the same overflow printed again (by another rank or logger) is one, but the
+dicts; the same overflow printed again (by another rank or logger) is one, but the
 same rank reporting again at another time is a new one.
 """
 
@@ -43,6 +47,7 @@ _DICT = re.compile(r"\{'\w+': ")
 _PAIR = re.compile(r"'(\w+)': ([^,}]+)")
 _WRAPPED = re.compile(r"'(\w+)': [\w.]+\(([^,)]+)")  # tensor(0.9, device=...), np.float32(0.9)
 _STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
+_BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")  # tqdm: " 14%|█▍  | 378/2724 [13:58<86:18"
 _WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
 
 
@@ -96,9 +101,11 @@ class HfTrainerReader(BaseReader):
         return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        keys, hidden, segments, count = KeyMap(), HiddenNan(self), Segments(), 0
+        keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _Steps()
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
         for lineno, line in numbered(text_lines(stream, self.notes)):
+            if " [" in line and "/" in line:
+                steps.bar(line)
             parsed = _dict(line, keys)
             if parsed is None:
                 found = overflow_of(line)
@@ -113,15 +120,43 @@ class HfTrainerReader(BaseReader):
             if not parsed:
                 continue
             values, counted, logged = parsed
-            count += counted
-            step = count if logged is None else logged
-            if step == 1 == count:
+            step = steps.of(counted, logged)
+            if steps.counting and step == 1:
                 self.note("format", "HF console dicts carry no step: records count log lines")
             restart = segments.restart(step, lineno)
             if restart is not None:
                 yield restart
             hidden.check(step, values, lineno)
             yield StepRecord(step, values)
+
+
+class _Steps:
+    """The step of each record: the training bar's count, else counting on (module docstring)."""
+
+    def __init__(self) -> None:
+        self.last = 0  # the step of the record before
+        self.total: int | None = None  # the training bar's total
+        self.shown: int | None = None  # the bar's count printed since the record before
+        self.counting = True  # whether no bar has numbered a record yet
+
+    def bar(self, line: str) -> None:
+        """Take the count of the training bar a line shows, if any."""
+        for count, total in _BAR.findall(line):
+            if self.total is None:
+                self.total = int(total)
+            if int(total) == self.total:
+                self.shown = int(count)
+
+    def of(self, counted: bool, logged: int | None) -> int:
+        """The step of the next record (``counted``: a training record, not an eval dict)."""
+        if logged is not None:
+            step = logged
+        elif self.shown is not None:
+            step, self.counting = self.shown, False
+        else:
+            step = self.last + counted
+        self.last, self.shown = step, None
+        return step
 
 
 def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] | tuple[()] | None:

@@ -10,25 +10,32 @@ A record is a line with metrics beside a step::
 - **The step**, case-blind: ``step``, ``global_step``, ``total_step``, ``num_updates``,
   ``update``, Marian's ``Up.``, ``iteration``, ``iter``, ``batch`` (that order wins: ``iter 8
   step 1`` is step 1; ``[step] 1574`` too), llm.c's
-  ``s:12``, ESPnet's ``12009-12640batch`` (the last); else a count ``n/N`` after an epoch, in a
+  ``s:12``, ESPnet's ``12009-12640batch`` (the last); a count first on the line (``420 | loss``,
+  after a bracketed epoch: ``[  3]    2210 || B: ...``); else a count ``n/N`` after an epoch, in a
   progress bar (``1/18 [``) or in brackets (``[12/100]``); else ``Epoch 3/10``. A count within
   epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
   first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
-  holds for the counts below it.
+  holds for the counts below it. A table that counts epochs is numbered in epochs. The rules
+  are in `_steps`.
 - **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too),
   ``name x``, ``[name] x``, and ``name is x`` for the names of the alias table (`aliases`),
   which also maps names to signal keys; other names pass through as printed (two words as
   ``word_name``). Any name beside a number after a blank is kept (``acc 0.91``, and so also
   ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
   only by a signal or a loss part.
-  Values are numbers, ``nan`` and ``inf`` in any case (``loss: [nan]`` and ``**LOSS : nan**``
-  too); ``nanms`` is no value. When a line has ``loss_*`` parts but no loss (Detectron2, mmdet),
-  the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``.
+  Values are numbers (thousands separated too: ``41,943,040``), ``nan`` and ``inf`` in any
+  case (``loss: [nan]`` and ``**LOSS : nan**`` too); ``nanms`` is no value, but a signal's
+  ``nan`` with trailing letters (``loss: nanxxx``) is a NaN. When a line has ``loss_*`` parts
+  but no loss (Detectron2, mmdet),
+  the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``; a
+  line with a perplexity but no loss has its log as the loss.
 - **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
-  overflow``, ``Attempted loss scale: X, reducing to Y``) are skipped steps: ``skipped`` 1 and
+  overflow``, ``Attempted loss scale: X, reducing to Y``, guided diffusion's ``Found NaN,
+  decreased lg_loss_scale to X``) are skipped steps: ``skipped`` 1 and
   the new ``loss_scale``. The lines one overflow prints (per rank, per logger) make one record.
 - **Tables** (YOLO, fastai, spaCy): a header of names, a counter first and a loss among them, or
-  names over a ruler of dashes; each row below reads as its ``name=value`` pairs. Overflow lines
+  names over a ruler of dashes; each row below reads as its ``name=value`` pairs. Tables of
+  ``| name | value |`` rows between rulers (OpenAI's logger) are one record each. Overflow lines
   and tables are recognised in `_shapes`.
 
 What is not a record is skipped: tracebacks, ``...``, banners, timestamps (never a step). A line
@@ -38,7 +45,9 @@ they were printed:
 - lines of one step make one record (later values win): a tqdm bar redrawn with a new loss, a
   record two loggers printed, nanoGPT's eval line and its ``iter`` line; so do a step's line and
   the line right below it that has no step, no log header (time of day, ``INFO``) and none of its
-  metrics: a line the terminal wrapped (re-read joined) or an exception's ``loss_dict``;
+  metrics: a line the terminal wrapped (re-read joined) or an exception's ``loss_dict``; and the
+  indented lines right below a step's line, not under a progress bar (OLMo's ``[step=1/739328]``
+  and then ``    train/CrossEntropyLoss=11.25`` a metric a line);
 - a record without a step equal to the one before it is that record printed twice;
 - records without a step are placed just before the next step (ESPnet's warnings precede its
   summary line) and after the last, or at their position in the log (1, 2, ...) if none has one.
@@ -48,6 +57,7 @@ A `Restart` comes just before the first record after the step went back or a res
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,8 +67,9 @@ from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS, LR
 
 from ._lines import IDLE, numbered, resume_banner, text_lines
-from ._shapes import NUM, overflow_in, printed_again, row_of, table_of
-from .aliases import SIGNALS, key_of
+from ._shapes import NUM, joined_blocks, overflow_in, printed_again, row_of, table_of
+from ._steps import Steps
+from .aliases import PPL, SIGNALS, key_of
 from .base import BaseReader, Item, Restart
 
 __all__ = ["UniversalReader", "unreadable_message"]
@@ -69,35 +80,7 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     r"(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)(?:tensor\()?"  # "loss: [2.3]" (Paddle)
     r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
 )  # no values; "**LOSS : nan**" (markdown bold) holds one
-_COUNTERS = (
-    "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
-    "iter", "batch", "s",
-)  # fmt: skip
-_NAMES = {  # as the pattern spells them: "steps" only before a colon ("Steps : 9", not "steps
-    # = 9"), tried only after "step" matched; llm.c's "s:12"
-    "step": r"step(?:s(?=\s*:))?",
-    "steps": "",
-    "s": r"s(?=:\d)",
-    "up": r"up\.",  # Marian's "Up. 14000"
-}
-_STEP = re.compile(  # each name starts a word: a lookbehind after its first letter, as in _PAIR
-    "("
-    + "|".join(
-        rf"{name[0]}(?<![\w./-]{name[0]}){_NAMES.get(name, name)[1:]}"
-        for name in _COUNTERS
-        if _NAMES.get(name, name)
-    )
-    + r")(?:\(train\))?\]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
-)
-_RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
-_EPOCH = re.compile(
-    r"(?<![\w./-])epoch(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
-)
-_AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
-_BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
-_LEADING = re.compile(r"\s*(\d+)\s*\|\s")  # "420 | loss 4.06 | lr 9e-04"
-_BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
-_BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
+_JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _HINT = re.compile(  # a step or metric word with a number right after it ("step 100", "loss: 2")
@@ -125,10 +108,10 @@ class UniversalReader(BaseReader):
 
     def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
-        steps, join = _Steps(), _Joiner()
+        steps, join = Steps(), _Joiner()
         table: tuple[str, ...] | None = None  # the columns of the table being read
         above = ""  # the last line that was no record (a table's header, if a ruler follows)
-        for lineno, line in numbered(lines):
+        for lineno, line in numbered(joined_blocks(lines)):
             if line is IDLE:  # a followed log waits: the pending record is done
                 yield from join.done()
                 continue
@@ -138,7 +121,9 @@ class UniversalReader(BaseReader):
                 row = row_of(line, table)
                 table, line = (None, line) if row is None else (table, row)
             low = line.lower()
-            if ("overflow" in low or "loss scale" in low) and (found := overflow_in(low)):
+            if ("overflow" in low or "loss scale" in low or "lg_loss" in low) and (
+                found := overflow_in(low)
+            ):
                 yield from join.overflow(lineno, line, *found)
                 continue
             step, where = steps.of(low)
@@ -157,88 +142,6 @@ class UniversalReader(BaseReader):
         yield from join.end()
 
 
-class _Steps:
-    """Where a line is: its step, from the counters it prints and the epoch it is in."""
-
-    def __init__(self) -> None:
-        self.epoch: int | None = None  # the last epoch printed
-        self.first: int | None = None  # the first epoch's number: 0 or 1
-        self.weak = False  # whether the last line's step is only its epoch
-        self.counted: tuple[int | None, int, int] | None = None  # last count: epoch, n, offset
-        self.run_on: int | None = None  # the offset of counts that run on across epochs
-
-    def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
-        """The step of a lower-cased line (or None), and all the counters it prints."""
-        epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
-        if epoch is not None:
-            self._epoch(int(epoch[1]))
-        if (
-            "step" in low
-            or "iter" in low
-            or "update" in low
-            or "batch" in low
-            or "s:" in low
-            or "up." in low
-        ):
-            named = _STEP.findall(low)
-            if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
-                named.sort(key=lambda found: _COUNTERS.index(found[0]))
-                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
-                return step, (step, *(int(found[1]) for found in named[1:]))
-            if named:
-                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
-                return step, (step,)
-        found = self._count(low, epoch)
-        return found, () if found is None else (found,)
-
-    def _count(self, low: str, epoch: re.Match[str] | None) -> int | None:
-        """The step of a line without a named counter: a count, else its epoch."""
-        ranged = _RANGE.search(low) if "batch" in low else None
-        if ranged is not None:
-            return int(ranged[1])
-        count = None
-        if "/" in low:
-            both = _BRACKETS.search(low) if epoch is None and "][" in low else None
-            if both is not None:  # "Train: [29/300][2670/2859]": the epoch, the count within it
-                self._epoch(int(both[1]))
-                return self._counted(int(both[2]), both[3], True)
-            count = epoch and _AFTER_EPOCH.match(low, epoch.end())
-            count = count or _BAR.search(low) or _BRACKET.search(low)
-        if count:
-            return self._counted(int(count[1]), count[2], epoch is not None)
-        leading = _LEADING.match(low)
-        if leading is not None:
-            return int(leading[1])
-        self.weak = epoch is not None
-        return None if epoch is None else int(epoch[1])
-
-    def _epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if self.first is None:
-            self.first = 0 if epoch == 0 else 1
-
-    def _counted(self, count: int, total: str, here: bool) -> int:
-        """A count ``n/N`` within the epoch it is in (`_on`), unless the counts ran on when an
-        epoch printed on a line of its own (``here``: on this line) began: kohya's bar
-        ``steps: 82/3280`` below ``epoch 2/80`` counts the whole run, 41 steps an epoch; from then
-        on a count is the step, plus the offset of the epoch it ran on from."""
-        if self.run_on is None and not here and self.counted is not None:
-            epoch, last, offset = self.counted
-            if self.epoch != epoch and count > last:
-                self.run_on = offset
-        if self.run_on is not None:
-            return self.run_on + count
-        step = self._on(count, total, True)
-        self.counted = (self.epoch, count, step - count)
-        return step
-
-    def _on(self, count: int, total: str, in_epoch: bool) -> int:
-        """A count, counted on from the epochs before this one when it is one of ``total``."""
-        if not (total and in_epoch and self.epoch is not None and self.first is not None):
-            return count
-        return (self.epoch - self.first) * int(total) + count
-
-
 def _values(line: str) -> dict[str, float]:
     """The metrics of a line by key; of two names for one key the first wins (``Loss: 0.31,
     ..., LM Loss: 1.08`` in StyleTTS2 is its loss, then a part of it)."""
@@ -248,7 +151,13 @@ def _values(line: str) -> dict[str, float]:
         if key is None or key in values:
             continue
         if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
-            values[key] = float(text)  # others need "=", ": " or a blank: not "(trainer:581)"
+            # others need "=", ": " or a blank: not "(trainer:581)"
+            values[key] = float(text.replace(",", "") if "," in text else text)
+    if "nan" in line or "NaN" in line:
+        for name, _ in _JUNK_NAN.findall(line):  # "loss: nanxxx": a NaN, if a signal's
+            key = key_of(name)
+            if key in SIGNALS and key not in values:
+                values[key] = math.nan
     if "total" in values and LOSS not in values and "losses" in line.lower():
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
     return values
@@ -262,7 +171,13 @@ def _known(values: dict[str, float]) -> set[str]:
 
 def _total(values: dict[str, float]) -> dict[str, float]:
     """A record's values, with the sum of its ``loss_*`` or ``*_loss`` parts as its loss if it
-    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ..."""
+    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ...;
+    else the log of its perplexity (``PPL 8226.52``: the loss is ln 8226.52 = 9.01)."""
+    if LOSS not in values and PPL in values:
+        ppl = values[PPL]
+        if ppl <= 0:
+            return values  # (a perplexity of 0 or below is no exp of anything; NaN stays NaN)
+        values[LOSS] = math.log(ppl)
     if LOSS not in values:
         parts = [
             v
@@ -323,6 +238,10 @@ class _Joiner:
                 pend.values = {**pend.values, **_values(pend.text)}
                 pend.end = lineno
                 return []
+            if step is None and lineno == pend.end + 1 and _indented(pend, line):
+                pend.values.update(values)  # "    train/CrossEntropyLoss=11.25" under its step
+                pend.end = lineno
+                return []
         done = self._finish()
         self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
         self.banner = ""
@@ -351,7 +270,7 @@ class _Joiner:
             pend is not None
             and not pend.overflow
             and lineno == pend.end + 1
-            and _wraps(pend, values, line)
+            and (_indented(pend, line) or _wraps(pend, values, line))
         )
 
     def done(self) -> list[Item]:
@@ -395,6 +314,18 @@ class _Joiner:
             self.last = step
             placed.append(StepRecord(step, _total(values)))
         return placed
+
+
+def _indented(pend: _Pending, line: str) -> bool:
+    """Whether an indented line without a step, right below a record's lines, is one more line
+    of that record: OLMo prints ``[step=120/20000,epoch=0]`` and then a ``name=value`` a line.
+    Not under a progress bar: YOLO's indented ``all  1049  0.455 ...`` are validation results."""
+    return (
+        line[:1] in " \t"
+        and pend.step is not None
+        and "%|" not in pend.text
+        and not _HEADER.search(line)
+    )
 
 
 def _wraps(pend: _Pending, values: _Values, line: str) -> bool:

@@ -1,0 +1,125 @@
+"""Where a console line is: its step, from the counters it prints and the epoch it is in.
+
+The universal reader's rules for the step (see its module docstring): a named counter (``step``,
+``iter``, ... in that order), ESPnet's batch range, a count ``n/N`` after an epoch, in a bar or in
+brackets, a count first on the line, else the epoch; counts within an epoch count on across
+epochs unless the counts ran on when the epoch changed.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["Steps"]
+
+_COUNTERS = (
+    "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
+    "iter", "batch", "s",
+)  # fmt: skip
+_NAMES = {  # as the pattern spells them: "steps" only before a colon ("Steps : 9", not "steps
+    # = 9"), tried only after "step" matched; llm.c's "s:12"
+    "step": r"step(?:s(?=\s*:))?",
+    "steps": "",
+    "s": r"s(?=:\d)",
+    "up": r"up\.",  # Marian's "Up. 14000"
+}
+_STEP = re.compile(  # each name starts a word: a lookbehind after its first letter, as in _PAIR
+    "("
+    + "|".join(
+        rf"{name[0]}(?<![\w./-]{name[0]}){_NAMES.get(name, name)[1:]}"
+        for name in _COUNTERS
+        if _NAMES.get(name, name)
+    )
+    + r")(?:\(train\))?\]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
+)
+_RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
+_EPOCH = re.compile(
+    r"(?<![\w./-])epoch(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
+)
+_AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
+_BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
+_LEADING = re.compile(r"\s*(?:\[\s*\d+\s*\]\s+)?(\d+)\s*\|\|?\s")  # "420 | x", "[  3]  2210 || B:"
+_BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
+_BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
+
+
+class Steps:
+    """Where a line is: its step, from the counters it prints and the epoch it is in."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None  # the last epoch printed
+        self.first: int | None = None  # the first epoch's number: 0 or 1
+        self.weak = False  # whether the last line's step is only its epoch
+        self.counted: tuple[int | None, int, int] | None = None  # last count: epoch, n, offset
+        self.run_on: int | None = None  # the offset of counts that run on across epochs
+
+    def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
+        """The step of a lower-cased line (or None), and all the counters it prints."""
+        epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
+        if epoch is not None:
+            self._epoch(int(epoch[1]))
+        if (
+            "step" in low
+            or "iter" in low
+            or "update" in low
+            or "batch" in low
+            or "s:" in low
+            or "up." in low
+        ):
+            named = _STEP.findall(low)
+            if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
+                named.sort(key=lambda found: _COUNTERS.index(found[0]))
+                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
+                return step, (step, *(int(found[1]) for found in named[1:]))
+            if named:
+                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
+                return step, (step,)
+        found = self._count(low, epoch)
+        return found, () if found is None else (found,)
+
+    def _count(self, low: str, epoch: re.Match[str] | None) -> int | None:
+        """The step of a line without a named counter: a count, else its epoch."""
+        ranged = _RANGE.search(low) if "batch" in low else None
+        if ranged is not None:
+            return int(ranged[1])
+        count = None
+        if "/" in low:
+            both = _BRACKETS.search(low) if epoch is None and "][" in low else None
+            if both is not None:  # "Train: [29/300][2670/2859]": the epoch, the count within it
+                self._epoch(int(both[1]))
+                return self._counted(int(both[2]), both[3], True)
+            count = epoch and _AFTER_EPOCH.match(low, epoch.end())
+            count = count or _BAR.search(low) or _BRACKET.search(low)
+        if count:
+            return self._counted(int(count[1]), count[2], epoch is not None)
+        leading = _LEADING.match(low)
+        if leading is not None:
+            return int(leading[1])
+        self.weak = epoch is not None
+        return None if epoch is None else int(epoch[1])
+
+    def _epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if self.first is None:
+            self.first = 0 if epoch == 0 else 1
+
+    def _counted(self, count: int, total: str, here: bool) -> int:
+        """A count ``n/N`` within the epoch it is in (`_on`), unless the counts ran on when an
+        epoch printed on a line of its own (``here``: on this line) began: kohya's bar
+        ``steps: 82/3280`` below ``epoch 2/80`` counts the whole run, 41 steps an epoch; from then
+        on a count is the step, plus the offset of the epoch it ran on from."""
+        if self.run_on is None and not here and self.counted is not None:
+            epoch, last, offset = self.counted
+            if self.epoch != epoch and count > last:
+                self.run_on = offset
+        if self.run_on is not None:
+            return self.run_on + count
+        step = self._on(count, total, True)
+        self.counted = (self.epoch, count, step - count)
+        return step
+
+    def _on(self, count: int, total: str, in_epoch: bool) -> int:
+        """A count, counted on from the epochs before this one when it is one of ``total``."""
+        if not (total and in_epoch and self.epoch is not None and self.first is not None):
+            return count
+        return (self.epoch - self.first) * int(total) + count
