@@ -278,7 +278,7 @@ def test_optimizer_is_named_as_the_source(dtype: torch.dtype) -> None:
     if produced:
         loc = locate_nonfinite(model, lambda: model(torch.ones(1, 4, dtype=dtype)).sum())
         assert (loc.phase, loc.module, loc.parameter) == ("weights", "0", "0.weight")
-        assert "optimizer" in loc.message
+        assert "non-finite before the step" in loc.message  # no blame it cannot prove
 
 
 def test_replay_runs_with_gradients_even_under_no_grad() -> None:
@@ -333,12 +333,11 @@ def test_the_finding_of_a_nan_made_in_the_loss_points_at_the_loss_code() -> None
 
 def test_a_nan_weight_no_module_used_is_not_the_cause() -> None:
     # An unused parameter holding NaN (a stale init): the NaN of the loss comes from elsewhere.
-    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
-    net.unused = nn.Linear(2, 2)
+    net = nn.ModuleDict({"used": nn.Linear(4, 1), "unused": nn.Linear(2, 2)})
     with torch.no_grad():
-        net.unused.weight.fill_(math.nan)
+        net["unused"].weight.fill_(math.nan)
     x = torch.ones(1, 4)
-    loc = locate_nonfinite(net, lambda: net(x).sum() / 0.0 * 0.0)
+    loc = locate_nonfinite(net, lambda: net["used"](x).sum() / 0.0 * 0.0)
     assert loc.phase == "loss"
 
 
