@@ -35,7 +35,7 @@ from stabilizer.core.signals import (
     SKIPPED,
 )
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
-from stabilizer.live.tensors import count_nonfinite, optimizer_state_tensors
+from stabilizer.live.tensors import all_finite, count_suspect, optimizer_state_tensors
 
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
 
@@ -88,6 +88,9 @@ class Measured:
     replayed: bool = False  # its root cause was looked for
     found: list[Finding] = field(default_factory=list)  # the monitor's own findings of the step
     probe: GradProbe | None = None  # the probe that measured it (whether its gradients changed)
+    held: list[torch.Tensor] = field(default_factory=list)  # the parameters and state checked
+    buffers_bad: torch.Tensor | None = None  # the buffers' exact count (device)
+    _confirmed: bool | None = None  # `weights_bad`, confirmed
 
     @classmethod
     def failed(cls, step: int, error: Exception) -> Measured:
@@ -132,8 +135,16 @@ class Measured:
 
     @property
     def weights_bad(self) -> bool:
-        """The parameters, optimizer state or buffers held a NaN/Inf before this step."""
-        return self.numbers is not None and self.numbers.read()[len(self.grad_keys) + 2] > 0
+        """The parameters, optimizer state or buffers held a NaN/Inf before this step.
+
+        The device count is a fast upper bound (`count_suspect`); a count above 0 is confirmed
+        exactly once (a sync on a failing step only)."""
+        if self.numbers is None or self.numbers.read()[len(self.grad_keys) + 2] <= 0:
+            return False
+        if self._confirmed is None:
+            buffers = self.buffers_bad is not None and float(self.buffers_bad) > 0
+            self._confirmed = buffers or not all_finite(self.held)
+        return self._confirmed
 
     @property
     def overflow(self) -> bool:
@@ -207,11 +218,11 @@ def measure(
     if optimizer is not None:
         held = [p for g in optimizer.param_groups for p in g["params"]]
         held += optimizer_state_tensors(optimizer)
-        weights = count_nonfinite(held, norms.device).reshape(1)
+        weights = count_suspect(held, norms.device).reshape(1)
         if buffers_nonfinite is not None:
             weights = weights + buffers_nonfinite.to(weights.device)
     else:
-        weights = torch.zeros(1, device=norms.device)
+        held, weights = [], torch.zeros(1, device=norms.device)
     parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), weights]
     sampled = acts.detach() if acts is not None else None
     if sampled is not None:
@@ -229,6 +240,8 @@ def measure(
         scaler is not None,
         has_loss=loss is not None,
         probe=grads,
+        held=held,
+        buffers_bad=buffers_nonfinite,
     )
 
 

@@ -17,6 +17,7 @@ from torch import Tensor
 __all__ = [
     "all_finite",
     "count_nonfinite",
+    "count_suspect",
     "l2_norms",
     "optimizer_state_tensors",
     "stored_values",
@@ -92,6 +93,23 @@ def count_nonfinite(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
         for ts in by_dtype.values():
             peaks = torch.stack(torch._foreach_norm(ts, ord=math.inf))
             count = count + (~torch.isfinite(peaks)).sum().float()
+    return count
+
+
+def count_suspect(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
+    """A fast upper bound of `count_nonfinite` (float32 scalar on `device`): the tensors whose
+    float32 L2 norm is not finite — every tensor holding a NaN or an Inf, and any whose squares
+    overflow float32 (values beyond ~1e19). Several times faster than the max-abs norm on a CPU;
+    a caller confirms a count above 0 with `all_finite` (the rare case)."""
+    with torch.no_grad():
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for t in _checkable(tensors):
+            if t.device == device:
+                by_dtype.setdefault(t.dtype, []).append(t)
+        count = torch.zeros((), dtype=torch.float32, device=device)
+        for ts in by_dtype.values():
+            norms = torch.stack(torch._foreach_norm(ts))
+            count = count + (~torch.isfinite(norms)).sum().float()
     return count
 
 
