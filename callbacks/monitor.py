@@ -237,6 +237,8 @@ class StabilityMonitor(pl.Callback):
     ) -> None:
         if self.protection is not None:
             self.protection.begin_batch(trainer, batch, batch_idx)
+        else:
+            self.live.begin(batch, batch_idx, None)  # the micro-batches' losses, nothing kept
         if any(self.preflight.values()) and not self._preflight_done:
             self._preflight_done = True
             self._preflight(trainer, pl_module, batch)

@@ -84,23 +84,18 @@ def count_nonfinite(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
     left out, so that the count never waits for a copy; integer tensors cannot be non-finite.
     Uses the max-abs norm, which cannot overflow.
     """
-    with torch.no_grad():
-        by_dtype: dict[torch.dtype, list[Tensor]] = {}
-        for t in _checkable(tensors):
-            if t.device == device:
-                by_dtype.setdefault(t.dtype, []).append(t)
-        count = torch.zeros((), dtype=torch.float32, device=device)
-        for ts in by_dtype.values():
-            peaks = torch.stack(torch._foreach_norm(ts, ord=math.inf))
-            count = count + (~torch.isfinite(peaks)).sum().float()
-    return count
+    return _count_nonfinite_norms(tensors, device, math.inf)
 
 
 def count_suspect(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
-    """A fast upper bound of `count_nonfinite` (float32 scalar on `device`): the tensors whose
-    float32 L2 norm is not finite — every tensor holding a NaN or an Inf, and any whose squares
-    overflow float32 (values beyond ~1e19). Several times faster than the max-abs norm on a CPU;
-    a caller confirms a count above 0 with `all_finite` (the rare case)."""
+    """A fast upper bound of `count_nonfinite`: the tensors whose float32 L2 norm is not finite
+    — every tensor holding a NaN or an Inf, and any whose squares overflow float32 (values
+    beyond ~1e19). Several times faster than the max-abs norm on a CPU; a caller confirms a
+    count above 0 with `all_finite` (the rare case)."""
+    return _count_nonfinite_norms(tensors, device, 2.0)
+
+
+def _count_nonfinite_norms(tensors: Iterable[Tensor], device: torch.device, ord: float) -> Tensor:
     with torch.no_grad():
         by_dtype: dict[torch.dtype, list[Tensor]] = {}
         for t in _checkable(tensors):
@@ -108,7 +103,7 @@ def count_suspect(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
                 by_dtype.setdefault(t.dtype, []).append(t)
         count = torch.zeros((), dtype=torch.float32, device=device)
         for ts in by_dtype.values():
-            norms = torch.stack(torch._foreach_norm(ts))
+            norms = torch.stack(torch._foreach_norm(ts, ord=ord))
             count = count + (~torch.isfinite(norms)).sum().float()
     return count
 
