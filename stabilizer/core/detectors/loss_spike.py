@@ -228,10 +228,11 @@ class LossSpike:
         return [self._spike(episode, back=None)]
 
     def state_dict(self) -> dict[str, Any]:
-        return self._tracker.state()
+        return {**self._tracker.state(), "zero": self._zero}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._tracker.load(state)
+        self._zero = bool(state.get("zero", False))  # absent in checkpoints of earlier rounds
+        self._tracker.load({k: v for k, v in state.items() if k != "zero"})
 
 
 def _evidence(episode: dict[str, Any]) -> dict[str, float]:
