@@ -192,7 +192,8 @@ class Measured:
         if self.guarded or self.scaled:
             values[SKIPPED] = float(self.skipped)
         if self.guarded:
-            values[NONFINITE_WEIGHTS] = weights
+            # The fast count can overcount huge finite values: confirmed before it is said.
+            values[NONFINITE_WEIGHTS] = weights if self.weights_bad else 0.0
         if self.reverted:
             values[NONFINITE_UPDATE] = 1.0
         return values
