@@ -35,7 +35,7 @@ from stabilizer.core.signals import (
     SKIPPED,
 )
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
-from stabilizer.live.tensors import all_finite, count_suspect, optimizer_state_tensors
+from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_state_tensors
 
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
 
@@ -90,7 +90,7 @@ class Measured:
     probe: GradProbe | None = None  # the probe that measured it (whether its gradients changed)
     held: list[torch.Tensor] = field(default_factory=list)  # the parameters and state checked
     buffers_bad: torch.Tensor | None = None  # the buffers' exact count (device)
-    _confirmed: bool | None = None  # `weights_bad`, confirmed
+    _confirmed: float | None = None  # `weights_nonfinite`, counted exactly
 
     @classmethod
     def failed(cls, step: int, error: Exception) -> Measured:
@@ -135,15 +135,19 @@ class Measured:
 
     @property
     def weights_bad(self) -> bool:
-        """The parameters, optimizer state or buffers held a NaN/Inf before this step.
+        """The parameters, optimizer state or buffers held a NaN/Inf before this step."""
+        return self.weights_nonfinite > 0
 
-        The device count is a fast upper bound (`count_suspect`); a count above 0 is confirmed
-        exactly once (a sync on a failing step only)."""
+    @property
+    def weights_nonfinite(self) -> float:
+        """How many of those tensors held a NaN/Inf. The device's answer is a fast test
+        (`count_suspect`); a positive one is counted exactly once (a sync on a failing step)."""
         if self.numbers is None or self.numbers.read()[len(self.grad_keys) + 2] <= 0:
-            return False
+            return 0.0
         if self._confirmed is None:
-            buffers = self.buffers_bad is not None and float(self.buffers_bad) > 0
-            self._confirmed = buffers or not all_finite(self.held)
+            devices = {t.device for t in self.held}
+            buffers = float(self.buffers_bad) if self.buffers_bad is not None else 0.0
+            self._confirmed = buffers + sum(float(count_nonfinite(self.held, d)) for d in devices)
         return self._confirmed
 
     @property
@@ -176,7 +180,7 @@ class Measured:
         values = dict(zip(self.grad_keys, host[:n], strict=True))
         for key in self.gradless:  # no gradient is not a zero gradient
             del values[key]
-        loss, scale, weights = host[n], host[n + 1], host[n + 2]
+        loss, scale = host[n], host[n + 1]
         # Lightning's AMP plugin multiplies the loss by the grad scaler's scale before
         # `on_before_backward` hands it over (the gradients carry the same factor, which the
         # scaler's `unscale_` removed before `on_before_optimizer_step`): divide it back out.
@@ -192,8 +196,7 @@ class Measured:
         if self.guarded or self.scaled:
             values[SKIPPED] = float(self.skipped)
         if self.guarded:
-            # The fast count can overcount huge finite values: confirmed before it is said.
-            values[NONFINITE_WEIGHTS] = weights if self.weights_bad else 0.0
+            values[NONFINITE_WEIGHTS] = self.weights_nonfinite
         if self.reverted:
             values[NONFINITE_UPDATE] = 1.0
         return values

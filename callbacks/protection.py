@@ -112,14 +112,13 @@ class Protection:
         self.guard.cover(trainer.optimizers)
         self.live.keep_batches = self.root_cause and self.root_causes < self.max_root_causes
         rng = capture_rng() if self.live.keep_batches else None
-        if self.live.begin(batch, index, rng) and self._fit is not None:
-            module = self._fit[1]
-            if self._buffers is not None:
-                self._buffers.begin()
+        if self.live.begin(batch, index, rng) and self._buffers is not None and self._fit:
+            self._buffers.begin()
             # Before the forward: the check covers what earlier steps left (a skipped step's
             # own forward is undone by `BufferWatch`). A device count: read with the step.
+            module = self._fit[1]
             device = next((p.device for p in module.parameters()), torch.device("cpu"))
-            self.buffers_nonfinite = count_nonfinite(module.buffers(), device)
+            self.buffers_nonfinite = count_nonfinite(self._buffers.buffers, device)
 
     def measured(self, optimizer: torch.optim.Optimizer, step: Measured) -> None:
         """A step was measured in ``on_before_optimizer_step``. An optimizer that is not

@@ -42,6 +42,8 @@ class BufferWatch:
         self._refs, self._copies = [], {}
         with torch.no_grad():
             for module in self._model.modules():
+                if not module._buffers:
+                    continue
                 tracks = bool(getattr(module, "track_running_stats", False))
                 for name, buf in module._buffers.items():
                     if buf is None:
@@ -50,6 +52,11 @@ class BufferWatch:
                     key = (id(module), name)
                     if learning or tracks or key in self._mutable:
                         self._copies[key] = buf.detach().clone()
+
+    @property
+    def buffers(self) -> list[Tensor]:
+        """The buffers noted at the last `begin` (until `end`)."""
+        return [buf for _, _, buf in self._refs]
 
     def end(self, restore: bool) -> None:
         """At the end of the step: put every buffer back (`restore`), or learn which changed.
