@@ -39,7 +39,9 @@ from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_st
 
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
 
-__all__ = ["Measured", "lr_key", "measure"]
+__all__ = ["CPU_SHARES", "Measured", "lr_key", "measure", "weights_share"]
+
+CPU_SHARES = 4  # on the CPU each step checks a quarter of the weights' tensors, in turn
 
 # The guard's reasons that make a step bad (a rollback's stepping past does not).
 _BAD_REASONS = frozenset({BAD_LOSS, BAD_GRADS, BAD_LR, BAD_WEIGHTS, UNCHECKED})
@@ -88,7 +90,7 @@ class Measured:
     replayed: bool = False  # its root cause was looked for
     found: list[Finding] = field(default_factory=list)  # the monitor's own findings of the step
     probe: GradProbe | None = None  # the probe that measured it (whether its gradients changed)
-    held: list[torch.Tensor] = field(default_factory=list)  # the parameters and state checked
+    optimizer: torch.optim.Optimizer | None = None  # whose parameters and state are checked
     buffers_bad: torch.Tensor | None = None  # the buffers' exact count (device)
     _confirmed: float | None = None  # `weights_nonfinite`, counted exactly
 
@@ -140,15 +142,25 @@ class Measured:
 
     @property
     def weights_nonfinite(self) -> float:
-        """How many of those tensors held a NaN/Inf. The device's answer is a fast test
-        (`count_suspect`); a positive one is counted exactly once (a sync on a failing step)."""
-        if self.numbers is None or self.numbers.read()[len(self.grad_keys) + 2] <= 0:
+        """How many of the parameters, optimizer state and buffers held a NaN/Inf: 0 when the
+        device's fast test of this step's share of them (`weights_share`, `count_suspect`) is
+        negative, else counted exactly over all of them (a sync, once). `check_all` counts all
+        of them whatever the test said."""
+        if self.numbers is None:
             return 0.0
         if self._confirmed is None:
-            devices = {t.device for t in self.held}
-            buffers = float(self.buffers_bad) if self.buffers_bad is not None else 0.0
-            self._confirmed = buffers + sum(float(count_nonfinite(self.held, d)) for d in devices)
-        return self._confirmed
+            if self.numbers.read()[len(self.grad_keys) + 2] <= 0:
+                return 0.0
+            self.check_all()
+        return self._confirmed or 0.0
+
+    def check_all(self) -> None:
+        """Count the non-finite tensors exactly, over all of them as they are now (a sync): for
+        a skipped step, whose "weights intact" is then a fact checked in full."""
+        held = _held(self.optimizer) if self.optimizer is not None else []
+        buffers = float(self.buffers_bad) if self.buffers_bad is not None else 0.0
+        devices = {t.device for t in held}
+        self._confirmed = buffers + sum(float(count_nonfinite(held, d)) for d in devices)
 
     @property
     def overflow(self) -> bool:
@@ -220,13 +232,12 @@ def measure(
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scale = getattr(scaler, "_scale", None) if scaler is not None else None
     if optimizer is not None:
-        held = [p for g in optimizer.param_groups for p in g["params"]]
-        held += optimizer_state_tensors(optimizer)
-        weights = count_suspect(held, norms.device).reshape(1)
+        share = weights_share(_held(optimizer), trainer.global_step, norms.device)
+        weights = count_suspect(share, norms.device).reshape(1)
         if buffers_nonfinite is not None:
             weights = weights + buffers_nonfinite.to(weights.device)
     else:
-        held, weights = [], torch.zeros(1, device=norms.device)
+        weights = torch.zeros(1, device=norms.device)
     parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), weights]
     sampled = acts.detach() if acts is not None else None
     if sampled is not None:
@@ -244,8 +255,25 @@ def measure(
         scaler is not None,
         has_loss=loss is not None,
         probe=grads,
-        held=held,
+        optimizer=optimizer,
         buffers_bad=buffers_nonfinite,
+    )
+
+
+def weights_share(held: list[torch.Tensor], step: int, device: torch.device) -> list[torch.Tensor]:
+    """The tensors whose last update this step's measurement checks: all of them on an
+    accelerator (the pass is memory-bound and small against a step), every `CPU_SHARES`-th on
+    the CPU, in turn, so each is checked within `CPU_SHARES` steps (the pass over the weights
+    and both Adam moments cost ~2% of a small model's step there)."""
+    if device.type != "cpu":
+        return held
+    return held[step % CPU_SHARES :: CPU_SHARES]
+
+
+def _held(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters and state tensors, as they are now."""
+    return [p for g in optimizer.param_groups for p in g["params"]] + list(
+        optimizer_state_tensors(optimizer)
     )
 
 

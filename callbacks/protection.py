@@ -143,6 +143,8 @@ class Protection:
         if self._buffers is not None:
             self._buffers.end(restore=any(s.skipped for s in steps))
         for step in steps:
+            if step.skipped and step.numbers is not None:
+                step.check_all()  # after any restore: what "weights intact" beside it says
             self._weights_checked(trainer, step)
             if step.bad and self.bad_in_a_row == 0:
                 self._first_bad(step)

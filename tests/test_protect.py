@@ -299,3 +299,33 @@ def test_persistent_optimizer_nan_is_named_and_stops_the_run() -> None:
     critical = [f for f in monitor.findings if f.severity.name == "CRITICAL"]
     assert critical and critical[0].kind == "nonfinite_update"
     assert run.trainer.global_step == 10  # stopped after stop_after bad steps: nothing to gain
+
+
+class StateNaN(pl.Callback):
+    """A NaN written into one Adam moment between two steps (as a buggy optimizer would)."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.after:
+            opt = trainer.optimizers[0]
+            *_, last = (s for s in opt.state.values())
+            last["exp_avg_sq"].view(-1)[0] = math.nan
+
+
+@pytest.mark.parametrize("after", [3, 4, 5, 6])
+def test_a_nan_in_the_optimizer_state_is_found_within_the_cpu_shares(after: int) -> None:
+    # On the CPU each step checks a share of the tensors in turn: whichever share holds the
+    # moment, the NaN is found within CPU_SHARES steps, said critical, and the run stops.
+    from stabilizer.callbacks.measure import CPU_SHARES
+
+    monitor = StabilityMonitor(jsonl=False)
+    run = run_scenario(
+        replace(tiny("32-true"), steps=20), accelerator="cpu",
+        callbacks=[StateNaN(after), monitor], validate=False,
+    )  # fmt: skip
+    critical = [f for f in monitor.findings if f.kind == "nonfinite_update"]
+    assert critical and critical[0].severity.name == "CRITICAL"
+    assert after <= critical[0].step < after + CPU_SHARES  # step `after` is the next one
+    assert "NOT intact" in critical[0].message and run.trainer.should_stop
