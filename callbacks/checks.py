@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,14 @@ if TYPE_CHECKING:
     from .guard import StepGuard
     from .live_step import MicroBatch
 
-__all__ = ["causal_check", "config_checks", "first_token_batch", "root_cause", "target_batch"]
+__all__ = [
+    "causal_check",
+    "config_checks",
+    "first_token_batch",
+    "preflight",
+    "root_cause",
+    "target_batch",
+]
 
 log = logging.getLogger("stabilizer")
 
@@ -83,6 +91,34 @@ def causal_check(
     return causal_self_check(
         pl_module, ids[:2], step=trainer.global_step, bidirectional=bidirectional
     )
+
+
+def preflight(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    switches: Mapping[str, bool],
+    quiet: Callable[[], AbstractContextManager[None]],
+    guard: StepGuard | None,
+    strict: bool,
+) -> list[Finding]:
+    """The preflight at the first batch: the configuration checks, the causal self-check.
+
+    Each runs the model in a sandbox (nothing stays) with the optimizers inert and the monitor's
+    hooks `quiet`; a model a check cannot run on (a forward that wants more than token ids) loses
+    that check, not the others, nor the monitor.
+    """
+    found: list[Finding] = []
+    for check, what in ((config_checks, "config checks"), (causal_check, "causal self-check")):
+        try:
+            with quiet(), sandbox(pl_module), guard.inert() if guard else nullcontext():
+                found += check(trainer, pl_module, batch, switches)
+        except Exception as e:
+            if strict:
+                raise
+            if trainer.is_global_zero:
+                log.warning("StabilityMonitor: preflight %s skipped: %r", what, e)
+    return found
 
 
 def first_token_batch(batch: Any) -> torch.Tensor | None:

@@ -37,9 +37,11 @@ import lightning.pytorch as pl
 from stabilizer.core.episode import EpisodeKey, episode_key
 from stabilizer.core.groups import depth_group
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.run import low_precision
+from stabilizer.core.run import Cost, RunEnd, low_precision
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
 from stabilizer.outputs.wording import applicable_remedies, observation
+
+from .cost import over_budget_advice
 
 __all__ = ["FOLD_STEPS", "Console", "compact_groups", "show_info"]
 
@@ -102,6 +104,8 @@ class Console:
         fold_steps: Print a line for folded repeats at most this many steps after the first.
     """
 
+    name = "console"
+
     def __init__(self, policy: str, fold_steps: int = FOLD_STEPS) -> None:
         self.policy, self.fold_steps = policy, fold_steps
         self.enabled = False
@@ -112,6 +116,7 @@ class Console:
         self.applied = 0  # remedies applied
         self.worst: Finding | None = None
         self._intact: bool | None = None  # the monitor's last check of the weights
+        self._cost: Cost | None = None  # what the monitor cost, measured
         self._shown: set[tuple[str, Severity]] = set()
         self._folds: dict[tuple[str, Severity], _Fold] = {}
         self._episodes: dict[EpisodeKey, Severity] = {}  # each episode's worst severity so far
@@ -142,7 +147,7 @@ class Console:
         parts.append(f"log: {jsonl}" if jsonl is not None else "no JSONL log")
         log.info("stabilizer: %s", "; ".join(parts))
 
-    def report(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
         """Count the step; print each finding, or fold it into the line of its repeats."""
         if not self.enabled:
             return
@@ -152,23 +157,21 @@ class Console:
         for finding in found:
             self._finding(finding, record)
 
-    def finish(self, step: int, skipped: int | None = None, intact: bool | None = None) -> None:
-        """Print what is still folded, then the one end-of-run line.
+    def close(self, end: RunEnd) -> None:
+        """Print what is still folded, then the one end-of-run line (`summary`).
 
-        Args:
-            step: The last step.
-            skipped: Steps whose update did not happen, as the monitor counted them (a step it
-                could not measure has no record); default: the records' count.
-            intact: The monitor's last check of the parameters, optimizer state and buffers
-                (None: not checked, policy ``observe``): the only ground for "weights intact".
+        `end.skipped` (steps whose update did not happen, as the monitor counted them: a step
+        it could not measure has no record) replaces the records' count when given;
+        `end.intact`, the monitor's last check of the weights, is the only ground for "weights
+        checked finite" (None: not checked, policy ``observe``).
         """
         if not self.enabled:
             return
-        if skipped is not None:
-            self.skipped = skipped
-        self._intact = intact
+        if end.skipped is not None:
+            self.skipped = end.skipped
+        self._intact, self._cost = end.intact, end.cost
         self._flush(lambda fold: True)
-        log.info("stabilizer: %s", self.summary(step))
+        log.info("stabilizer: %s", self.summary(end.step))
 
     def summary(self, step: int) -> str:
         """``"done at step 300: 7 findings (2 error, 5 warning), worst: ...; 9 steps skipped"``."""
@@ -187,6 +190,10 @@ class Console:
         parts.append(f"{self.skipped} step{plural} skipped{_claim(self._intact, self.skipped)}")
         if self.applied:
             parts.append(f"{self.applied} remed{'ies' if self.applied > 1 else 'y'} applied")
+        if self._cost is not None:
+            cost = self._cost.describe()
+            parts.append(f"{cost}, {over_budget_advice(self._cost)}" if self._cost.over_budget
+                         else cost)  # fmt: skip
         if self.jsonl is not None:
             parts.append(f"details: stabilizer diagnose {self.jsonl}")
         return "; ".join(parts)

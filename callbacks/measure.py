@@ -13,6 +13,7 @@ which on a GPU is a step later (see ``StabilityMonitor``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -39,7 +40,7 @@ from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_st
 
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
 
-__all__ = ["CPU_SHARES", "Measured", "lr_key", "measure", "weights_share"]
+__all__ = ["CPU_SHARES", "Measured", "Probes", "lr_key", "measure", "weights_share"]
 
 CPU_SHARES = 4  # on the CPU each step checks a quarter of the weights' tensors, in turn
 
@@ -212,6 +213,41 @@ class Measured:
         if self.reverted:
             values[NONFINITE_UPDATE] = 1.0
         return values
+
+
+class Probes:
+    """The run's probes: gradient norms over every optimizer's tensors (the run's depth groups),
+    one gradient probe per optimizer when there are several (each step is measured on the
+    tensors that optimizer updates), the activation maxima when sampled.
+
+    Args:
+        module: The model.
+        optimizers: The Trainer's optimizers at fit start.
+        grouping: ``parameter name -> depth group``, or None for the naming conventions.
+        activations: Whether activations are sampled at all.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        grouping: Callable[[str], str] | None,
+        activations: bool,
+    ) -> None:
+        self.module, self.grouping = module, grouping
+        self.grads = GradProbe(module, optimizers, grouping)
+        self.acts = ActivationProbe(module) if activations else None
+        self._each: dict[int, GradProbe] = {}
+
+    def grads_of(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> GradProbe:
+        """The gradient probe of `optimizer`'s step."""
+        if len(trainer.optimizers) <= 1:
+            return self.grads
+        probe = self._each.get(id(optimizer))
+        if probe is None:
+            probe = GradProbe(self.module, [optimizer], self.grouping, only_optimizers=True)
+            self._each[id(optimizer)] = probe
+        return probe
 
 
 def measure(

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -84,11 +85,13 @@ class Protection:
         stepping_past: Callable[[int], bool],
         inert: Callable[[], AbstractContextManager[None]],
         strict: bool,
+        part: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         self.live, self.verify, self.stop_after = live, verify, stop_after
         self.root_cause, self.max_root_causes, self.strict = root_cause, max_root_causes, strict
         self._lr_factor, self._stepping_past, self._inert = lr_factor, stepping_past, inert
-        self.guard = StepGuard(self._judge, self._reverted)
+        self._part = part or (lambda name: nullcontext())
+        self.guard = StepGuard(self._timed_judge, self._reverted)
         self.bad_in_a_row = 0  # consecutive bad steps
         self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
         self.root_causes = 0
@@ -98,6 +101,21 @@ class Protection:
         self._buffers: BufferWatch | None = None
         self.buffers_nonfinite: torch.Tensor | None = None  # the buffers' check of this step
         self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        """The counters a checkpoint keeps (in the monitor's state)."""
+        return {
+            "bad_in_a_row": self.bad_in_a_row, "skipped_steps": self.skipped_steps,
+            "root_causes": self.root_causes, "skipped": self.guard.skipped,
+            "reverted": self.guard.reverted,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.bad_in_a_row = int(state.get("bad_in_a_row", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.root_causes = int(state.get("root_causes", 0))
+        self.guard.skipped = int(state.get("skipped", 0))
+        self.guard.reverted = int(state.get("reverted", 0))
 
     # --- fit and batch boundaries ------------------------------------------------------------
 
@@ -160,6 +178,10 @@ class Protection:
         return [self._bad_weights_finding(trainer, trainer.global_step, after=True)]
 
     # --- the judge: inside the optimizer step ----------------------------------------------
+
+    def _timed_judge(self, optimizer: torch.optim.Optimizer) -> Verdict:
+        with self._part("guard"):  # the monitor's cost
+            return self._judge(optimizer)
 
     def _judge(self, optimizer: torch.optim.Optimizer) -> Verdict:
         step = self.live.current(optimizer)
@@ -274,10 +296,11 @@ class Protection:
         step.replayed = True
         self.root_causes += 1  # every rank replays: the answers are gathered from all of them
         trainer, pl_module = self._fit
-        found = root_cause(
-            trainer, pl_module, micro, step.loss_scale, self.guard, step.step, self.strict,
-            self._inert,
-        )  # fmt: skip
+        with self._part("replay"):
+            found = root_cause(
+                trainer, pl_module, micro, step.loss_scale, self.guard, step.step, self.strict,
+                self._inert,
+            )  # fmt: skip
         if found is not None:
             step.found.append(found)
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.run import RunEnd
 from stabilizer.core.signals import GRAD_NORM_PREFIX
 from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png
 from stabilizer.outputs.tensorboard import (
@@ -38,15 +39,23 @@ class TensorBoardOutput:
     Args:
         writer: ``torch.utils.tensorboard.SummaryWriter`` (``TensorBoardLogger.experiment``).
         groups: The depth groups whose gradient norms are logged.
-        window: Steps shown in the heatmap (the most recent ones).
+        every: Steps between heatmaps (0: only at the end).
         earlier: The findings of the run before a resume: the table lists them too (a resumed
             run that writes into the same TensorBoard run replaces the entry).
+        window: Steps shown in the heatmap (the most recent ones).
     """
 
+    name = "tensorboard"
+
     def __init__(
-        self, writer: Any, groups: list[str], window: int = 500, earlier: Sequence[Finding] = ()
+        self,
+        writer: Any,
+        groups: list[str],
+        every: int = 100,
+        earlier: Sequence[Finding] = (),
+        window: int = 500,
     ) -> None:
-        self._file = writer._get_file_writer()
+        self._file, self.every = writer._get_file_writer(), every
         self._groups: list[str] | None = groups  # the layout is written with the first record
         self._keys = [
             GRAD_NORM_PREFIX + g for g in depth_order(groups)
@@ -61,14 +70,14 @@ class TensorBoardOutput:
             self._episodes.add([finding])
         self._step = 0  # the last record's step: what the findings table is "as of"
 
-    def update(self, record: StepRecord | None, found: list[Finding], every: int) -> None:
-        """Log the step's log10 norms, the heatmap every ``every`` steps, the table if it changed.
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+        """Log the step's log10 norms, the heatmap every `every` steps, the table if it changed.
 
         Args:
-            record: The step's record; None at the end of the run.
+            record: The step's record; None for findings alone.
             found: The findings reported with it, one batch (see `Episodes.add`).
-            every: Steps between heatmaps (0: only at the end).
         """
+        every = self.every
         if record is not None and self._groups is not None:
             # Only now are the logged keys known: no loss-scale chart without a grad scaler.
             self._file.add_summary(custom_scalars_layout(self._groups, record.values), 0)
@@ -87,8 +96,9 @@ class TensorBoardOutput:
         if self._episodes.add(found):
             self._table(self._step)
 
-    def close(self, step: int) -> None:
-        """Write the final heatmap and findings table (as of ``step``), and flush."""
+    def close(self, end: RunEnd) -> None:
+        """Write the final heatmap and findings table (as of the last step), and flush."""
+        step = end.step
         if self._rows:
             self._heatmap(step)
         self._table(step)

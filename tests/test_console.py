@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stabilizer.callbacks.console import Console, compact_groups
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import RunEnd
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,6 +61,7 @@ def _fit(
     tmp_path: Path, module: pl.LightningModule, steps: int, clip: float | None = 1.0, **monitor: Any
 ) -> None:
     torch.manual_seed(0)
+    monitor.setdefault("cost_budget", None)  # a tiny model is over any budget: see its test
     data = TensorDataset(torch.randint(0, VOCAB, (steps * 4, SEQ)))
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -79,11 +83,33 @@ def test_start_line_and_summary_of_a_healthy_run(tmp_path: Path, printed: list[s
     assert printed[0] == (
         f"on, policy protect; 4 depth groups: embed, block_00…block_01, head; log: {jsonl}"
     )
-    assert printed[-1] == (
-        f"done at step 6: healthy, no findings; 0 steps skipped; "
-        f"details: stabilizer diagnose {jsonl}"
-    )
+    cost = r"monitor cost \d+\.\d ms/step \(\d+\.\d%\)"
+    assert re.fullmatch(
+        f"done at step 6: healthy, no findings; 0 steps skipped; {cost}; "
+        f"details: stabilizer diagnose {re.escape(str(jsonl))}",
+        printed[-1],
+    ), printed[-1]
     assert len(printed) == 2
+
+
+def test_the_monitor_says_what_it_costs(tmp_path: Path, printed: list[str]) -> None:
+    # A tiny model on the CPU: the monitor's hooks are a large share of a ~ms step, over any
+    # small budget. One warning says so, names the part that costs most and its knob; the end
+    # line and the JSONL's last line carry the figures, measured.
+    _fit(tmp_path, TinyLM(), steps=30, cost_budget=0.001)
+    warned = [line for line in printed if "over its 0% budget: mostly " in line]
+    assert len(warned) == 2 and warned[0].startswith("monitor cost ")  # once, then at the end
+    assert "; to lower it: " in warned[0]
+    jsonl = tmp_path / "stability_logs" / "version_0" / "stability.jsonl"
+    end = json.loads(jsonl.read_text(encoding="utf-8").splitlines()[-1])
+    assert end["type"] == "end" and end["step"] == 30 and end["intact"] is True
+    cost = end["cost"]
+    assert cost["steps"] == 29  # the first batch (the preflight) is left out
+    assert cost["ms_per_step"] > 0 and 0 < cost["share"] < 1 and cost["budget"] == 0.001
+    parts = cost["parts"]
+    assert {"measure", "guard", "report"} <= set(parts)  # (TinyLM has no module to sample)
+    assert sum(parts.values()) == pytest.approx(cost["ms_per_step"], rel=1e-3, abs=1e-3)
+    assert f"monitor cost {cost['ms_per_step']:.1f} ms/step ({cost['share']:.1%}" in printed[-1]
 
 
 def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> None:
@@ -108,22 +134,22 @@ def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
     for step in range(0, 200, 8):
         # Each step's weights were checked finite before it, and its update skipped.
         record = StepRecord(step, {"skipped": 1.0, "nonfinite_weights": 0.0})
-        console.report(record, [_nan(step)])
+        console.write(record, [_nan(step)])
     assert printed[0].startswith("step 0 error nonfinite_loss")
     assert printed[1:4] == [
         "NaN/Inf loss at 7 more steps (8…56), each skipped; weights intact",
         "NaN/Inf loss at 7 more steps (64…112), each skipped; weights intact",
         "NaN/Inf loss at 7 more steps (120…168), each skipped; weights intact",
     ]
-    console.finish(200)
+    console.close(RunEnd(200))
     assert printed[4] == "NaN/Inf loss at 3 more steps (176…192), each skipped; weights intact"
 
 
 def test_no_claim_about_the_weights_without_their_check(printed: list[str]) -> None:
     console = _console()
-    console.report(StepRecord(0, {"skipped": 1.0}), [_nan(0)])  # skipped, weights not checked
-    console.report(StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}), [_nan(8)])
-    console.finish(10, skipped=2, intact=False)
+    console.write(StepRecord(0, {"skipped": 1.0}), [_nan(0)])  # skipped, weights not checked
+    console.write(StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}), [_nan(8)])
+    console.close(RunEnd(10, skipped=2, intact=False))
     assert printed[0].endswith("step skipped -> try: upcast_to_fp32, rollback")
     assert "NOT intact" in printed[-1] and "weights intact" not in " ".join(printed)
 
@@ -133,7 +159,7 @@ def test_remedy_applied_and_critical_findings_always_print(printed: list[str]) -
     applied = Finding("remedy_applied", 5, 5, Severity.INFO, "clip_gradients after grad_spike")
     stuck = Finding("nonfinite_loss", 3, 12, Severity.CRITICAL, "NaN/Inf loss persists")
     for _ in range(3):
-        console.report(None, [applied, stuck])
+        console.write(None, [applied, stuck])
     assert len(printed) == 6
     assert printed[0] == "step 5 info remedy_applied: clip_gradients after grad_spike"
 
@@ -149,7 +175,7 @@ def test_fp16_advice_only_in_low_precision(
     console = _console(policy="observe")
     console.low_precision = precision != "32-true"
     record = StepRecord(9, {"loss": float("nan"), "skipped": 0.0})
-    console.report(record, [_nan(9)])
+    console.write(record, [_nan(9)])
     assert printed == [
         "step 9 error nonfinite_loss: loss is nan at step 9; the update was applied "
         f"(policy observe) -> try: skip_step, {remedies}"
@@ -240,9 +266,9 @@ def test_an_episode_prints_once_then_its_updates(printed: list[str]) -> None:
     cascade = Finding("fp16_overflow", 60, 62, Severity.ERROR, "cascade: 3 skipped steps")
     over = Finding("fp16_overflow", 60, 63, Severity.INFO, "cascade: 4 skipped steps; over")
     for found in ([opened], [cascade], [over]):
-        console.report(None, found)
-    console.report(None, [closed])
-    console.finish(200)
+        console.write(None, found)
+    console.write(None, [closed])
+    console.close(RunEnd(200))
     assert printed == [
         "steps 27-76 warning depth_imbalance [block_00, block_01]: blocks 0-1 starve",
         "steps 60-62 error fp16_overflow: cascade: 3 skipped steps",

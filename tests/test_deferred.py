@@ -68,7 +68,7 @@ def run(
 ) -> tuple[list[str], list[Finding], Untouched]:
     path = tmp / f"{policy}-{deferred}.jsonl"
     monitor = StabilityMonitor(policy=policy, jsonl=path, activation_every=3)
-    monitor._defer = deferred  # the switch a CUDA run flips by itself
+    monitor.reporter.defer = deferred  # the switch a CUDA run flips by itself
     watch, seen = Untouched(), Seen(monitor)
     run = run_scenario(
         tiny(precision), accelerator="cpu", validate=False,

@@ -1,4 +1,4 @@
-"""`RunHeader`: the facts of a run that no step record carries, written once at its start.
+"""`RunHeader` and `RunEnd`: the facts of a run that no step record carries, at its start and end.
 
 The monitor writes it as the first line of ``stability.jsonl`` (and again when a resumed run
 appends to the same file)::
@@ -11,6 +11,9 @@ The JSONL reader yields it as an item of the record stream, as TensorBoard's loa
 session start, and `diagnose` hands it to the reports: advice that only fits a low-precision run
 (fp32 islands, bf16) is left out of the replayed report of an fp32 run, as it is on the live
 console. Logs written before the header existed simply have none; nothing is then assumed.
+
+`RunEnd` is the last line, ``{"type":"end",...}``: the last step, the steps skipped, the last
+check of the weights and what the monitor cost (`Cost`), as the console's end line says them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FULL_PRECISION", "RunHeader", "low_precision"]
+__all__ = ["FULL_PRECISION", "Cost", "RunEnd", "RunHeader", "low_precision"]
 
 FULL_PRECISION = ("32", "64")
 """How Lightning's fp32/fp64 precisions start (``"32-true"``, ``"64-true"``, ``"32"``)."""
@@ -128,3 +131,80 @@ def _count(data: Mapping[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{key}` must be an integer >= 1, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What the monitor cost a run, measured: its host time in its hooks (the guard's judge
+    inside the optimizer step, the activation probes inside the forward included) per
+    optimizer step and against the wall time of the same steps.
+
+    Args:
+        steps: Optimizer steps in the measured window (the first batch, which pays one-time
+            work such as the preflight, is left out).
+        ms_per_step: The monitor's host time per step, in milliseconds.
+        share: That time over the window's wall time (0.011 is 1.1%).
+        wait_ms_per_step: Of it, the time spent waiting for the device (host reads).
+        parts: Milliseconds per step by part (``measure``, ``guard``, ``report`` ...).
+        budget: The share above which the monitor warns (None: no budget).
+    """
+
+    steps: int
+    ms_per_step: float
+    share: float
+    wait_ms_per_step: float = 0.0
+    parts: tuple[tuple[str, float], ...] = ()
+    budget: float | None = None
+
+    @property
+    def over_budget(self) -> bool:
+        return self.budget is not None and self.share > self.budget
+
+    def describe(self) -> str:
+        """``"monitor cost 0.9 ms/step (1.1%)"``, with the device wait when there was one."""
+        text = f"monitor cost {self.ms_per_step:.1f} ms/step ({self.share:.1%}"
+        if self.wait_ms_per_step >= 0.05:
+            text += f"; {self.wait_ms_per_step:.1f} ms of it waiting for the device"
+        return text + ")"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "ms_per_step": round(self.ms_per_step, 4),
+            "share": round(self.share, 6),
+            "wait_ms_per_step": round(self.wait_ms_per_step, 4),
+            "parts": {k: round(v, 4) for k, v in self.parts},
+            "budget": self.budget,
+        }
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How the run ended, as the monitor checked it.
+
+    Args:
+        step: The last step.
+        skipped: Steps whose update did not happen (guard or grad scaler); None: not counted.
+        intact: The last check of the parameters, optimizer state and buffers (None: not
+            checked, policy ``observe``).
+        cost: What the monitor cost (None: too few steps to measure).
+    """
+
+    step: int
+    skipped: int | None = None
+    intact: bool | None = None
+    cost: Cost | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A strict-JSON-able dict with ``"type": "end"``."""
+        return {
+            "type": "end",
+            "step": self.step,
+            "skipped": self.skipped,
+            "intact": self.intact,
+            "cost": self.cost.to_dict() if self.cost is not None else None,
+        }
+
+    def to_json(self) -> str:
+        """One line of strict JSON (see `to_dict`)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))

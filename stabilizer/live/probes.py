@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -216,6 +217,7 @@ class ActivationProbe:
         self._values: dict[str, Tensor] = {}
         self._handles: list[Any] = []
         self.dropped: set[str] = set()  # keys whose hook raised once: not measured any more
+        self.seconds = 0.0  # host time spent in the hooks (the monitor's cost)
 
     def attach(self) -> None:
         """Start recording (idempotent)."""
@@ -275,6 +277,7 @@ class ActivationProbe:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if key in self.dropped:
                 return
+            start = time.perf_counter()
             try:
                 record(module, args, output)
             except Exception as e:
@@ -282,6 +285,7 @@ class ActivationProbe:
                 self._values.pop(key, None)
                 self.keys = [k for k in self.keys if k != key]
                 log.warning("activation probe: %s dropped (%r)", key, e)
+            self.seconds += time.perf_counter() - start
 
         return hook
 
@@ -305,6 +309,7 @@ class HostCopy:
     def __init__(self, numbers: Tensor) -> None:
         self._event: torch.cuda.Event | None = None
         self._values: list[float] | None = None
+        self.waited = 0.0  # seconds `read` waited for the device
         if numbers.is_cuda:
             self._host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
             self._host.copy_(numbers, non_blocking=True)
@@ -324,6 +329,8 @@ class HostCopy:
             # Named, so that a profile tells the planned read from any other (tests/test_profiler).
             with torch.profiler.record_function(HOST_READ):
                 if self._event is not None:
+                    start = time.perf_counter()
                     self._event.synchronize()
+                    self.waited = time.perf_counter() - start
                 self._values = self._host.tolist()
         return self._values

@@ -3,10 +3,11 @@
 The first line is the run's facts, ``{"type": "run", ...}`` (`stabilizer.core.run.RunHeader`:
 precision, devices, strategy, policy, depth groups, version; a resumed run appends it again); then
 each step record is a line ``{"type": "step", ...}`` and each finding a line
-``{"type": "finding", ...}`` (see :mod:`stabilizer.core.records`). A finding that updates an
-episode (its kind, start step and location those of an earlier line: the cascade is over, the
-NaN persists) is a line of its own: the file is append-only; readers fold the updates into one
-episode (`stabilizer.core.episode`). Every line is flushed as it is
+``{"type": "finding", ...}`` (see :mod:`stabilizer.core.records`); the last line says how the
+run ended and what the monitor cost, ``{"type": "end", ...}`` (`stabilizer.core.run.RunEnd`).
+A finding that updates an episode (its kind, start step and location those of an earlier line:
+the cascade is over, the NaN persists) is a line of its own: the file is append-only; readers
+fold the updates into one episode (`stabilizer.core.episode`). Every line is flushed as it is
 written, so a crash loses at most the step being written. A line a crash cut short is ended
 when the file is opened again, so the resumed run's first line does not run on from it (the
 reader skips the broken line, with a note, and reads the next).
@@ -19,7 +20,7 @@ from types import TracebackType
 from typing import IO
 
 from stabilizer.core.records import Finding, StepRecord
-from stabilizer.core.run import RunHeader
+from stabilizer.core.run import RunEnd, RunHeader
 
 __all__ = ["JsonlWriter"]
 
@@ -39,7 +40,7 @@ class JsonlWriter:
             self._file.write("\n")  # a crash cut the last line short: keep ours apart from it
             self._file.flush()
 
-    def write(self, item: StepRecord | Finding | RunHeader) -> None:
+    def write(self, item: StepRecord | Finding | RunHeader | RunEnd) -> None:
         """Write one line and flush it."""
         if self._file is None:
             raise ValueError(f"{self.path} is closed")

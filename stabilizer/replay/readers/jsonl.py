@@ -76,6 +76,8 @@ class JsonlReader(BaseReader):
                 if data.get("type") == "run":
                     yield RunHeader.from_dict(data)
                     continue
+                if data.get("type") == "end":  # how the run ended: the console's end line
+                    continue
                 step, values = self._parse(data, keys)
             except _BAD:
                 bad += 1

@@ -1,0 +1,207 @@
+"""`LiveOutputs`: everything a step record or a finding goes to, behind one protocol.
+
+Notifications, the Trainer's loggers, ``stability.jsonl``, the console and TensorBoard's extras
+are each an `Output`: ``write(record, found)`` per reported step (a None record: findings only)
+and ``close(end)`` once, at the end. They open on rank 0 only. An output that raises stops with
+one warning; the others, and the protection, go on (a full disk stops the JSONL, not the console).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.run import RunEnd
+from stabilizer.outputs.jsonl import JsonlWriter
+from stabilizer.outputs.notify import Notifier, as_notifier
+
+from .console import Console
+from .run_header import run_header
+from .tensorboard_output import TensorBoardOutput
+
+__all__ = ["JsonlOutput", "LiveOutputs", "LoggerOutput", "NotifyOutput", "Output"]
+
+log = logging.getLogger("stabilizer")
+
+
+class Output(Protocol):
+    """Where the monitor's records and findings go."""
+
+    name: str
+
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None: ...
+
+    def close(self, end: RunEnd) -> None: ...
+
+
+class JsonlOutput:
+    """``stability.jsonl``: the run's header, each record and finding, the end line."""
+
+    name = "jsonl"
+
+    def __init__(self, writer: JsonlWriter) -> None:
+        self.writer = writer
+
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+        for item in ([record] if record is not None else []) + list(found):
+            self.writer.write(item)
+
+    def close(self, end: RunEnd) -> None:
+        self.writer.write(end)
+        self.writer.close()
+
+
+class LoggerOutput:
+    """The Trainer's loggers: each record's values under ``stability/``, findings' severities."""
+
+    name = "loggers"
+
+    def __init__(self, loggers: Sequence[Logger]) -> None:
+        self.loggers = list(loggers)
+
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+        if record is None:
+            return
+        metrics = {f"stability/{k}": v for k, v in record.values.items()}
+        for f in found:
+            metrics[f"stability/finding/{f.kind}"] = float(f.severity)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=record.step)
+
+    def close(self, end: RunEnd) -> None:
+        """The loggers are the Trainer's: it closes them."""
+
+
+class NotifyOutput:
+    """Notifications (`stabilizer.outputs.notify.Notifier`), sent from a background thread."""
+
+    name = "notify"
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+        self.notifier.notify(list(found))
+
+    def close(self, end: RunEnd) -> None:
+        self.notifier.close()
+
+
+class LiveOutputs:
+    """The outputs of one monitor, opened at fit start (rank 0), each isolated from the others.
+
+    Args:
+        console: The console output (it also counts what the end line says).
+        jsonl: The JSONL setting of ``StabilityMonitor`` (a path, True for the default, False).
+        notify: The notification setting of ``StabilityMonitor``.
+        heatmap_every: Steps between TensorBoard heatmaps.
+        strict: Raise an output's error instead of stopping that output.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        jsonl: str | Path | bool,
+        notify: Notifier | str | None,
+        heatmap_every: int,
+        strict: bool,
+    ) -> None:
+        self.console, self.jsonl, self.heatmap_every, self.strict = (
+            console, jsonl, heatmap_every, strict,
+        )  # fmt: skip
+        self.notifier = as_notifier(notify)
+        self.default_path: Path | None = None  # the default JSONL of this run, kept for a resume
+        self.writer: JsonlWriter | None = None
+        self._outputs: list[Output] = []
+        self._broken: set[str] = set()
+
+    def open(
+        self,
+        trainer: pl.Trainer,
+        module: pl.LightningModule,
+        groups: Sequence[str] | None,
+        grouping: Callable[[str], str] | None,
+        earlier: Sequence[Finding],
+        policy: str,
+    ) -> None:
+        """Open every output (rank 0); `earlier`: the findings before a resume."""
+        # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.
+        log_dir = trainer.log_dir or trainer.default_root_dir
+        if not trainer.is_global_zero:
+            return
+        if self.notifier is not None:
+            self._outputs.append(NotifyOutput(self.notifier))
+        self._outputs.append(LoggerOutput(trainer.loggers))
+        if self.jsonl is not False:
+            path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
+            self._safely("jsonl", self._open_jsonl, path or Path(str(self.jsonl)), trainer,
+                         groups or (), policy)  # fmt: skip
+        if groups is None:  # the probes could not be built: no depth groups to show
+            return
+        path = self.writer.path if self.writer is not None else None
+        self.console.start(trainer, module, groups, grouping, path)
+        self._outputs.append(self.console)
+        tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        if tb:
+            self._outputs.append(
+                TensorBoardOutput(tb[0].experiment, list(groups), self.heatmap_every, earlier)
+            )
+
+    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
+        """One reported step (or findings alone) to every output."""
+        for out in self._outputs:
+            self._safely(out.name, out.write, record, found)
+
+    def close(self, end: RunEnd) -> None:
+        """The end of the run to every output, each closed."""
+        for out in self._outputs:
+            self._safely(out.name, out.close, end)
+        self._outputs = []
+
+    def abort(self) -> None:
+        """The run died: close the files and the notifier (every line written is flushed)."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.notifier is not None:
+            self.notifier.close()
+
+    def _open_jsonl(
+        self, path: Path, trainer: pl.Trainer, groups: Sequence[str], policy: str
+    ) -> None:
+        self.writer = JsonlWriter(path)
+        self.writer.write(run_header(trainer, policy, groups))  # the run's facts first
+        self._outputs.append(JsonlOutput(self.writer))
+
+    def _default_jsonl(self, trainer: pl.Trainer, log_dir: str) -> Path:
+        """Beside the logs; without a logger, a new version directory per run (not on resume)."""
+        if trainer.loggers:
+            return Path(log_dir) / "stability.jsonl"
+        if self.default_path is None:  # a resumed run got its own path from the checkpoint
+            root = Path(trainer.default_root_dir) / "stability_logs"
+            free = next(v for v in itertools.count() if not (root / f"version_{v}").exists())
+            self.default_path = root / f"version_{free}" / "stability.jsonl"
+        return self.default_path
+
+    def _safely(self, name: str, fn: Callable[..., object], *args: Any) -> None:
+        """One output's work: an error stops that output (one warning), not the others."""
+        if name in self._broken:
+            return
+        try:
+            fn(*args)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._broken.add(name)
+            log.warning(
+                "StabilityMonitor: the %s output stopped after an error (the other outputs and "
+                "the protection go on): %r",
+                name,
+                e,
+            )

@@ -1,0 +1,121 @@
+"""`Reporter`: a measured step becomes a record, the engine's findings and the outputs' lines.
+
+On the CPU a step is reported at its own batch end. From an accelerator its numbers are read a
+step later, once the device has later work queued (`defer`), so that no step waits for Python.
+An error in reporting stops the reports, with one warning, never the training or the protection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+
+from stabilizer.core.engine import Engine
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.run import RunEnd
+
+from .auto import AutoRemedies
+from .cost import CostMeter, over_budget_advice
+from .measure import Measured
+from .outputs import LiveOutputs
+from .protection import Protection
+
+__all__ = ["Reporter"]
+
+log = logging.getLogger("stabilizer")
+
+
+class Reporter:
+    """Reports the monitor's steps, now or one step late.
+
+    Args:
+        engine: The detection engine.
+        outputs: Where records and findings go.
+        cost: The monitor's cost meter (reporting is a part of it; it warns over budget).
+        auto: The remedies of policy ``auto`` (they answer each step's findings), or None.
+        protection: The protection (it stops the run when ``auto`` has no rollback left).
+        strict: Raise an internal error instead of stopping the reports.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        outputs: LiveOutputs,
+        cost: CostMeter,
+        auto: AutoRemedies | None,
+        protection: Protection | None,
+        strict: bool,
+    ) -> None:
+        self.engine, self.outputs, self.cost = engine, outputs, cost
+        self.auto, self.protection, self.strict = auto, protection, strict
+        self.findings: list[Finding] = []
+        self.defer: bool | None = None  # None: by the device (CUDA: yes); tests force it
+        self._pending: Measured | None = None  # stepped, its report deferred to the next step
+        self._working = True  # False after an internal error in reporting
+
+    def steps(
+        self, trainer: pl.Trainer, module: pl.LightningModule, steps: Sequence[Measured]
+    ) -> None:
+        """The batch's optimizer steps: each reported now, or held until the next step."""
+        for step in steps:
+            defer = self.defer
+            if defer is None:
+                defer = step.numbers is not None and step.numbers.on_device
+            if defer:
+                self.pending(trainer, module)
+                self._pending = step
+            else:
+                self.safely(self._report, trainer, module, step)
+
+    def pending(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """Report the step held back, if any."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.safely(self._report, trainer, module, pending)
+
+    def emit(self, trainer: pl.Trainer, record: StepRecord | None, found: list[Finding]) -> None:
+        """Keep the findings (every rank); rank 0 writes them, and the record, out."""
+        self.findings.extend(found)
+        if trainer.is_global_zero:
+            self.outputs.write(record, found)
+
+    def finish(self, trainer: pl.Trainer, skipped: int, intact: bool | None) -> None:
+        """The engine's last findings, then the run's end to every output."""
+        self.emit(trainer, None, self.engine.finish())
+        self.outputs.close(RunEnd(trainer.global_step, skipped, intact, self.cost.cost()))
+
+    def safely(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run one piece of reporting; an error stops the reports (one warning), not the run."""
+        if not self._working:
+            return
+        try:
+            fn(*args)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._working = False
+            log.warning(
+                "StabilityMonitor stopped reporting after an internal error (the protection "
+                "stays on): %r",
+                e,
+                exc_info=True,
+            )
+
+    def _report(self, trainer: pl.Trainer, module: pl.LightningModule, step: Measured) -> None:
+        with self.cost.part("report"):
+            values = step.values()
+            record = StepRecord(step.step, values) if values is not None else None
+            found = (self.engine.observe(record) if record is not None else []) + step.found
+            self.emit(trainer, record, found)
+            auto = self.auto
+            if auto is not None and record is not None:
+                self.emit(trainer, None, auto.after_step(trainer, module, step.step, found))
+                if auto.exhausted() and self.protection is not None:
+                    self.protection.stop(trainer, step, "no rollback left")
+        self.cost.waited += step.numbers.waited if step.numbers is not None else 0.0
+        cost = self.cost.check()
+        if cost is not None and trainer.is_global_zero:
+            log.warning("stabilizer: %s, %s", cost.describe(), over_budget_advice(cost))
