@@ -14,11 +14,12 @@ GPU-honest timing: each run times a window of ``--steps`` steps after ``--warmup
 device sync at the window's two ends only (none per step: a per-step sync would hide exactly the
 waits the monitor must not add). Modes are interleaved round by round so that drifts of a shared
 machine hit them alike; the table shows the median over rounds of each mode's time per step and
-its ratio to ``none``. The monitor's own hooks are also timed (host time spent inside them per
-step, in the window, the guard's judge inside the optimizer step included): on a CPU that is the
-overhead, free of step-time noise; on a GPU it is host time that overlaps the device's work
-unless it waits. Then one ``protect`` run with a NaN at one
-step times the root-cause replay, paid only on a failing step.
+its ratio to ``none``. The monitor's own host time per step in the window is read from its cost
+meter (the figure its end line prints: its hooks, the guard's judge inside the optimizer step,
+the activation probes' hooks inside the forward): on a CPU that is the overhead, free of
+step-time noise; on a GPU it is host time that overlaps the device's work unless it waits.
+Then one ``protect`` run with a NaN at one step times the root-cause replay, paid only on a
+failing step.
 Results are recorded in docs/benchmarks.md.
 """
 
@@ -53,63 +54,29 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-# mypy sees stabilizer.callbacks (the callbacks/ folder, mapped at install) as Any.
-class TimedMonitor(StabilityMonitor):  # type: ignore[misc]
-    """``StabilityMonitor`` that also times its own hooks while `timing` is on."""
-
-    def __init__(self, policy: str) -> None:
-        super().__init__(policy=policy, jsonl=False)
-        self.hook_time, self.timing = 0.0, False
-        if self.protection is not None:  # the guard's judge runs inside the optimizer step
-            guard, judge = self.protection.guard, self.protection.guard._judge
-
-            def timed_judge(optimizer: Any) -> Any:
-                t = time.perf_counter()
-                out = judge(optimizer)
-                if self.timing:
-                    self.hook_time += time.perf_counter() - t
-                return out
-
-            guard._judge = timed_judge
-
-    def _timed(self, hook: str, *args: Any) -> None:
-        t = time.perf_counter()
-        getattr(super(), hook)(*args)
-        if self.timing:
-            self.hook_time += time.perf_counter() - t
-
-    def on_train_batch_start(self, *args: Any) -> None:
-        self._timed("on_train_batch_start", *args)
-
-    def on_before_backward(self, *args: Any) -> None:
-        self._timed("on_before_backward", *args)
-
-    def on_before_optimizer_step(self, *args: Any) -> None:
-        self._timed("on_before_optimizer_step", *args)
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        self._timed("on_train_batch_end", *args)
-
-
 class WindowTimer(pl.Callback):
-    """Wall clock from the start of batch `warmup` to the start of batch `warmup + steps`.
+    """Wall clock from the start of batch `warmup` to the start of batch `warmup + steps`, and
+    the monitor's own measure of its host time over the same window (`CostMeter`).
 
     One device sync at each end, none in between; everything of the window's steps (the
     monitor's deferred work for its last step included) falls inside.
     """
 
-    def __init__(self, warmup: int, steps: int, monitor: TimedMonitor | None) -> None:
+    def __init__(self, warmup: int, steps: int, monitor: Any) -> None:
         self.warmup, self.steps, self.monitor = warmup, steps, monitor
-        self.batches, self.elapsed, self._t = 0, 0.0, 0.0
+        self.batches, self.elapsed, self.hooks, self._t, self._h = 0, 0.0, 0.0, 0.0, 0.0
+
+    def _monitor_seconds(self) -> float:
+        return sum(self.monitor.cost.seconds.values()) if self.monitor is not None else 0.0
 
     def on_train_batch_start(self, *args: Any) -> None:
         if self.batches in (self.warmup, self.warmup + self.steps):
             _sync()
-            now = time.perf_counter()
-            start = self.batches == self.warmup
-            self._t, self.elapsed = (now, 0.0) if start else (self._t, now - self._t)
-            if self.monitor is not None:
-                self.monitor.timing = start
+            now, spent = time.perf_counter(), self._monitor_seconds()
+            if self.batches == self.warmup:
+                self._t, self._h = now, spent
+            else:
+                self.elapsed, self.hooks = now - self._t, spent - self._h
         self.batches += 1
 
 
@@ -149,7 +116,9 @@ def run_mode(mode: str, config: GPTConfig, args: argparse.Namespace) -> tuple[fl
     instead of the hooks' time.
     """
     policy = mode if mode in MONITORED else "protect"
-    monitor = TimedMonitor(policy) if mode in (*MONITORED, "replay") else None
+    monitor = (
+        StabilityMonitor(policy=policy, jsonl=False) if mode in (*MONITORED, "replay") else None
+    )
     timer = WindowTimer(args.warmup, args.steps, monitor)
     extra: dict[str, list[pl.Callback]] = {
         "grad_norm": [LogGradNorm()],
@@ -182,7 +151,7 @@ def run_mode(mode: str, config: GPTConfig, args: argparse.Namespace) -> tuple[fl
         assert monitor is not None
         (cause,) = [f for f in monitor.findings if f.kind == "root_cause"]
         return per_step, float(cause.evidence["elapsed_s"])
-    return per_step, (monitor.hook_time / args.steps if monitor is not None else 0.0)
+    return per_step, timer.hooks / args.steps
 
 
 def _arguments() -> argparse.Namespace:

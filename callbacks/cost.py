@@ -28,10 +28,18 @@ CAUSES: Mapping[str, tuple[str, str]] = {
         "policy='observe' drops the weights' check",
     ),
     "guard": ("the guard's decision inside each optimizer step", "policy='observe' has no guard"),
-    "report": (
-        "the engine and the outputs (JSONL, TensorBoard, the Trainer's loggers, the console)",
-        "jsonl=False, or a larger heatmap_every",
+    "report": ("the detection engine", "fewer detectors (detectors=...)"),
+    "loggers": (
+        "the Trainer's loggers (each logged step's values)",
+        "a larger Trainer(log_every_n_steps=...): the monitor logs at Lightning's cadence",
     ),
+    "tensorboard": (
+        "TensorBoard's extras (log10 norms, heatmap, findings table)",
+        "a larger Trainer(log_every_n_steps=...) or heatmap_every",
+    ),
+    "jsonl": ("writing stability.jsonl, every step", "jsonl=False"),
+    "console": ("the console's lines", "logging.getLogger('stabilizer').setLevel(WARNING)"),
+    "notify": ("sending notifications", "notify=None"),
     "activations": ("sampled activation maxima", "a larger activation_every (0: none)"),
     "replay": ("root-cause replays of failing steps", "root_cause=False"),
 }

@@ -122,7 +122,9 @@ class StabilityMonitor(pl.Callback):
         self.stop_after, self.root_cause = stop_after, root_cause
         self.preflight = preflight_switches(preflight)
         self.cost = CostMeter(cost_budget)
-        self.outputs = LiveOutputs(Console(policy), jsonl, notify, heatmap_every, strict)
+        self.outputs = LiveOutputs(
+            Console(policy), jsonl, notify, heatmap_every, strict, self.cost.part
+        )
         self.auto = (auto or AutoRemedies()) if policy == "auto" else None
         self.live = LiveStep(keep_batches=False)  # the batch in flight
         self.protection = None if policy == "observe" else Protection(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,15 +60,22 @@ class JsonlOutput:
 
 
 class LoggerOutput:
-    """The Trainer's loggers: each record's values under ``stability/``, findings' severities."""
+    """The Trainer's loggers: the records' values under ``stability/`` at Lightning's cadence
+    (``Trainer(log_every_n_steps=...)``, as its own callbacks log), and every step that has a
+    finding, with each finding's severity.
+
+    Args:
+        loggers: The Trainer's loggers.
+        every: ``trainer.log_every_n_steps``.
+    """
 
     name = "loggers"
 
-    def __init__(self, loggers: Sequence[Logger]) -> None:
-        self.loggers = list(loggers)
+    def __init__(self, loggers: Sequence[Logger], every: int = 1) -> None:
+        self.loggers, self.every = list(loggers), max(1, every)
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
-        if record is None:
+        if record is None or not (found or (record.step + 1) % self.every == 0):
             return
         metrics = {f"stability/{k}": v for k, v in record.values.items()}
         for f in found:
@@ -103,6 +111,7 @@ class LiveOutputs:
         notify: The notification setting of ``StabilityMonitor``.
         heatmap_every: Steps between TensorBoard heatmaps.
         strict: Raise an output's error instead of stopping that output.
+        part: The monitor's cost meter's `part`: each output's time is counted under its name.
     """
 
     def __init__(
@@ -112,10 +121,12 @@ class LiveOutputs:
         notify: Notifier | str | None,
         heatmap_every: int,
         strict: bool,
+        part: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         self.console, self.jsonl, self.heatmap_every, self.strict = (
             console, jsonl, heatmap_every, strict,
         )  # fmt: skip
+        self._part = part or (lambda name: nullcontext())
         self.notifier = as_notifier(notify)
         self.default_path: Path | None = None  # the default JSONL of this run, kept for a resume
         self.writer: JsonlWriter | None = None
@@ -138,7 +149,8 @@ class LiveOutputs:
             return
         if self.notifier is not None:
             self._outputs.append(NotifyOutput(self.notifier))
-        self._outputs.append(LoggerOutput(trainer.loggers))
+        every = int(getattr(trainer, "log_every_n_steps", 1))  # Lightning's cadence
+        self._outputs.append(LoggerOutput(trainer.loggers, every))
         if self.jsonl is not False:
             path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
             self._safely("jsonl", self._open_jsonl, path or Path(str(self.jsonl)), trainer,
@@ -150,14 +162,15 @@ class LiveOutputs:
         self._outputs.append(self.console)
         tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if tb:
-            self._outputs.append(
-                TensorBoardOutput(tb[0].experiment, list(groups), self.heatmap_every, earlier)
-            )
+            self._outputs.append(TensorBoardOutput(
+                tb[0].experiment, list(groups), self.heatmap_every, earlier, every
+            ))  # fmt: skip
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
         """One reported step (or findings alone) to every output."""
         for out in self._outputs:
-            self._safely(out.name, out.write, record, found)
+            with self._part(out.name):
+                self._safely(out.name, out.write, record, found)
 
     def close(self, end: RunEnd) -> None:
         """The end of the run to every output, each closed."""

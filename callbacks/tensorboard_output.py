@@ -32,9 +32,10 @@ __all__ = ["TensorBoardOutput"]
 class TensorBoardOutput:
     """Writes what plain scalars cannot show into a run's TensorBoard event file.
 
-    Per record, the log10 of the per-layer gradient norms (the monitor's logger writes the norms
-    themselves); whenever an episode opens, grows or ends, the findings table, one row per
-    episode, written whole at `FINDINGS_STEP` so that TensorBoard keeps the newest alone.
+    At the loggers' cadence, the log10 of the per-layer gradient norms (the monitor's logger
+    writes the norms themselves); every record, a column of the heatmap; whenever an episode
+    opens, grows or ends, the findings table, one row per episode, written whole at
+    `FINDINGS_STEP` so that TensorBoard keeps the newest alone.
 
     Args:
         writer: ``torch.utils.tensorboard.SummaryWriter`` (``TensorBoardLogger.experiment``).
@@ -42,6 +43,8 @@ class TensorBoardOutput:
         every: Steps between heatmaps (0: only at the end).
         earlier: The findings of the run before a resume: the table lists them too (a resumed
             run that writes into the same TensorBoard run replaces the entry).
+        log_every: Write the log10 norms every N steps (``trainer.log_every_n_steps``, the
+            cadence of the norms themselves in the loggers); the heatmap has every step.
         window: Steps shown in the heatmap (the most recent ones).
     """
 
@@ -53,9 +56,10 @@ class TensorBoardOutput:
         groups: list[str],
         every: int = 100,
         earlier: Sequence[Finding] = (),
+        log_every: int = 1,
         window: int = 500,
     ) -> None:
-        self._file, self.every = writer._get_file_writer(), every
+        self._file, self.every, self.log_every = writer._get_file_writer(), every, max(1, log_every)
         self._groups: list[str] | None = groups  # the layout is written with the first record
         self._keys = [
             GRAD_NORM_PREFIX + g for g in depth_order(groups)
@@ -85,7 +89,7 @@ class TensorBoardOutput:
         if record is not None:
             self._step = record.step
         if record is not None and self._keys:
-            logged = log10_norms(record.values)
+            logged = log10_norms(record.values) if (record.step + 1) % self.log_every == 0 else {}
             if logged:
                 self._file.add_summary(scalar_summary(logged), record.step)
             self._steps.append(record.step)

@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.live.probes import HOST_READ, GradProbe
+from stabilizer.live.tensors import CPU_READ
 
 HOST_READS = {"aten::item", "aten::_local_scalar_dense", "aten::resolve_conj"}
 AT = 3  # a steady-state step: after preflight, not an activation-sampled step
@@ -89,6 +90,10 @@ def test_the_monitor_adds_the_same_ops_at_any_depth() -> None:
     # check of the last update; the tiny GPT has no floating buffers): never a loop over them.
     assert shallow["aten::_foreach_norm"] == 2
     assert shallow[HOST_READ] == 1  # the one planned read: the step's numbers, once
+    # On the CPU only, the gradient norms, taken in float32, are read at once to take a
+    # non-finite one again in float64 (a CPU read waits for nothing); an accelerator's path
+    # accumulates in float64 and has no such read.
+    assert shallow[CPU_READ] == 1
     assert host_reads(shallow) == 0  # and no other
     assert deep == shallow
 

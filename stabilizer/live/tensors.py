@@ -16,6 +16,7 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
 __all__ = [
+    "CPU_READ",
     "all_finite",
     "count_nonfinite",
     "count_suspect",
@@ -24,6 +25,7 @@ __all__ = [
     "stored_values",
 ]
 
+CPU_READ = "stabilizer::cpu_read"  # the profiler's name for the CPU path's read of its norms
 _SMALL = 4096  # elements: tensors this small are flattened into one for `count_suspect`
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -85,7 +87,8 @@ def _norms(ts: list[Tensor], dtype: torch.dtype, cpu: bool) -> Tensor:
     if not cpu:
         return torch.stack(torch._foreach_norm(ts, dtype=torch.float64))
     norms = torch.stack(torch._foreach_norm(ts, dtype=torch.float32)).double()
-    bad = (~torch.isfinite(norms)).nonzero().flatten().tolist()
+    with torch.profiler.record_function(CPU_READ):  # a CPU read: it waits for nothing
+        bad = (~torch.isfinite(norms)).nonzero().flatten().tolist()
     if bad:  # a NaN, an Inf, or squares beyond float32: exactly, in float64
         norms[bad] = torch.stack(torch._foreach_norm([ts[i] for i in bad], dtype=torch.float64))
     return norms
