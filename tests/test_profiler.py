@@ -91,8 +91,8 @@ def test_the_monitor_adds_the_same_ops_at_any_depth() -> None:
     assert shallow["aten::_foreach_norm"] == 2
     assert shallow[HOST_READ] == 1  # the one planned read: the step's numbers, once
     # On the CPU only, the gradient norms, taken in float32, are read at once to take a
-    # non-finite one again in float64 (a CPU read waits for nothing); an accelerator's path
-    # accumulates in float64 and has no such read.
+    # non-finite one again in float64 (a CPU tensor's values: nothing waits); an
+    # accelerator's path accumulates in float64 and has no such read.
     assert shallow[CPU_READ] == 1
     assert host_reads(shallow) == 0  # and no other
     assert deep == shallow

@@ -65,6 +65,9 @@ def l2_norms(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     are not finite are taken again in float64.
     """
     with torch.no_grad():
+        real = list(_checkable(grads)) if grads else []
+        if len(real) == len(grads) and _alike(real):  # the common case: one dtype, one device
+            return _norms(real, real[0].dtype, real[0].device.type == "cpu").to(device)
         real = [_real(g) for g in grads]
         by_dtype: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for i, g in enumerate(real):
@@ -81,15 +84,22 @@ def l2_norms(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     return out
 
 
+def _alike(ts: list[Tensor]) -> bool:
+    dtype, device = ts[0].dtype, ts[0].device
+    return all(t.dtype == dtype and t.device == device for t in ts)
+
+
 def _norms(ts: list[Tensor], dtype: torch.dtype, cpu: bool) -> Tensor:
     if dtype == torch.float64:
         return torch.stack([_scaled_norm(t) for t in ts])
     if not cpu:
         return torch.stack(torch._foreach_norm(ts, dtype=torch.float64))
-    norms = torch.stack(torch._foreach_norm(ts, dtype=torch.float32)).double()
-    with torch.profiler.record_function(CPU_READ):  # a CPU read: it waits for nothing
+    norms = torch.stack(torch._foreach_norm(ts, dtype=torch.float32))
+    with torch.profiler.record_function(CPU_READ):  # a CPU tensor's values: nothing waits
+        finite = all(map(math.isfinite, norms.tolist()))
+    norms = norms.double()
+    if not finite:  # a NaN, an Inf, or squares beyond float32: those again, in float64
         bad = (~torch.isfinite(norms)).nonzero().flatten().tolist()
-    if bad:  # a NaN, an Inf, or squares beyond float32: exactly, in float64
         norms[bad] = torch.stack(torch._foreach_norm([ts[i] for i in bad], dtype=torch.float64))
     return norms
 
