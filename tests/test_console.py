@@ -22,6 +22,7 @@ from stabilizer.callbacks.console import Console, compact_groups
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunEnd
+from stabilizer.replay.diagnose import diagnose
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -110,6 +111,9 @@ def test_the_monitor_says_what_it_costs(tmp_path: Path, printed: list[str]) -> N
     assert {"measure", "guard", "report"} <= set(parts)  # (TinyLM has no module to sample)
     assert sum(parts.values()) == pytest.approx(cost["ms_per_step"], rel=1e-3, abs=1e-3)
     assert f"monitor cost {cost['ms_per_step']:.1f} ms/step ({cost['share']:.1%}" in printed[-1]
+    # `diagnose` reads the log whole: the end line is known, not a bad line.
+    diagnosis = diagnose(str(jsonl))
+    assert diagnosis.records == 30 and not [n for n in diagnosis.notes if "skipped" in str(n)]
 
 
 def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> None:

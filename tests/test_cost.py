@@ -1,0 +1,131 @@
+"""The monitor's cost meter: parts counted exclusively, the window, the one warning, the advice.
+
+The clock is a stand-in (`FakeClock`): the meter's arithmetic is what these tests prove; the
+real runs' figures are proven in tests/test_console.py (end line and JSONL of a real fit).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from stabilizer.callbacks import cost as cost_module
+from stabilizer.callbacks.cost import CAUSES, WARN_AFTER, CostMeter, over_budget_advice
+from stabilizer.callbacks.outputs import LoggerOutput
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import Cost, RunEnd
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(cost_module.time, "perf_counter", fake)
+    return fake
+
+
+def _steps(meter: CostMeter, clock: FakeClock, n: int, work: dict[str, float], wall: float) -> None:
+    """`n` batches of `wall` seconds, each spending `work[part]` seconds in each part."""
+    for _ in range(n):
+        step = int(clock.now / wall + 0.5)
+        meter.batch_start(step)
+        for name, seconds in work.items():
+            with meter.part(name):
+                clock.now += seconds
+        clock.now += wall - sum(work.values())
+        meter.batch_end(step + 1)
+
+
+def test_a_nested_part_counts_for_itself_alone(clock: FakeClock) -> None:
+    meter = CostMeter()
+    with meter.part("guard"):
+        clock.now += 1.0
+        with meter.part("replay"):
+            clock.now += 5.0
+        clock.now += 1.0
+    assert dict(meter.seconds) == {"guard": 2.0, "replay": 5.0}
+
+
+def test_the_window_leaves_the_first_batch_out(clock: FakeClock) -> None:
+    meter = CostMeter(budget=None)
+    assert meter.cost() is None
+    meter.batch_start(0)
+    with meter.part("measure"):
+        clock.now += 3.0  # the preflight: one-time work
+    clock.now += 1.0
+    meter.batch_end(1)
+    assert meter.cost() is None  # nothing measured yet
+    _steps(meter, clock, 10, {"measure": 0.01, "report": 0.02}, wall=1.0)
+    cost = meter.cost()
+    assert cost is not None and cost.steps == 10  # from batch 2's start to the last one's end
+    assert cost.ms_per_step == pytest.approx(30.0)  # the preflight's 3 s are left out
+    assert cost.share == pytest.approx(0.03)
+    assert [name for name, _ in cost.parts] == ["report", "measure"]  # costliest first
+    assert not cost.over_budget
+
+
+def test_one_warning_after_enough_steps_over_the_budget(clock: FakeClock) -> None:
+    meter = CostMeter(budget=0.03)
+    _steps(meter, clock, WARN_AFTER, {"activations": 0.05, "measure": 0.01}, wall=1.0)
+    assert meter.check() is None  # WARN_AFTER - 1 steps in the window
+    _steps(meter, clock, 1, {"activations": 0.05, "measure": 0.01}, wall=1.0)
+    cost = meter.check()
+    assert cost is not None and cost.over_budget
+    assert meter.check() is None  # once
+    advice = over_budget_advice(cost)
+    assert advice.startswith("over its 3% budget: mostly sampled activation maxima (50.0 ms")
+    assert advice.endswith(CAUSES["activations"][1])
+
+
+def test_a_run_within_its_budget_is_not_warned_about(clock: FakeClock) -> None:
+    meter = CostMeter(budget=0.03)
+    _steps(meter, clock, 50, {"measure": 0.01}, wall=1.0)
+    assert meter.check() is None
+
+
+def test_every_part_the_monitor_times_has_a_cause_and_a_knob() -> None:
+    timed = {"measure", "guard", "report", "activations", "replay"}
+    outputs = {"loggers", "tensorboard", "jsonl", "console", "notify"}
+    assert set(CAUSES) == timed | outputs
+    assert all(what and knob for what, knob in CAUSES.values())
+
+
+def test_the_end_line_of_the_jsonl_is_strict_json() -> None:
+    cost = Cost(9, 1.5, 0.012, 0.2, (("measure", 1.0), ("report", 0.5)), 0.03)
+    end = json.loads(RunEnd(10, 1, True, cost).to_json())
+    assert end == {
+        "type": "end", "step": 10, "skipped": 1, "intact": True,
+        "cost": {"steps": 9, "ms_per_step": 1.5, "share": 0.012, "wait_ms_per_step": 0.2,
+                 "parts": {"measure": 1.0, "report": 0.5}, "budget": 0.03},
+    }  # fmt: skip
+    assert cost.describe() == "monitor cost 1.5 ms/step (1.2%; 0.2 ms of it waiting for the device)"
+    assert json.loads(RunEnd(3).to_json())["cost"] is None
+
+
+class Logged:
+    """A Lightning logger's `log_metrics`, recorded."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self.steps.append(step)
+
+
+def test_the_loggers_get_lightnings_cadence_and_every_step_with_a_finding() -> None:
+    logger = Logged()
+    out = LoggerOutput([logger], every=5)  # type: ignore[list-item]
+    nan = Finding("nonfinite_loss", 7, 7, Severity.ERROR, "loss is nan")
+    for step in range(12):
+        out.write(StepRecord(step, {"loss": 1.0}), [nan] if step == 7 else [])
+    out.write(None, [nan])  # findings alone carry no values
+    assert logger.steps == [4, 7, 9]  # as Lightning: (step + 1) % log_every_n_steps == 0
