@@ -74,8 +74,8 @@ class GradProbe:
     def __call__(self) -> Tensor:
         """``(2 + n_groups,)`` float32 on the gradients' device, ordered as :attr:`keys`.
 
-        Norms are accumulated in float64, so a finite gradient never has a non-finite norm
-        (see `stabilizer.live.tensors.l2_norms`): ``nonfinite_grads`` counts exactly the tensors
+        Norms never overflow, so a finite gradient never has a non-finite norm (see
+        `stabilizer.live.tensors.l2_norms`): ``nonfinite_grads`` counts exactly the tensors
         that hold a NaN or an Inf.
         """
         if self._signature() != self._seen:
