@@ -239,6 +239,21 @@ class Probes:
         self.acts = ActivationProbe(module) if activations else None
         self._each: dict[int, GradProbe] = {}
 
+    def measure(
+        self,
+        trainer: pl.Trainer,
+        optimizer: torch.optim.Optimizer,
+        loss: torch.Tensor | None,
+        buffers: torch.Tensor | None,
+        guarded: bool,
+    ) -> Measured:
+        """The step of `optimizer`: `measure` with this run's probes (`guarded`: the weights'
+        check too, and `buffers`, the buffers' count)."""
+        grads = self.grads_of(trainer, optimizer)
+        if not guarded:
+            return measure(trainer, grads, self.acts, loss)
+        return measure(trainer, grads, self.acts, loss, optimizer, buffers)
+
     def grads_of(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> GradProbe:
         """The gradient probe of `optimizer`'s step."""
         if len(trainer.optimizers) <= 1:

@@ -30,7 +30,7 @@ from .console import Console
 from .cost import CostMeter
 from .guard import StepGuard
 from .live_step import LiveStep
-from .measure import Measured, Probes, measure
+from .measure import Measured, Probes
 from .outputs import LiveOutputs
 from .protection import Protection
 from .reporting import Reporter
@@ -215,13 +215,9 @@ class StabilityMonitor(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self._inert:
+        prot = self.protection
+        if self._inert or (prot is not None and prot.evaluating_again(optimizer)):
             return
-        if self.guard is not None and self.guard.evaluating is optimizer:
-            step = self.live.current(optimizer)  # a closure evaluated again inside one step
-            if step is not None and not step.judged:  # (LBFGS): the step was measured once
-                self.live.step_loss()
-                return
         with self.cost.part("measure"):
             step = self._measure(trainer, optimizer)  # the numbers are on their way to the host
         self.reporter.pending(trainer, pl_module)  # the last step's, while the device works
@@ -230,9 +226,9 @@ class StabilityMonitor(pl.Callback):
         step.note(trainer, optimizer, factor, self.protection is not None)
         step.found, self._extra = self._extra, []
         self.live.add(optimizer, step)
-        if self.protection is not None:
+        if prot is not None:
             with self.cost.part("guard"):
-                self.protection.measured(optimizer, step)  # the guard decides inside the step
+                prot.measured(optimizer, step)  # the guard decides inside the step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
@@ -317,16 +313,12 @@ class StabilityMonitor(pl.Callback):
             log.error("StabilityMonitor could not start: %r", e, exc_info=True)
 
     def _measure(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Measured:
-        loss = self.live.step_loss()
+        loss, prot = self.live.step_loss(), self.protection
         try:
             if self.probes is None:
                 raise RuntimeError("the gradient probe could not be built at fit start")
-            probe, prot = self.probes.grads_of(trainer, optimizer), self.protection
-            if prot is None:
-                return measure(trainer, probe, self.probes.acts, loss)
-            return measure(
-                trainer, probe, self.probes.acts, loss, optimizer, prot.buffers_nonfinite
-            )
+            buffers = prot.buffers_nonfinite if prot is not None else None
+            return self.probes.measure(trainer, optimizer, loss, buffers, prot is not None)
         except Exception as e:
             if self.strict:
                 raise

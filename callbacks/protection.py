@@ -138,6 +138,15 @@ class Protection:
             device = next((p.device for p in module.parameters()), torch.device("cpu"))
             self.buffers_nonfinite = count_nonfinite(self._buffers.buffers, device)
 
+    def evaluating_again(self, optimizer: torch.optim.Optimizer) -> bool:
+        """A closure evaluated again inside one step (LBFGS): that step was measured once; the
+        evaluation's loss is dropped."""
+        step = self.live.current(optimizer)
+        if self.guard.evaluating is not optimizer or step is None or step.judged:
+            return False
+        self.live.step_loss()
+        return True
+
     def measured(self, optimizer: torch.optim.Optimizer, step: Measured) -> None:
         """A step was measured in ``on_before_optimizer_step``. An optimizer that is not
         guarded yet (replaced inside this batch) is guarded from its next step on; this one is

@@ -51,8 +51,9 @@ def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Tr
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 run = run_scenario(
-                    name, accelerator="cpu", callbacks=[trace, monitor], logger=logger
-                )
+                    name, accelerator="cpu", callbacks=[trace, monitor], logger=logger,
+                    trainer_args={"log_every_n_steps": 1},  # every record in TensorBoard too
+                )  # fmt: skip
             _CACHE[name] = TracedRun(run, trace, monitor, Path(logger.log_dir))
         return _CACHE[name]
 
