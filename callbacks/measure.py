@@ -1,8 +1,9 @@
 """One optimizer step as the monitor measures it: numbers on the device, one copy to the host.
 
 `measure` runs in ``on_before_optimizer_step``, after the backward: it stacks the gradient
-norms, the loss, the loss scale, the count of non-finite tensors among the parameters, optimizer
-state and buffers the step would update (the check that the previous step left them finite) and
+norms, the loss, the loss scale, a fast test for non-finite values among the parameters and
+optimizer state the step would update (the check that the previous steps left them finite: all
+of them on an accelerator, a quarter in turn on the CPU, `weights_share`) and the buffers, and
 (on sampled steps) the activation maxima into one tensor on the device, reduces it across ranks,
 and starts its copy to the host (`HostCopy`): nothing in it waits for the device. A `Measured`
 holds that copy with what the host knows of the step (its LRs, the clipping threshold, the

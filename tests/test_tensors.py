@@ -58,6 +58,12 @@ def test_count_suspect_is_zero_exactly_when_every_value_is_finite_and_small(
         assert suspect == 0
 
 
+def test_l2_norms_of_nothing_and_of_empty_tensors() -> None:
+    assert l2_norms([], CPU).shape == (0,)
+    norms = l2_norms([torch.zeros(0), torch.tensor([3.0, 4.0])], CPU)
+    assert norms.tolist() == [0.0, 5.0]
+
+
 def test_count_suspect_of_nothing_is_zero_on_the_device_asked() -> None:
     assert float(count_suspect([], CPU)) == 0.0
     assert float(count_suspect([torch.ones(2, dtype=torch.int32)], CPU)) == 0.0

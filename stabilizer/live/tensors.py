@@ -65,8 +65,8 @@ def l2_norms(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     are not finite are taken again in float64.
     """
     with torch.no_grad():
-        real = list(_checkable(grads)) if grads else []
-        if len(real) == len(grads) and _alike(real):  # the common case: one dtype, one device
+        real = list(_checkable(grads))
+        if real and len(real) == len(grads) and _alike(real):  # one dtype, one device: usual
             return _norms(real, real[0].dtype, real[0].device.type == "cpu").to(device)
         real = [_real(g) for g in grads]
         by_dtype: dict[tuple[torch.dtype, torch.device], list[int]] = {}
