@@ -120,7 +120,7 @@ def run_scenario(
         "max_epochs": 1,
         "callbacks": [*faults, *callbacks],
         "logger": logger,
-        "log_every_n_steps": 10,  # the loggers (and the monitor in them) every 10 steps
+        "log_every_n_steps": 1,
         "enable_checkpointing": False,
         "enable_progress_bar": progress,
         "enable_model_summary": False,
