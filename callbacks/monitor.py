@@ -431,9 +431,10 @@ class StabilityMonitor(pl.Callback):
         found = (self.engine.observe(record) if record is not None else []) + step.found
         self._emit(trainer, record, found)
         if self.auto is not None and record is not None:
-            self._emit(trainer, None, self.auto.after_step(trainer, module, step.step, found))
+            done = self.auto.after_step(trainer, module, step.step, found, record)
+            self._emit(trainer, None, done)
             if self.auto.exhausted() and self.protection is not None:
-                self.protection.stop(trainer, step, "no rollback left")
+                self.protection.stop(trainer, step, self.auto.stop_reason)
 
     def _open_outputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.

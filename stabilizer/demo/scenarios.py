@@ -62,6 +62,7 @@ class Scenario:
     precision: str = "32-true"  # one of PRECISIONS
     seed: int = 0
     corrupt: tuple[int, int] | None = None  # training batches [start, stop) are random bytes
+    corrupt_every: int = 0  # > 0: the corrupted window recurs every this many steps
     lr_surge: tuple[int, float] | None = None  # from step N on, the LR is multiplied by factor
     lr_surge_until: int | None = None  # the surge ends before this step (None: never)
     activation_fault: ActivationFault | None = None
@@ -73,6 +74,25 @@ class Scenario:
             )
         if self.steps < 1:
             raise ValueError(f"`steps` must be >= 1, got {self.steps}")
+
+    def corrupted(self) -> frozenset[int]:
+        """The training batches that are random bytes."""
+        if self.corrupt is None:
+            return frozenset()
+        start, stop = self.corrupt
+        every = self.corrupt_every or self.steps
+        return frozenset(
+            s + i for s in range(start, self.steps, every) for i in range(stop - start)
+        )
+
+    def twin(self) -> Scenario:
+        """The healthy twin: the same run without its fault (no corrupted batches, no surge, no
+        activation fault, pre-LN, a hand-written softmax in fp32)."""
+        naive = self.model.softmax == "naive"
+        model = replace(
+            self.model, norm_position="pre", softmax_fp32=naive or self.model.softmax_fp32
+        )
+        return replace(self, corrupt=None, lr_surge=None, activation_fault=None, model=model)
 
     def with_steps(self, steps: int) -> Scenario:
         """The same scenario for ``steps`` steps; faults keep their step numbers."""
