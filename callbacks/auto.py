@@ -31,7 +31,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import LOSS
+from stabilizer.core.signals import LOSS, LR
 from stabilizer.live.remedies import (
     LRMultiplier,
     SkipWindow,
@@ -123,7 +123,8 @@ class AutoRemedies:
         self._exhausted = False
         self._restored: SwapReport | None = None  # a swap re-applied from a checkpoint
         self.ladder = Ladder(check_steps)
-        self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the LR then
+        self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the LR its update used
+        self._step_lr = math.nan
         self.stop_reason = "no rollback left"
 
     def watch(self, pl_module: pl.LightningModule) -> None:
@@ -163,6 +164,8 @@ class AutoRemedies:
         if any(f.severity >= Severity.WARNING for f in found):
             self._last_trouble = step
         loss = record.values.get(LOSS, math.nan) if record is not None else math.nan
+        # the LR this step's update used (the scheduler has already set the next one)
+        self._step_lr = record.values.get(LR, math.nan) if record is not None else math.nan
         snapshots = self._snapshots
         self._exhausted = any(
             self._wants_rollback(f)
@@ -182,7 +185,7 @@ class AutoRemedies:
         quiet = step - self._last_trouble >= self.snapshot_every
         saving = self._snapshots is not None and quiet and not self.skip.active(step)
         if saving and self._snapshots is not None and self._snapshots.maybe_save(step):
-            self._snapshot_lr[step] = _lr(trainer)
+            self._snapshot_lr[step] = self._step_lr
         return out
 
     def _applied(self, step: int, cause: Finding, applied: _Applied, loss: float) -> Finding:
@@ -290,7 +293,7 @@ class AutoRemedies:
     def _rollback(self, trainer: pl.Trainer, step: int, since: int) -> _Applied | None:
         if self._snapshots is None or not self._snapshots.can_restore(before=since):
             return None
-        lr_now = _lr(trainer)
+        lr_now = self._step_lr
         restored = self._snapshots.restore(before=since)
         until = self.skip.start(step + 1, self.skip_batches)
         message = (
@@ -321,14 +324,6 @@ class AutoRemedies:
         ladder = state.get("ladder")
         if isinstance(ladder, dict):
             self.ladder.load_state_dict(ladder)
-
-
-def _lr(trainer: pl.Trainer) -> float:
-    """The first param group's LR as the scheduler (and any fault) set it, without `auto`'s."""
-    try:
-        return float(trainer.optimizers[0].param_groups[0]["lr"])
-    except (IndexError, KeyError, TypeError, ValueError):
-        return math.nan
 
 
 def _cause(verdict: Verdict) -> Finding:
