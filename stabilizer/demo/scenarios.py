@@ -15,6 +15,9 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
                     for a few steps: NaN loss, the scaler skips those steps, training goes on.
 ``nan-16-true``     the same overflow in pure fp16 without a scaler: the NaN reaches the weights
                     and never goes away.
+``softmax-fp16``    pure fp16, attention with a hand-written softmax (exp without the max-
+                    subtraction) at LR 1e-2: the scores grow until exp overflows fp16 (~step 40)
+                    and keep overflowing: NaN at every step from then on.
 ``stall``           an LR 1000x too low: at step 300, where the stall check runs, the loss is
                     still where it started (``stall``).
 ``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup): per-layer gradient norms
@@ -157,6 +160,20 @@ SCENARIOS: dict[str, Scenario] = {
             precision="16-true",
             adam_eps=1e-4,  # with 1e-8 the fp16 optimizer state itself goes NaN within 10 steps
             activation_fault=_NAN_FAULT,
+        ),
+        Scenario(
+            "softmax-fp16",
+            "pure fp16, attention with a hand-written softmax (no max-subtraction), LR 1e-2: "
+            "the attention scores grow past ~11 by step ~40, exp overflows fp16, NaN from then on",
+            # The scores grow by themselves (attention-logit growth at a high LR, Wortsman et al.
+            # 2023): measured in fp32, the largest reaches ~12 by step 40 and ~20-27 after, far
+            # above fp16's exp limit (11.09) and far below fp32's (88.7).
+            model=replace(_TINY, softmax="naive"),
+            steps=150,
+            batch_size=8,
+            lr=1e-2,
+            precision="16-true",
+            adam_eps=1e-4,  # see nan-16-true
         ),
         Scenario(
             "stall",

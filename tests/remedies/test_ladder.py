@@ -38,11 +38,18 @@ def _diverged(step: int, at: int) -> Finding:
     return Finding("divergence", step, at, Severity.ERROR, "loss stays up", {})
 
 
-def _run(auto: AutoRemedies, trainer: pl.Trainer, module: torch.nn.Module,
-         steps: range, found: dict[int, list[Finding]], **record: float) -> list[Finding]:  # fmt: skip
+def _run(
+    auto: AutoRemedies,
+    trainer: pl.Trainer,
+    module: torch.nn.Module,
+    steps: range,
+    found: dict[int, list[Finding]],
+    **record: float,
+) -> list[Finding]:
     out = []
     for s in steps:
-        out += auto.after_step(trainer, module, s, found.get(s, []), _record(s, **record))  # type: ignore[arg-type]
+        now = found.get(s, [])
+        out += auto.after_step(trainer, module, s, now, _record(s, **record))  # type: ignore[arg-type]
     return out
 
 

@@ -130,7 +130,8 @@ class DepthImbalance:
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
-        if streak[1] < (self.extreme_patience if ratio >= self.extreme_ratio else self.patience):
+        extreme = ratio >= self.extreme_ratio
+        if streak[1] < (min(self.patience, self.extreme_patience) if extreme else self.patience):
             return None
         first, last = block_index(band[0]), block_index(band[-1])
         evidence = {"band_min": exp10(min(levels)), "band_max": exp10(max(levels))}
