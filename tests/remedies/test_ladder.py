@@ -49,7 +49,7 @@ def _run(
     out = []
     for s in steps:
         now = found.get(s, [])
-        out += auto.after_step(trainer, module, s, now, _record(s, **record))  # type: ignore[arg-type]
+        out += auto.after_step(trainer, module, s, now, _record(s, **record))
     return out
 
 
@@ -118,7 +118,7 @@ def test_nothing_left_to_try_is_a_critical_result_and_a_clean_stop() -> None:
 def test_a_rollback_after_an_lr_surge_cuts_the_lr_as_much() -> None:
     trainer, module = _trainer()
     auto = AutoRemedies(allow=["rollback"], snapshot_every=10, check_steps=30)
-    auto.start(trainer, module)  # type: ignore[arg-type]
+    auto.start(trainer, module)
     _run(auto, trainer, module, range(0, 31), {}, lr=1e-3)  # snapshots at 10, 20, 30
     out = _run(auto, trainer, module, range(31, 41), {40: [_diverged(35, 40)]}, lr=3.0)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -135,7 +135,7 @@ def test_a_rollback_after_an_lr_surge_cuts_the_lr_as_much() -> None:
 def test_a_rollback_without_a_surge_keeps_the_lr() -> None:
     trainer, module = _trainer()
     auto = AutoRemedies(allow=["rollback"], snapshot_every=10)
-    auto.start(trainer, module)  # type: ignore[arg-type]
+    auto.start(trainer, module)
     _run(auto, trainer, module, range(0, 21), {}, lr=1e-3)
     out = _run(auto, trainer, module, range(21, 26), {25: [_diverged(23, 25)]}, lr=1.5e-3)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
