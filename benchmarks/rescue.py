@@ -1,13 +1,15 @@
 """Rescue benchmark: do the remedies of policy ``auto`` save failing runs?
 
-    python benchmarks/rescue.py [--seeds 5] [--jobs 2] [--scenarios spike nan ...]
+    python benchmarks/rescue.py [--seeds 5] [--jobs 2] [--scenarios diverge ...] [--variants ...]
 
 For each failure scenario and seed, trains (a) without the monitor, (b) with ``policy="protect"``,
-(c) with ``policy="auto"``, and its healthy twin (the same scenario without the fault: no
-corrupted batches, no activation overflow, pre-LN for ``post-ln-deep``) for the baseline. A run is
-*rescued* when it finishes (all steps, finite weights, finite validation loss) within 10% of its
-twin's validation loss. Prints a table per scenario; the results are recorded in
-docs/benchmarks.md. Runs are independent processes (``--jobs`` at a time, one torch thread each).
+(c) with ``policy="auto"``, (d) with ``auto`` less the scenario's own remedy (``REMEDY``), and its
+healthy twin (``Scenario.twin()``: no corrupted batches, surge or activation fault, pre-LN, a
+hand-written softmax in fp32) for the baseline. A run is *rescued* when it finishes (all steps,
+finite weights, finite validation loss) within 10% of its twin's validation loss. Prints each run,
+a table per scenario (with the ladder's ``remedy_result`` verdicts), then one line per scenario:
+``rescue SCENARIO: none a/N, protect b/N, auto c/N, auto-without-REMEDY d/N``. Runs are
+independent processes (``--jobs`` at a time, one torch thread each).
 """
 
 from __future__ import annotations
@@ -20,28 +22,33 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from stabilizer.demo.scenarios import Scenario, get_scenario
+from stabilizer.demo.scenarios import get_scenario
 
-VARIANTS = ("none", "protect", "auto")
+VARIANTS = ("none", "protect", "auto", "auto-without")
 TOLERANCE = 1.10  # rescued: validation loss within 10% of the healthy twin's
+REMEDY = {  # the article's remedy each scenario is for: disallowed in "auto-without"
+    "spike": "clip_gradients",
+    "surge": "rollback",
+    "diverge": "rollback",
+    "nan": "upcast_to_fp32",
+    "nan-16-true": "upcast_to_fp32",
+    "softmax-fp16": "upcast_to_fp32",
+    "post-ln-deep": "swap_to_pre_ln",
+}
+DEFAULT = ("softmax-fp16", "post-ln-deep", "diverge")
 
 
 @dataclass(frozen=True)
 class Result:
     scenario: str
-    variant: str  # none | protect | auto | twin
+    variant: str  # none | protect | auto | auto-without | twin
     seed: int
     steps: int  # optimizer steps taken
     finite: bool  # every weight finite at the end
     val_loss: float
     skipped: int  # optimizer updates skipped (guard, scaler, after a rollback)
     remedies: str  # remedies applied, in order
-
-
-def twin(sc: Scenario) -> Scenario:
-    """The scenario without its fault."""
-    model = replace(sc.model, norm_position="pre")
-    return replace(sc, corrupt=None, lr_surge=None, activation_fault=None, model=model)
+    results: str  # remedy_result verdicts, in order: "name:worked" / "name:failed"
 
 
 def train(job: tuple[str, str, int]) -> Result:
@@ -53,18 +60,27 @@ def train(job: tuple[str, str, int]) -> Result:
     logging.getLogger("stabilizer").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore")
     from stabilizer.callbacks import StabilityMonitor
+    from stabilizer.callbacks.auto import REMEDY_NAMES, AutoRemedies
     from stabilizer.callbacks.demo.run import run_scenario
 
     sc = replace(get_scenario(name), seed=seed)
     monitor = None
     if variant == "twin":
-        sc = twin(sc)
+        sc = sc.twin()
+    elif variant == "auto-without":
+        allow = [r for r in REMEDY_NAMES if r != REMEDY.get(name)]
+        monitor = StabilityMonitor(policy="auto", jsonl=False, auto=AutoRemedies(allow=allow))
     elif variant != "none":
         monitor = StabilityMonitor(policy=variant, jsonl=False)
     run = run_scenario(sc, accelerator="cpu", callbacks=[monitor] if monitor else [])
     val = run.trainer.callback_metrics.get("val/loss")
     finite = all(bool(torch.isfinite(p).all()) for p in run.module.parameters())
     findings = monitor.findings if monitor else []
+    verdicts = [
+        f"{f.remedies[0]}:{'worked' if f.evidence.get('worked') else 'failed'}"
+        for f in findings
+        if f.kind == "remedy_result"
+    ]
     return Result(
         name,
         variant,
@@ -74,6 +90,7 @@ def train(job: tuple[str, str, int]) -> Result:
         float(val) if val is not None else math.nan,
         monitor.skipped_steps if monitor else 0,
         ",".join(f.remedies[0] for f in findings if f.kind == "remedy_applied"),
+        ",".join(verdicts),
     )
 
 
@@ -82,55 +99,81 @@ def rescued(result: Result, baseline: float, steps: int) -> bool:
     return ok and result.val_loss <= TOLERANCE * baseline
 
 
-def table(name: str, results: list[Result], seeds: int) -> str:
+def label(name: str, variant: str) -> str:
+    return f"auto-without-{REMEDY.get(name, '?')}" if variant == "auto-without" else variant
+
+
+def _counts(items: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
+
+
+def row(name: str, variant: str, rs: list[Result], twins: dict[int, float]) -> tuple[str, int]:
     steps = get_scenario(name).steps
+    ok = sum(rescued(r, twins[r.seed], steps) for r in rs)
+    done = sum(r.finite and r.steps == steps and math.isfinite(r.val_loss) for r in rs)
+    vals = [r.val_loss for r in rs]
+    mean = statistics.fmean(vals) if all(map(math.isfinite, vals)) else math.nan
+    ratio = statistics.fmean(r.val_loss / twins[r.seed] for r in rs)
+    skipped = statistics.fmean(r.skipped for r in rs)
+    remedies = sorted({x for r in rs for x in r.remedies.split(",") if x})
+    verdicts = _counts([x for r in rs for x in r.results.split(",") if x])
+    text = (
+        f"| {label(name, variant)} | {ok}/{len(rs)} | {done}/{len(rs)} | {mean:.3f} | "
+        f"{ratio:.3f} | {skipped:.1f} | {', '.join(remedies) or '-'} | {verdicts} |"
+    )
+    return text, ok
+
+
+def table(name: str, results: list[Result], variants: list[str]) -> tuple[str, str]:
     twins = {r.seed: r.val_loss for r in results if r.variant == "twin"}
+    seeds = len(twins)
     lines = [
         f"### `{name}` ({seeds} seeds; twin val loss {statistics.fmean(twins.values()):.3f} mean)",
         "",
         "| variant | rescued | finished | val loss (mean) | val / twin | updates skipped | "
-        "remedies applied |",
-        "|---|---|---|---|---|---|---|",
+        "remedies applied | remedy results |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for variant in VARIANTS:
+    summary = []
+    for variant in variants:
         rs = sorted((r for r in results if r.variant == variant), key=lambda r: r.seed)
-        ok = sum(rescued(r, twins[r.seed], steps) for r in rs)
-        done = sum(r.finite and r.steps == steps and math.isfinite(r.val_loss) for r in rs)
-        vals = [r.val_loss for r in rs]
-        mean = statistics.fmean(vals) if all(map(math.isfinite, vals)) else math.nan
-        ratio = statistics.fmean(r.val_loss / twins[r.seed] for r in rs)
-        skipped = statistics.fmean(r.skipped for r in rs)
-        remedies = sorted({x for r in rs for x in r.remedies.split(",") if x})
-        lines.append(
-            f"| {variant} | {ok}/{len(rs)} | {done}/{len(rs)} | {mean:.3f} | {ratio:.3f} | "
-            f"{skipped:.1f} | {', '.join(remedies) or '-'} |"
-        )
-    return "\n".join(lines)
+        text, ok = row(name, variant, rs, twins)
+        lines.append(text)
+        summary.append(f"{label(name, variant)} {ok}/{len(rs)}")
+    return "\n".join(lines), f"rescue {name}: {', '.join(summary)}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument(
-        "--scenarios",
-        nargs="+",
-        default=["spike", "surge", "nan", "nan-16-true", "post-ln-deep"],
-    )
+    parser.add_argument("--scenarios", nargs="+", default=list(DEFAULT))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = parser.parse_args()
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = [
         (name, variant, seed)
         for name in args.scenarios
-        for seed in range(args.seeds)
-        for variant in (*VARIANTS, "twin")
+        for seed in seeds
+        for variant in (*args.variants, "twin")
     ]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(train, jobs))
-    for name in args.scenarios:
-        print(table(name, [r for r in results if r.scenario == name], args.seeds))
-        print()
     for r in results:
         print(r)
+    print()
+    summaries = []
+    for name in args.scenarios:
+        text, summary = table(name, [r for r in results if r.scenario == name], args.variants)
+        print(text)
+        print()
+        summaries.append(summary)
+    for summary in summaries:  # last, one line per scenario
+        print(summary)
 
 
 if __name__ == "__main__":

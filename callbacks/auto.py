@@ -15,18 +15,23 @@ every application as a ``remedy_applied`` finding with the numbers before and af
   remedy, ``swap_to_pre_ln`` or ``upcast_to_fp32``, before training is under way;
 - ``divergence``, critical ``nonfinite_*`` → restore the last good snapshot and skip the next
   ``skip_batches`` updates (``rollback``), at most ``max_rollbacks`` times; then the run stops.
+  When the LR now is at least twice the LR of that snapshot (a surge), it is cut back by as much.
+
+Every remedy is then watched (`Ladder`): a ``remedy_result`` finding says whether it worked.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
 
-from stabilizer.core.records import Finding, Severity
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import LOSS, LR
 from stabilizer.live.remedies import (
     LRMultiplier,
     SkipWindow,
@@ -37,6 +42,7 @@ from stabilizer.live.remedies import (
 )
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 
+from .ladder import NEXT, Ladder, Verdict, result_finding
 from .swap_checkpoint import add_param_group, watch_checkpoint_loads
 
 __all__ = ["REMEDY_NAMES", "AutoRemedies"]
@@ -57,6 +63,7 @@ _TABLE: dict[str, str] = {
     "depth_imbalance": "swap_to_pre_ln",
 }
 _ROLLBACK_CRITICAL = ("nonfinite_loss", "nonfinite_grad", "nonfinite_update")  # and divergence
+SURGE = 2.0  # a rollback cuts the LR when it is at least this many times the snapshot's
 
 
 @dataclass
@@ -82,6 +89,8 @@ class AutoRemedies:
             a swap (mid-run surgery on a trained post-LN stack is a gamble).
         warmup_steps: LR warmup re-armed after a swap to pre-LN.
         snapshot_dir: Where snapshots larger than 1 GiB go (default: in memory anyway).
+        check_steps: Steps each remedy is watched for before it is said to have worked (for
+            ``swap_to_pre_ln``: after its re-warm, ``warmup_steps`` more).
     """
 
     def __init__(
@@ -94,6 +103,7 @@ class AutoRemedies:
         swap_before: int = 2000,
         warmup_steps: int = 100,
         snapshot_dir: str | Path | None = None,
+        check_steps: int = 50,
     ) -> None:
         allowed = set(REMEDY_NAMES if allow is None else allow)
         unknown = allowed - set(REMEDY_NAMES)
@@ -112,6 +122,10 @@ class AutoRemedies:
         self._last_trouble = -(10**9)  # step of the last finding at WARNING or above
         self._exhausted = False
         self._restored: SwapReport | None = None  # a swap re-applied from a checkpoint
+        self.ladder = Ladder(check_steps)
+        self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the LR its update used
+        self._step_lr = math.nan
+        self.stop_reason = "no rollback left"
 
     def watch(self, pl_module: pl.LightningModule) -> None:
         """Before a checkpoint loads: re-apply a swap to pre-LN that it records."""
@@ -143,26 +157,81 @@ class AutoRemedies:
         pl_module: pl.LightningModule,
         step: int,
         found: Sequence[Finding],
+        record: StepRecord | None = None,
     ) -> list[Finding]:
-        """Apply what the step's findings call for; returns the ``remedy_applied`` findings."""
+        """Apply what the step's findings call for; returns the ``remedy_applied`` findings and
+        the ``remedy_result`` findings of the remedies whose verdict is due."""
         if any(f.severity >= Severity.WARNING for f in found):
             self._last_trouble = step
+        loss = record.values.get(LOSS, math.nan) if record is not None else math.nan
+        # the LR this step's update used (the scheduler has already set the next one)
+        self._step_lr = record.values.get(LR, math.nan) if record is not None else math.nan
         snapshots = self._snapshots
         self._exhausted = any(
             self._wants_rollback(f)
             and not (snapshots is not None and snapshots.can_restore(before=_last_clean(f)))
             for f in found
         )
-        out = []
+        verdicts = self.ladder.check(step, found, loss)
+        out: list[Finding] = []
+        answered: dict[int, str] = {}  # id of a finding -> the remedy applied for it
         for finding in found:
             applied = self._apply(trainer, pl_module, step, finding)
             if applied is not None:
-                self.applied[applied.name] = self.applied.get(applied.name, 0) + 1
-                out.append(_finding(step, finding, applied))
+                answered[id(finding)] = applied.name
+                out.append(self._applied(step, finding, applied, loss))
+        for verdict in verdicts:
+            out.extend(self._verdict(trainer, pl_module, step, verdict, answered, loss))
         quiet = step - self._last_trouble >= self.snapshot_every
-        if self._snapshots is not None and quiet and not self.skip.active(step):
-            self._snapshots.maybe_save(step)
+        saving = self._snapshots is not None and quiet and not self.skip.active(step)
+        if saving and self._snapshots is not None and self._snapshots.maybe_save(step):
+            self._snapshot_lr[step] = self._step_lr
         return out
+
+    def _applied(self, step: int, cause: Finding, applied: _Applied, loss: float) -> Finding:
+        self.applied[applied.name] = self.applied.get(applied.name, 0) + 1
+        self.ladder.watch(applied.name, cause, step, loss)
+        if applied.name == "swap_to_pre_ln":
+            self.ladder.watches[-1].until += self.warmup_steps  # judged once re-warmed
+        return _finding(step, cause, applied)
+
+    def _verdict(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: int,
+        verdict: Verdict,
+        answered: dict[int, str],
+        loss: float,
+    ) -> list[Finding]:
+        """The ``remedy_result`` of `verdict`, and the next remedy when it did not work."""
+        because = verdict.because
+        if verdict.worked:
+            return [result_finding(step, verdict, None, self.ladder.tried)]
+        nxt = answered.get(id(because)) if because is not None else None
+        extra: list[Finding] = []
+        if nxt is None:
+            applied = self._escalate(trainer, pl_module, step, verdict)
+            if applied is not None:
+                nxt = applied.name
+                extra.append(self._applied(step, because or _cause(verdict), applied, loss))
+        if nxt is None:
+            self._exhausted = True
+            self.stop_reason = f"{verdict.watch.remedy} did not work and nothing is left to try"
+        return [result_finding(step, verdict, nxt, self.ladder.tried), *extra]
+
+    def _escalate(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, verdict: Verdict
+    ) -> _Applied | None:
+        name = NEXT.get(verdict.watch.remedy)
+        if name is None or name not in self.allow:
+            return None
+        if name == "rollback":
+            since = verdict.because.step if verdict.because is not None else verdict.watch.step
+            return self._rollback(trainer, step, since - 1)
+        if self.applied.get(name):
+            return None
+        return self._remedy(trainer, pl_module, step, name)
 
     def exhausted(self) -> bool:
         """Whether the last step's findings called for a rollback that could not be done."""
@@ -178,10 +247,15 @@ class AutoRemedies:
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding
     ) -> _Applied | None:
         if self._wants_rollback(f):
-            return self._rollback(step, _last_clean(f))
+            return self._rollback(trainer, step, _last_clean(f))
         name = _TABLE.get(f.kind) or _config_remedy(f)
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
+        return self._remedy(trainer, pl_module, step, name)
+
+    def _remedy(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, name: str
+    ) -> _Applied | None:
         if name == "clip_gradients":
             report = enable_gradient_clipping(trainer, 1.0)
             if not report.changed:
@@ -216,9 +290,10 @@ class AutoRemedies:
         message = f"{len(swap.blocks)} blocks now pre-LN; LR re-warmed over {self.warmup_steps}"
         return _Applied("swap_to_pre_ln", message, evidence)
 
-    def _rollback(self, step: int, since: int) -> _Applied | None:
+    def _rollback(self, trainer: pl.Trainer, step: int, since: int) -> _Applied | None:
         if self._snapshots is None or not self._snapshots.can_restore(before=since):
             return None
+        lr_now = self._step_lr
         restored = self._snapshots.restore(before=since)
         until = self.skip.start(step + 1, self.skip_batches)
         message = (
@@ -226,10 +301,19 @@ class AutoRemedies:
             f"{self.skip_batches} updates skipped (to step {until})"
         )
         evidence = {"restored_step": float(restored), "skip_until": float(until)}
+        lr_then = self._snapshot_lr.get(restored, math.nan)
+        if lr_now >= SURGE * lr_then:  # the LR surged since the snapshot: cut it as much
+            change = self.lr.scale(lr_then / lr_now)
+            message += f"; LR cut {lr_now / lr_then:.3g}x (it was {lr_then:.3g} then, {lr_now:.3g})"
+            evidence.update(lr_then=lr_then, lr_now=lr_now, lr_factor=change.after)
         return _Applied("rollback", message, evidence)
 
     def state_dict(self) -> dict[str, object]:
-        return {"applied": dict(self.applied), "lr": self.lr.state_dict()}
+        return {
+            "applied": dict(self.applied),
+            "lr": self.lr.state_dict(),
+            "ladder": self.ladder.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         applied = state.get("applied", {})
@@ -237,6 +321,15 @@ class AutoRemedies:
         lr = state.get("lr")
         if isinstance(lr, dict):
             self.lr.load_state_dict(lr)
+        ladder = state.get("ladder")
+        if isinstance(ladder, dict):
+            self.ladder.load_state_dict(ladder)
+
+
+def _cause(verdict: Verdict) -> Finding:
+    w = verdict.watch
+    message = f"{w.remedy} did not work"
+    return Finding(w.cause, w.step, w.step, Severity.WARNING, message, {})
 
 
 def _last_clean(f: Finding) -> int:

@@ -51,10 +51,12 @@ FOLD_STEPS = 50
 """Repeats of a finding are summed up in one line at most this many steps after the first."""
 
 _NONFINITE = frozenset({"nonfinite_loss", "nonfinite_grad", "nonfinite_update"})
+_ONCE = frozenset({"remedy_applied", "remedy_result"})  # each printed, never folded
 _NOUNS = {
     "nonfinite_loss": "NaN/Inf loss",
     "nonfinite_grad": "NaN/Inf gradients",
     "root_cause": "root cause",
+    "remedy_result": "remedy result",
 }
 
 
@@ -211,7 +213,7 @@ class Console:
         remedies = applicable_remedies(
             finding.remedies, skipped=skipped, low_precision=self.low_precision
         )
-        if remedies and finding.kind != "remedy_applied":
+        if remedies and finding.kind not in _ONCE:
             text += f" -> try: {', '.join(remedies)}"
         return text
 
@@ -245,7 +247,7 @@ class Console:
         self.counts[finding.severity] += 1
         self.applied += finding.kind == "remedy_applied"
         key = (finding.kind, finding.severity)
-        folds = finding.kind != "remedy_applied" and finding.severity < Severity.CRITICAL
+        folds = finding.kind not in _ONCE and finding.severity < Severity.CRITICAL
         if not folds or key not in self._shown:
             self._shown.add(key)
             log.log(int(finding.severity), "stabilizer: %s", self.line(finding, record))

@@ -112,9 +112,10 @@ class Reporter:
             self.emit(trainer, record, found)
             auto = self.auto
             if auto is not None and record is not None:
-                self.emit(trainer, None, auto.after_step(trainer, module, step.step, found))
+                done = auto.after_step(trainer, module, step.step, found, record)
+                self.emit(trainer, None, done)
                 if auto.exhausted() and self.protection is not None:
-                    self.protection.stop(trainer, step, "no rollback left")
+                    self.protection.stop(trainer, step, auto.stop_reason)
         self.cost.waited += step.numbers.waited if step.numbers is not None else 0.0
         cost = self.cost.check()
         if cost is not None and trainer.is_global_zero:

@@ -203,6 +203,19 @@ def _nan_16_true(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
     ]
 
 
+def _softmax_fp16(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
+    # No injected fault: the attention scores grow by themselves until exp overflows fp16
+    # (measured in fp32: the largest score passes 11.09 near step 37 and stays at ~20-27).
+    loss = curves.loss
+    first = _first_nonfinite(loss)
+    return [
+        _over("first non-finite step", first, 25),
+        _under("first non-finite step", first, 55),
+        _equal("non-finite losses", _nonfinite(loss), len(loss) - first),  # never recovers
+        _equal("weights finite at the end", curves.finite_weights, False),
+    ]
+
+
 def _stall(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
     loss = curves.loss
     # At step 300, where the stall check runs, the loss is within its 10% of where it started
@@ -253,6 +266,7 @@ _CLAIMS: dict[str, Callable[[Curves, Mapping[str, Curves]], list[Margin]]] = {
     "surge": _surge,
     "nan": _nan,
     "nan-16-true": _nan_16_true,
+    "softmax-fp16": _softmax_fp16,
     "stall": _stall,
     "post-ln-deep": _post_ln_deep,
     "pre-ln-deep": _pre_ln_deep,

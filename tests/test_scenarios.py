@@ -37,6 +37,7 @@ CONTROLS = [
     ("nan", "healthy"),
     ("nan", "nan-16-true"),
     ("nan-16-true", "nan"),
+    ("softmax-fp16", "nan-16-true"),
     ("stall", "healthy"),
     ("stall", "post-ln-deep"),
     ("post-ln-deep", "pre-ln-deep"),

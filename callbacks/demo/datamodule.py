@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -38,7 +39,7 @@ class StabilizerDataModule(pl.LightningDataModule):
         data: str | Path | None = None,
         cache_dir: str | Path | None = None,
         seed: int = 0,
-        corrupt: range | None = None,
+        corrupt: Container[int] | None = None,
         val_batches: int = 8,
     ) -> None:
         super().__init__()

@@ -100,7 +100,7 @@ def run_scenario(
         warmup_steps=sc.warmup_steps,
         max_steps=sc.steps,
     )
-    corrupt = range(*sc.corrupt) if sc.corrupt else None
+    corrupt = sc.corrupted() or None
     datamodule = StabilizerDataModule(
         block_size=sc.model.block_size,
         batch_size=sc.batch_size,

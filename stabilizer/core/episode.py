@@ -23,7 +23,9 @@ from .records import Finding
 
 __all__ = ["ONE_SHOT_KINDS", "EpisodeKey", "episode_key", "fold_updates", "updated"]
 
-ONE_SHOT_KINDS = frozenset({"root_cause", "config_risk", "causal_leak", "remedy_applied"})
+ONE_SHOT_KINDS = frozenset(
+    {"root_cause", "config_risk", "causal_leak", "remedy_applied", "remedy_result"}
+)
 """Kinds the live monitor reports once per event, never as an update of another finding."""
 
 EpisodeKey = tuple[str, int, tuple[str, ...]]

@@ -33,6 +33,7 @@ KINDS = (
     "config_risk",
     "causal_leak",
     "remedy_applied",
+    "remedy_result",
 )
 """Known `Finding.kind` values (not enforced: other components may add kinds)."""
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["AttentionImpl", "GPTConfig", "NormPosition", "Positions"]
+__all__ = ["AttentionImpl", "GPTConfig", "NormPosition", "Positions", "Softmax"]
 
 NormPosition = Literal["pre", "post"]
 Positions = Literal["learned", "rope"]
 AttentionImpl = Literal["sdpa", "manual"]
+Softmax = Literal["library", "naive"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "norm_position": ("pre", "post"),
     "positions": ("learned", "rope"),
     "attention": ("sdpa", "manual"),
+    "softmax": ("library", "naive"),
 }
 
 
@@ -40,6 +42,9 @@ class GPTConfig:
     softmax_fp32: bool = False  # attention scores QKᵀ/√d and softmax in fp32 for fp16/bf16 inputs
     positions: Positions = "learned"  # learned absolute embeddings (GPT-2) or rotary (RoPE)
     attention: AttentionImpl = "sdpa"  # fused scaled_dot_product_attention or the plain path
+    # "naive": the plain path's softmax is hand-written, exp(s) / sum(exp(s)) without subtracting
+    # the row's max, in the scores' dtype: in fp16 exp overflows once a score exceeds ~11.1.
+    softmax: Softmax = "library"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):

@@ -15,7 +15,7 @@ import os
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +196,7 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         batch_size: int,
         num_batches: int,
         seed: int = 0,
-        corrupt: range | None = None,
+        corrupt: Container[int] | None = None,
     ) -> None:
         if block_size < 1 or batch_size < 1 or num_batches < 1:
             raise ValueError(
@@ -210,7 +210,7 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
             )
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.num_batches, self.seed = num_batches, seed
-        self.corrupt = corrupt if corrupt is not None else range(0)
+        self.corrupt: Container[int] = corrupt if corrupt is not None else range(0)
 
     def __len__(self) -> int:
         return self.num_batches

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import AttentionImpl, GPTConfig, NormPosition, check_choice
+from .config import AttentionImpl, GPTConfig, NormPosition, Softmax, check_choice
 
 __all__ = ["GPT", "MLP", "Block", "CausalSelfAttention", "GPTConfig", "KVCache", "RotaryEmbedding"]
 
@@ -97,6 +97,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.attention: AttentionImpl = config.attention
         self.softmax_fp32: bool = config.softmax_fp32
+        self.softmax: Softmax = config.softmax
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
@@ -127,6 +128,8 @@ class CausalSelfAttention(nn.Module):
 
     def _use_sdpa(self, dtype: torch.dtype) -> bool:
         check_choice("attention", self.attention)
+        if self.softmax == "naive":
+            return False
         return self.attention == "sdpa" and not (self.softmax_fp32 and dtype in _LOW_PRECISION)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
@@ -145,10 +148,19 @@ class CausalSelfAttention(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, T, past+T)
         mask = self.mask[past : past + q.size(-2), : k.size(-2)]  # (T, past + T)
         att = att.masked_fill(~mask, float("-inf"))
-        att = F.softmax(att, dim=-1).to(v.dtype)
+        att = _softmax(att, self.softmax).to(v.dtype)
         att = self.attn_dropout(att)
         y: Tensor = att @ v  # (B, nh, T, past + T) x (B, nh, past + T, hs) -> (B, nh, T, hs)
         return y
+
+
+def _softmax(att: Tensor, how: Softmax) -> Tensor:
+    """Softmax over the last dim: the library's, or hand-written without the max-subtraction
+    (exp overflows above ~11.1 in fp16, ~88.7 in fp32: then inf / inf is NaN)."""
+    if how == "naive":
+        e = att.exp()
+        return e / e.sum(dim=-1, keepdim=True)
+    return F.softmax(att, dim=-1)
 
 
 class MLP(nn.Module):

@@ -15,6 +15,9 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
                     for a few steps: NaN loss, the scaler skips those steps, training goes on.
 ``nan-16-true``     the same overflow in pure fp16 without a scaler: the NaN reaches the weights
                     and never goes away.
+``softmax-fp16``    pure fp16, attention with a hand-written softmax (exp without the max-
+                    subtraction) at LR 1e-2: the scores grow until exp overflows fp16 (~step 40)
+                    and keep overflowing: NaN at every step from then on.
 ``stall``           an LR 1000x too low: at step 300, where the stall check runs, the loss is
                     still where it started (``stall``).
 ``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup): per-layer gradient norms
@@ -62,6 +65,7 @@ class Scenario:
     precision: str = "32-true"  # one of PRECISIONS
     seed: int = 0
     corrupt: tuple[int, int] | None = None  # training batches [start, stop) are random bytes
+    corrupt_every: int = 0  # > 0: the corrupted window recurs every this many steps
     lr_surge: tuple[int, float] | None = None  # from step N on, the LR is multiplied by factor
     lr_surge_until: int | None = None  # the surge ends before this step (None: never)
     activation_fault: ActivationFault | None = None
@@ -73,6 +77,25 @@ class Scenario:
             )
         if self.steps < 1:
             raise ValueError(f"`steps` must be >= 1, got {self.steps}")
+
+    def corrupted(self) -> frozenset[int]:
+        """The training batches that are random bytes."""
+        if self.corrupt is None:
+            return frozenset()
+        start, stop = self.corrupt
+        every = self.corrupt_every or self.steps
+        return frozenset(
+            s + i for s in range(start, self.steps, every) for i in range(stop - start)
+        )
+
+    def twin(self) -> Scenario:
+        """The healthy twin: the same run without its fault (no corrupted batches, no surge, no
+        activation fault, pre-LN, a hand-written softmax in fp32)."""
+        naive = self.model.softmax == "naive"
+        model = replace(
+            self.model, norm_position="pre", softmax_fp32=naive or self.model.softmax_fp32
+        )
+        return replace(self, corrupt=None, lr_surge=None, activation_fault=None, model=model)
 
     def with_steps(self, steps: int) -> Scenario:
         """The same scenario for ``steps`` steps; faults keep their step numbers."""
@@ -137,6 +160,20 @@ SCENARIOS: dict[str, Scenario] = {
             precision="16-true",
             adam_eps=1e-4,  # with 1e-8 the fp16 optimizer state itself goes NaN within 10 steps
             activation_fault=_NAN_FAULT,
+        ),
+        Scenario(
+            "softmax-fp16",
+            "pure fp16, attention with a hand-written softmax (no max-subtraction), LR 1e-2: "
+            "the attention scores grow past ~11 by step ~40, exp overflows fp16, NaN from then on",
+            # The scores grow by themselves (attention-logit growth at a high LR, Wortsman et al.
+            # 2023): measured in fp32, the largest reaches ~12 by step 40 and ~20-27 after, far
+            # above fp16's exp limit (11.09) and far below fp32's (88.7).
+            model=replace(_TINY, softmax="naive"),
+            steps=150,
+            batch_size=8,
+            lr=1e-2,
+            precision="16-true",
+            adam_eps=1e-4,  # see nan-16-true
         ),
         Scenario(
             "stall",

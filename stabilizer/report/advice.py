@@ -101,6 +101,10 @@ ADVICE: dict[str, Advice] = {
         "remedy applied",
         "the monitor's `auto` policy changed the run to fix a finding",
     ),
+    "remedy_result": Advice(
+        "remedy checked",
+        "the `auto` policy watched a remedy it applied: whether the failure it answered came back",
+    ),
     "config_risk": Advice(
         "risky configuration",
         "a setting known to make Transformer training unstable",

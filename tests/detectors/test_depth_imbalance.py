@@ -53,6 +53,16 @@ def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() ->
     assert (closing.location, closing.evidence) == (finding.location, finding.evidence)
 
 
+def test_an_extreme_band_is_reported_after_ten_records() -> None:
+    # 1e-8x the rest (deep post-LN at a high LR, #23): no blip; the swap to pre-LN must come early.
+    [finding, _] = feed(DepthImbalance(), _stack([1e-8] * 6 + [1.0] * 6, 100))
+    assert (finding.step, finding.end_step) == (0, 9)
+    assert "for 10 records" in finding.message
+    # A band 1e-4x below waits for the whole patience, and the extreme rule never delays one.
+    assert feed(DepthImbalance(), _stack(STARVED_INPUT, 100))[0].end_step == 49
+    assert feed(DepthImbalance(patience=3), _stack([1e-8] * 6 + [1.0] * 6, 20))[0].end_step == 2
+
+
 def test_starved_output_band() -> None:
     [finding, _] = feed(DepthImbalance(patience=10), _stack([1.0] * 8 + [1e-3] * 4, 100))
     assert finding.location == ("block_08", "block_09", "block_10", "block_11")

@@ -23,7 +23,9 @@ class DepthImbalance:
     """A band of blocks at one end of the stack whose gradients are orders of magnitude smaller.
 
     Requires: ``grad_norm/block_NN`` for at least `min_blocks` blocks.
-    Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records.
+    Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records,
+    or ≥ `extreme_ratio`× below for `extreme_patience` records (a band a million times below the
+    rest for ten records is no blip: a post-LN stack that starves that hard does not recover).
 
     This is how a deep post-LN stack fails to train (Xiong et al. 2020): gradients vanish towards
     one end. The band is the largest run of blocks from the input (or output) end whose norms all
@@ -39,6 +41,8 @@ class DepthImbalance:
     Args:
         ratio: How many times smaller the band's norms must be than the rest's median.
         patience: Consecutive records the band must persist (not a blip).
+        extreme_ratio: A band this many times below the rest is reported sooner ...
+        extreme_patience: ... once it has persisted this many records.
         alpha: EMA weight of the newest log norm (1 = no smoothing).
         min_blocks: Blocks needed before any decision.
     """
@@ -47,10 +51,19 @@ class DepthImbalance:
     requires: ClassVar[tuple[str, ...]] = (GRAD_NORM_PREFIX,)
 
     def __init__(
-        self, ratio: float = 100.0, patience: int = 50, alpha: float = 0.1, min_blocks: int = 4
+        self,
+        ratio: float = 100.0,
+        patience: int = 50,
+        alpha: float = 0.1,
+        min_blocks: int = 4,
+        extreme_ratio: float = 1e6,
+        extreme_patience: int = 10,
     ) -> None:
         check_at_least("ratio", ratio, 2.0)
         check_at_least("patience", patience, 1)
+        check_at_least("extreme_ratio", extreme_ratio, ratio)
+        check_at_least("extreme_patience", extreme_patience, 1)
+        self.extreme_ratio, self.extreme_patience = extreme_ratio, extreme_patience
         if not 0 < alpha <= 1:
             raise ValueError(f"`alpha` must be in (0, 1], got {alpha}")
         check_at_least("min_blocks", min_blocks, 4)
@@ -110,13 +123,16 @@ class DepthImbalance:
             return replace(opened, end_step=streak[2], severity=Severity.INFO, message=message)
         streak = self._streak.setdefault(side, [record.step, 0, record.step])
         streak[1], streak[2] = streak[1] + 1, record.step
-        if streak[1] < self.patience or side in self._open:
+        if side in self._open or streak[1] < min(self.patience, self.extreme_patience):
             return None
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
         ema = self._ema
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
+        extreme = ratio >= self.extreme_ratio
+        if streak[1] < (min(self.patience, self.extreme_patience) if extreme else self.patience):
+            return None
         first, last = block_index(band[0]), block_index(band[-1])
         evidence = {"band_min": exp10(min(levels)), "band_max": exp10(max(levels))}
         evidence.update(rest_median=exp10(rest_level), ratio=ratio, band_first=first or 0)

@@ -1,0 +1,187 @@
+"""The ``auto`` policy checks its work: after each remedy, did the failure it answered go away?
+
+Each applied remedy is watched for `CHECK_STEPS` steps (``AutoRemedies(check_steps=...)``). It
+*did not work* when, in that window, the failure it is for comes back: a finding of one of its
+`FAILS` kinds (at WARNING or above; ``divergence`` at ERROR) that starts after the remedy, or,
+for ``swap_to_pre_ln``, a ``depth_imbalance`` band still open at the window's end. Otherwise it
+*worked*. Either way a ``remedy_result`` finding says so with the loss before and after; a
+remedy that did not work is followed by the next remedy for that finding (`NEXT`), and when
+none is left by a CRITICAL ``remedy_result`` that says what was tried and what to do, and a
+clean stop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stabilizer.core.records import Finding, Severity
+
+__all__ = [
+    "CHECK_STEPS",
+    "FAILS",
+    "NEXT",
+    "Ladder",
+    "Verdict",
+    "Watch",
+    "result_finding",
+    "stop_advice",
+]
+
+CHECK_STEPS = 50
+"""Steps a remedy is watched for before it is said to have worked."""
+
+_SPIKY = ("divergence", "nonfinite_loss", "nonfinite_grad")
+_NONFINITE = ("nonfinite_loss", "nonfinite_grad")
+FAILS: dict[str, tuple[str, ...]] = {
+    # clipping is for spikes that would throw the run off: a spike that comes back down (bad data
+    # still has a high loss) is what it lets through; a divergence is what it is for.
+    "clip_gradients": _SPIKY,
+    "scale_lr": ("clip_saturation", *_SPIKY),
+    "upcast_to_fp32": _NONFINITE,
+    "swap_to_pre_ln": ("depth_imbalance", *_SPIKY),
+    "rollback": _SPIKY,
+}
+"""Remedy -> the finding kinds whose return says it did not work."""
+
+NEXT: dict[str, str] = {
+    "clip_gradients": "scale_lr",
+    "scale_lr": "rollback",
+    "upcast_to_fp32": "rollback",
+    "rollback": "rollback",
+}
+"""Remedy -> the next one to try when it did not work (none: a clean stop)."""
+
+_WHAT_TO_DO: dict[str, str] = {
+    "clip_gradients": "lower the LR or find the batches behind the spikes",
+    "scale_lr": "lower the peak LR and restart from a checkpoint before the trouble",
+    "upcast_to_fp32": "train in bf16 or fp32, or find the module that overflows (root_cause)",
+    "swap_to_pre_ln": "restart from scratch with pre-LN and LR warmup",
+    "rollback": "restart from a checkpoint before the trouble with a lower LR",
+}
+
+
+@dataclass
+class Watch:
+    """One applied remedy under watch."""
+
+    remedy: str
+    cause: str  # the finding kind it answered
+    step: int  # applied after this step
+    until: int  # the verdict is due at this step
+    loss: float  # the loss when it was applied
+    open_bands: set[int] = field(default_factory=set)  # depth_imbalance episodes still open
+
+
+@dataclass
+class Verdict:
+    """What became of one watched remedy."""
+
+    watch: Watch
+    worked: bool
+    loss: float
+    because: Finding | None = None
+
+
+class Ladder:
+    """Watches applied remedies; says which worked and which did not.
+
+    Args:
+        check_steps: Steps each remedy is watched for.
+    """
+
+    def __init__(self, check_steps: int = CHECK_STEPS) -> None:
+        if check_steps < 1:
+            raise ValueError(f"`check_steps` must be >= 1, got {check_steps}")
+        self.check_steps = check_steps
+        self.watches: list[Watch] = []
+        self.tried: list[str] = []  # remedies applied, in order
+
+    def watch(self, remedy: str, cause: Finding, step: int, loss: float) -> None:
+        """Start watching `remedy`, applied after `step` for `cause`."""
+        self.tried.append(remedy)
+        self.watches = [w for w in self.watches if w.remedy != remedy]  # the newest counts
+        bands = {cause.step} if cause.kind == "depth_imbalance" else set()
+        self.watches.append(Watch(remedy, cause.kind, step, step + self.check_steps, loss, bands))
+
+    def check(self, step: int, found: Sequence[Finding], loss: float) -> list[Verdict]:
+        """The verdicts due at `step`, given the step's findings and loss."""
+        verdicts, kept = [], []
+        for w in self.watches:
+            _track_bands(w, found)
+            back = next((f for f in found if _fails(w, f)), None)
+            if back is not None:
+                verdicts.append(Verdict(w, False, loss, back))
+            elif step >= w.until:
+                worked = not w.open_bands and math.isfinite(loss)
+                verdicts.append(Verdict(w, worked, loss))
+            else:
+                kept.append(w)
+        self.watches = kept
+        return verdicts
+
+    def state_dict(self) -> dict[str, object]:
+        return {"tried": list(self.tried)}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        tried = state.get("tried", [])
+        self.tried = [str(t) for t in tried] if isinstance(tried, list) else []
+
+
+def _track_bands(w: Watch, found: Sequence[Finding]) -> None:
+    if w.remedy != "swap_to_pre_ln":
+        return
+    for f in found:
+        if f.kind == "depth_imbalance":
+            if f.severity <= Severity.INFO:
+                w.open_bands.discard(f.step)
+            else:
+                w.open_bands.add(f.step)
+
+
+def _fails(w: Watch, f: Finding) -> bool:
+    if f.kind not in FAILS.get(w.remedy, ()) or f.step <= w.step:
+        return False
+    if f.kind == "depth_imbalance":
+        return False  # judged at the window's end: the band must have closed
+    floor = Severity.ERROR if f.kind == "divergence" else Severity.WARNING
+    return f.severity >= floor
+
+
+def result_finding(
+    step: int, verdict: Verdict, next_remedy: str | None, tried: Sequence[str]
+) -> Finding:
+    """The ``remedy_result`` finding of `verdict`; `next_remedy` is what comes next (None: a
+    stop, when the remedy did not work); `tried`: the remedies applied so far."""
+    w = verdict.watch
+    evidence = {"loss_before": w.loss, "loss_after": verdict.loss, "applied_step": float(w.step)}
+    evidence["worked"] = float(verdict.worked)
+    head = f"{w.remedy} (after {w.cause}, step {w.step})"
+    numbers = f"loss {_num(w.loss)} -> {_num(verdict.loss)}"
+    if verdict.worked:
+        message = f"{head} worked: no {w.cause} back in {w.until - w.step} steps; {numbers}"
+        return Finding("remedy_result", step, step, Severity.INFO, message, evidence, (),
+                       (w.remedy,))  # fmt: skip
+    why = (
+        f"{verdict.because.kind} at step {verdict.because.step}"
+        if verdict.because is not None
+        else "the band of starved blocks is still there"
+    )
+    if next_remedy is not None:
+        message = f"{head} did not work: {why}; {numbers}; next: {next_remedy}"
+        return Finding("remedy_result", step, step, Severity.WARNING, message, evidence, (),
+                       (w.remedy, next_remedy))  # fmt: skip
+    advice = stop_advice(tried, w.remedy)
+    message = f"{head} did not work: {why}; {numbers}; nothing left: stopping the run ({advice})"
+    return Finding("remedy_result", step, step, Severity.CRITICAL, message, evidence, (),
+                   (w.remedy,))  # fmt: skip
+
+
+def stop_advice(tried: Sequence[str], last: str) -> str:
+    """``tried clip_gradients, rollback; restart ...``: for the CRITICAL result's message."""
+    return f"tried {', '.join(dict.fromkeys(tried))}; {_WHAT_TO_DO.get(last, 'restart lower')}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"
