@@ -93,7 +93,12 @@ def test_remedy_is_never_applied_twice() -> None:
     monitor = StabilityMonitor(policy="auto", jsonl=False)
     train(tiny("fp16"), monitor, Twice("activation"))
     assert len([f for f in monitor.findings if f.kind == "nonfinite_loss"]) == 2
-    assert [f.remedies for f in applied(monitor)] == [("upcast_to_fp32",)]
+    # The upcast once; the NaN that came back within its window is the ladder's: "did not
+    # work", and the next remedy for it (a rollback), never the upcast again.
+    assert [f.remedies for f in applied(monitor)] == [("upcast_to_fp32",), ("rollback",)]
+    results = [f for f in monitor.findings if f.kind == "remedy_result"]
+    assert results and "upcast_to_fp32" in results[0].message
+    assert "did not work" in results[0].message
 
 
 def test_a_divergence_that_came_back_calls_for_no_rollback() -> None:
