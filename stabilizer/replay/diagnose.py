@@ -39,18 +39,12 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import LOSS
 
+from .document import document_kind
 from .history import History
-from .readers import (
-    Item,
-    LogReadError,
-    Note,
-    Restart,
-    document_kind,
-    read_log,
-    unreadable_message,
-)
+from .readers import Item, LogReadError, Note, Restart, read_log, unreadable_message
 
 __all__ = [
+    "MAX_FINDINGS",
     "MAX_KEYS",
     "Diagnosis",
     "Failure",
@@ -64,6 +58,9 @@ __all__ = [
 
 MAX_KEYS = 4096
 """Distinct value keys kept per log; later new keys are dropped, with one note."""
+
+MAX_FINDINGS = 10_000
+"""The monitor's own findings of a ``stability.jsonl`` looked at: the first of the log."""
 
 _STRUCTURED = frozenset(("jsonl", "tensorboard", "lightning_csv", "csv", "hf_trainer_state"))
 """Formats that are no console text: never taken for a document."""
@@ -180,10 +177,18 @@ class _Replay:
         self.restart: Restart | None = None  # the restart the next record starts a segment at
         self.keys: set[str] = set()  # the value keys kept (at most `MAX_KEYS`)
         self.open: dict[EpisodeKey, int] = {}  # the segment's episodes: index in the findings
+        self.stored: list[Finding] = []  # the monitor's own findings that no replay derives
+        self.seen = 0  # the monitor's own findings in the stream so far
 
     def observe(self, item: Item) -> None:
-        """Take the next item of the stream: a record, a restart before the next one, or the
-        run's header (the first one is kept: a resumed run writes the same facts again)."""
+        """Take the next item of the stream: a record, a restart before the next one, the run's
+        header (the first one is kept: a resumed run writes the same facts again), or one of
+        the monitor's own findings (kept for `keep_live`)."""
+        if isinstance(item, Finding):
+            self.seen += 1
+            if item.kind in LIVE_KINDS and self.seen <= MAX_FINDINGS:
+                self.stored.append(item)
+            return
         if isinstance(item, RunHeader):
             if self.diagnosis.run is None:
                 self.diagnosis.run = item
@@ -231,16 +236,13 @@ class _Replay:
         """End the segment of now: its detectors close their open episodes."""
         self._keep(self.engine.finish())
 
-    def keep_live(self, stored: list[Finding]) -> None:
-        """The monitor's own findings of a ``stability.jsonl`` that no replay can derive (the
-        root cause of a NaN, preflight, remedies applied), each in the segment of its step."""
-        for finding in stored:
-            if finding.kind in LIVE_KINDS:
-                segments = self.diagnosis.segments
-                index = next(
-                    (s.index for s in reversed(segments) if s.first_step <= finding.step), 1
-                )
-                self.diagnosis.findings.append(Located(index, finding))
+    def keep_live(self) -> None:
+        """Keep the monitor's own findings of a ``stability.jsonl`` that no replay can derive
+        (the root cause of a NaN, preflight, remedies applied), each in the segment of its step."""
+        segments = self.diagnosis.segments
+        for finding in self.stored:
+            index = next((s.index for s in reversed(segments) if s.first_step <= finding.step), 1)
+            self.diagnosis.findings.append(Located(index, finding))
         self.diagnosis.findings.sort(key=lambda item: (item.segment, item.finding.step))
 
     def _keep(self, findings: list[Finding]) -> None:
@@ -319,5 +321,5 @@ def diagnose(
         name = "standard input" if path == "-" else path
         raise LogReadError(unreadable_message(name, stream.head_lines(), stream.format))
     replay.finish()
-    replay.keep_live(stream.findings)
+    replay.keep_live()
     return diagnosis
