@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers._lines import text_lines
-from stabilizer.replay.readers._shapes import joined_blocks
-from stabilizer.replay.readers.aliases import ALIASES, key_of
+from stabilizer.replay.readers.aliases import ALIASES
 from stabilizer.replay.readers.base import Note, Restart
 from stabilizer.replay.readers.universal import UniversalReader, unreadable_message
+from stabilizer.replay.readers.universal.tables import joined_blocks
+from stabilizer.replay.readers.universal.values import key_of
 
 
 def items(text: str) -> list[StepRecord | Restart]:

@@ -21,6 +21,7 @@ from typing import IO
 from .base import Note, Restart, add_note
 
 __all__ = [
+    "ANSI",
     "CHUNK",
     "IDLE",
     "IDLE_CHUNK",
@@ -36,7 +37,7 @@ __all__ = [
 CHUNK = 1 << 20  # bytes decoded at a time
 MAX_LINE = 1 << 20  # characters; longer lines are skipped
 
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 _BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 _BREAKS = frozenset("\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")  # line ends that end a line for sure
@@ -155,7 +156,7 @@ class _Splitter:
             text, self.skipping = _after_break(text)
             if self.skipping:
                 return []
-        data = _ANSI.sub("", self.tail + text)
+        data = ANSI.sub("", self.tail + text)
         lines = data.splitlines()
         self.tail = _unfinished(data, lines)
         if len(self.tail) > self.limit:
@@ -173,7 +174,7 @@ class _Splitter:
             text, self.skipping = _after_break(text)
             if self.skipping:
                 return []
-        return _ANSI.sub("", self.tail + text).splitlines()
+        return ANSI.sub("", self.tail + text).splitlines()
 
 
 def numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:

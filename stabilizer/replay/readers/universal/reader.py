@@ -1,0 +1,117 @@
+"""`UniversalReader`: any console log, read the way a person reads it.
+
+A record is a line with metrics beside a step::
+
+    iter 100: loss 2.3456, time 12.34ms            step:10/1000 train_loss:7.5
+    [2018-11-26 15:06:01,481 INFO] Step 5650/50000; acc: 0.19; xent: nan; lr: 0.00070
+    | epoch 027 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |      s:12 trl:9.79 norm:3.01
+    Epoch 0:  6%|▌   | 1/18 [00:08<02:29, loss=10.473]    {'loss': 0.58, 'grad_norm': 1.3}
+
+Each line goes once through this loop: its step (`steps`), its metrics (`values`), an overflow
+or a table (`_shapes`, `tables`); the `Joiner` puts its lines together into records. What is no
+record (tracebacks, banners, timestamps) is skipped. The rules, and the real logs behind each,
+are in docs/readers.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import IO, ClassVar
+
+from stabilizer.core.records import StepRecord
+
+from .._lines import ANSI, IDLE, numbered, text_lines
+from .._shapes import overflow_in
+from ..base import BaseReader, Item
+from .joiner import Joiner
+from .steps import Steps
+from .tables import joined_blocks, row_of, table_of
+from .values import known, values_of
+
+__all__ = ["UniversalReader", "unreadable_message"]
+
+_HINT = re.compile(  # a step or metric word with a number right after it ("step 100", "loss: 2")
+    r"(?<![a-z])(?:loss|norm|lr|step|iter|epoch|batch)[a-z_]*['\"]?\s*[:=]?\s*[-+]?\.?\d"
+)
+
+
+class UniversalReader(BaseReader):
+    """Reads any console log of steps and metrics (see the module docstring)."""
+
+    format: ClassVar[str] = "generic"
+
+    @classmethod
+    def sniff(cls, head: list[str]) -> float:
+        """Below the confident scores of dedicated readers (~0.9): this reader is the fallback."""
+        found = sum(isinstance(item, StepRecord) for item in cls().read_lines(head))
+        if found:
+            return 0.6 if found >= 2 else 0.4
+        return 0.15 if any(_HINT.search(line.lower()) for line in head) else 0.0
+
+    def _items(self, stream: IO[bytes]) -> Iterator[Item]:
+        return self.read_lines(text_lines(stream, self.notes))
+
+    def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
+        """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
+        steps, join = Steps(), Joiner()
+        table: tuple[str, ...] | None = None  # the columns of the table being read
+        above = ""  # the last line that was no record (a table's header, if a ruler follows)
+        for lineno, line in numbered(joined_blocks(lines)):
+            if line is IDLE:  # a followed log waits: the pending record is done
+                yield from join.done()
+                continue
+            if "\x1b" in line:
+                line = ANSI.sub("", line)
+            if table is not None:
+                row = row_of(line, table)
+                table, line = (None, line) if row is None else (table, row)
+            low = line.lower()
+            found = overflow_in(low)
+            if found is not None:
+                yield from join.overflow(lineno, line, *found)
+                continue
+            step, where = steps.of(low)
+            values = values_of(line)
+            if (step is None or steps.weak) and not known(values):
+                if step is None:
+                    if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
+                        yield from join.line(lineno, line, (None, ()), values)
+                        continue
+                    table, above = table_of(line, low, above), line
+                    join.other(line)
+                    continue
+                if steps.weak:  # "begin training epoch 1": no record, but one may follow
+                    values = {}
+            yield from join.line(lineno, line, (step, where), values)
+        yield from join.end()
+
+
+def unreadable_message(name: str, lines: Iterable[str], format: str = "generic") -> str:
+    """The one-line error for a log in which no record was found.
+
+    Says what was looked for (for ``generic``, this reader's steps and metrics), shows the first
+    line that looked like a record (a step or metric word and a number), and names ``--format``.
+
+    Args:
+        name: The log's name, as messages show it.
+        lines: The log's first lines (decoded).
+        format: The format it was read as.
+    """
+    if format == UniversalReader.format:
+        message = f"{name}: no training steps found; looked for {_LOOKED_FOR}"
+        advice = "if the log has a format of its own, name it with --format"
+    else:
+        message = f"{name}: no training steps found in this {format} log"
+        advice = "if it is another format, name that with --format (or auto)"
+    for lineno, line in enumerate(lines, 1):
+        if _HINT.search(line.lower()):
+            message += f"; line {lineno} looked like one but was not read: {line.strip()[:100]!r}"
+            break
+    return f"{message}; {advice}"
+
+
+_LOOKED_FOR = (
+    "lines with a step (step, iter, iteration, global_step, num_updates, update, batch, "
+    "Epoch n/N, [n/N]) and metrics beside it (loss, grad_norm, lr, loss_scale or an alias)"
+)
