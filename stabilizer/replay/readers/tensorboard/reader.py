@@ -4,8 +4,8 @@ Every scalar is read, none sampled (TensorBoard's ``EventAccumulator`` keeps 100
 told otherwise): old-style ``simple_value`` summaries (torch's and Lightning's ``SummaryWriter``,
 our own ``stability/`` tags) and TF2-style tensor summaries of the ``scalars`` plugin
 (``float_val``/``double_val`` or ``tensor_content``). Images, histograms and text are skipped.
-Framing: `_tfrecord` (length CRCs checked; a truncated or corrupt record ends the file with a
-note). Decoding: `_tfevent`.
+Framing: `frames` (length CRCs checked; a truncated or corrupt record ends the file with a
+note). Decoding: `events`.
 
 Scalars are grouped by step into records, tags mapped as in `_keys`. Events of one step may be
 interleaved with those of nearby steps, so up to `WINDOW` steps are held open and the lowest is
@@ -33,10 +33,10 @@ from tensorboard.compat.proto import event_pb2
 
 from stabilizer.core.records import StepRecord
 
-from ._keys import KeyMap
-from ._tfevent import HEAD, EventDecoder
-from ._tfrecord import frames, header_ok
-from .base import BaseReader, Item, Note, Restart
+from .._keys import KeyMap
+from ..base import BaseReader, Item, Note, Restart
+from .events import HEAD, EventDecoder
+from .frames import frames, header_ok
 
 __all__ = ["WINDOW", "TensorBoardReader", "merge_steps"]
 
