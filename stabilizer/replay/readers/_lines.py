@@ -30,6 +30,7 @@ __all__ = [
     "Segments",
     "encoding_of",
     "numbered",
+    "numbered_lines",
     "resume_banner",
     "text_lines",
 ]
@@ -128,16 +129,36 @@ def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> I
         notes: Over-long lines are reported here.
         limit: Lines longer than this many characters are skipped.
     """
+    for lines in _chunks(stream, notes, limit):
+        yield from lines
+
+
+def numbered_lines(
+    stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE
+) -> Iterator[tuple[int, str]]:
+    """`text_lines` with their 1-based numbers; `IDLE` comes with the number of the line before
+    it. What a console reader loops over: one generator between the bytes and the reader."""
+    count = 0
+    for lines in _chunks(stream, notes, limit):
+        if lines is _IDLE_LINES:
+            yield count, IDLE
+            continue
+        yield from enumerate(lines, count + 1)
+        count += len(lines)
+
+
+_IDLE_LINES: list[str] = [IDLE]
+
+
+def _chunks(stream: IO[bytes], notes: list[Note], limit: int) -> Iterator[list[str]]:
+    """The lines of each chunk of ``stream`` (`_IDLE_LINES` for an `IDLE_CHUNK`)."""
     read = getattr(stream, "read1", stream.read)
     raw = read(CHUNK)
     splitter = _Splitter(encoding_of(raw), notes, limit)
     while raw or raw is IDLE_CHUNK:
-        if raw is IDLE_CHUNK:
-            yield IDLE
-        else:
-            yield from splitter.feed(raw)
+        yield _IDLE_LINES if raw is IDLE_CHUNK else splitter.feed(raw)
         raw = read(CHUNK)
-    yield from splitter.end()
+    yield splitter.end()
 
 
 class _Splitter:

@@ -29,7 +29,7 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["DeepSpeedReader"]
@@ -60,7 +60,7 @@ class DeepSpeedReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, skips = Segments(), _Skips()
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             found = skips.read(line)
             if found is not None:
                 if isinstance(found, StepRecord):

@@ -30,7 +30,7 @@ from typing import IO, Any, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["FairseqReader"]
@@ -68,7 +68,7 @@ class FairseqReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, noted = Segments(), False
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             step, values = _parsed(line)
             if step is None:
                 if values:  # an overflow: the update that was tried is the next one

@@ -37,7 +37,7 @@ from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
 
@@ -103,7 +103,7 @@ class HfTrainerReader(BaseReader):
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _Steps()
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             if " [" in line and "/" in line:
                 steps.bar(line)
             parsed = _dict(line, keys)

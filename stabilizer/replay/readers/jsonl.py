@@ -23,7 +23,7 @@ from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunHeader
 
 from ._keys import KeyMap
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["JsonlReader"]
@@ -59,7 +59,7 @@ class JsonlReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, segments, bad = KeyMap(), Segments(), 0
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             text = line.strip()
             if not text:
                 continue

@@ -26,7 +26,7 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import IDLE, Segments, numbered, text_lines
+from ._lines import IDLE, Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["MegatronReader"]
@@ -108,7 +108,7 @@ class MegatronReader(BaseReader):
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, interval = Segments(), 0  # the log interval, once known
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
                 yield StepRecord(step, _values(fields))
                 fields = {}
