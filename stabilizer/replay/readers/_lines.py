@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import IO
 
 from .base import Note, Restart, add_note
@@ -29,7 +29,6 @@ __all__ = [
     "RESUME",
     "Segments",
     "encoding_of",
-    "numbered",
     "numbered_lines",
     "resume_banner",
     "text_lines",
@@ -63,7 +62,7 @@ IDLE = _Idle()
 
 It equals ``""``, so a reader that does not know it reads an empty line; a reader that holds a
 record back until the next line (to join the lines of one step) hands it out on ``line is
-IDLE``, since the next line may be long in coming. `numbered` does not count it.
+IDLE``, since the next line may be long in coming. `numbered_lines` does not count it.
 """
 
 
@@ -196,15 +195,6 @@ class _Splitter:
             if self.skipping:
                 return []
         return ANSI.sub("", self.tail + text).splitlines()
-
-
-def numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
-    """``enumerate(lines, 1)``, but `IDLE` comes with the number of the line before it."""
-    count = 0
-    for line in lines:
-        if line is not IDLE:
-            count += 1
-        yield count, line
 
 
 def _unfinished(data: str, lines: list[str]) -> str:

@@ -21,12 +21,12 @@ from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
 
-from .._lines import ANSI, IDLE, numbered, text_lines
+from .._lines import ANSI, IDLE, text_lines
 from .._shapes import overflow_in
 from ..base import BaseReader, Item
 from .joiner import Joiner
 from .steps import Steps
-from .tables import joined_blocks, row_of, table_of
+from .tables import numbered_blocks, row_of, table_of
 from .values import known, values_of
 
 __all__ = ["UniversalReader", "unreadable_message"]
@@ -57,7 +57,7 @@ class UniversalReader(BaseReader):
         steps, join = Steps(), Joiner()
         table: tuple[str, ...] | None = None  # the columns of the table being read
         above = ""  # the last line that was no record (a table's header, if a ruler follows)
-        for lineno, line in numbered(joined_blocks(lines)):
+        for lineno, line in numbered_blocks(lines):
             if line is IDLE:  # a followed log waits: the pending record is done
                 yield from join.done()
                 continue

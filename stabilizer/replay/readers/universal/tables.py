@@ -1,7 +1,7 @@
 """Tables in console logs, written out as ``name=value`` lines for the universal reader.
 
 - ``| name | value |`` blocks between rulers (OpenAI's logger: baselines, improved and guided
-  diffusion), one record each: `joined_blocks` joins a block into one line.
+  diffusion), one record each: `numbered_blocks` joins a block into one line.
 - A header of names (a counter first, a loss among them: YOLO, fastai), or the names above a
   ruler of dashes (spaCy): `table_of` reads the columns, `row_of` writes each row below out.
 """
@@ -12,10 +12,11 @@ import re
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+from .._lines import IDLE
 from .._shapes import NUM
 from .steps import STEP_NAMES
 
-__all__ = ["joined_blocks", "row_of", "table_of"]
+__all__ = ["numbered_blocks", "row_of", "table_of"]
 
 _CELL = re.compile(r"[^\s|]+")  # a table's cell: what blanks and bars separate
 _NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
@@ -29,12 +30,13 @@ _YOLO_PARTS = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total":
 _KV_ROW = re.compile(r"\|\s*([A-Za-z_][\w./-]*)\s*\|\s*(" + NUM + r")\s*\|\s*")
 
 
-def joined_blocks(lines: Iterable[str]) -> Iterator[str]:
-    """``lines``, with each block of ``| name | value |`` rows joined into one line of
-    ``name=value`` pairs (a counter first, written ``step: 153000``: as an integer), in place of
-    its first row; its other rows become ``""``, so line numbers stay."""
+def numbered_blocks(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """``lines`` with their 1-based numbers (`IDLE` with the number of the line before it), each
+    block of ``| name | value |`` rows joined into one line of ``name=value`` pairs (a counter
+    first, written ``step: 153000``: as an integer) in place of its first row; its other rows
+    become ``""``."""
     block: list[str] = []
-    rows = 0
+    count = rows = 0
     for line in lines:
         if line.startswith("|") and (row := _KV_ROW.fullmatch(line)) is not None:
             rows += 1
@@ -45,12 +47,14 @@ def joined_blocks(lines: Iterable[str]) -> Iterator[str]:
                 block.insert(0, f"{name}: {step}")
             continue
         if rows:
-            yield ", ".join(block)
-            yield from [""] * (rows - 1)
-            block, rows = [], 0
-        yield line
+            yield count + 1, ", ".join(block)
+            yield from ((count + k, "") for k in range(2, rows + 1))
+            count, block, rows = count + rows, [], 0
+        if line is not IDLE:
+            count += 1
+        yield count, line
     if rows:
-        yield ", ".join(block)
+        yield count + 1, ", ".join(block)
 
 
 def _integer(text: str) -> int | None:
