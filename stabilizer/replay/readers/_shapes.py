@@ -13,7 +13,7 @@ import re
 
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 
-__all__ = ["NUM", "Overflow", "overflow_in", "overflow_of", "printed_again"]
+__all__ = ["NUM", "OVERFLOW_NEEDS", "Overflow", "overflow_in", "overflow_of", "printed_again"]
 
 NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once);
     # thousands separators ("41,943,040": groups of three after a first digit that is no 0)
@@ -28,7 +28,8 @@ _OVERFLOWS = (  # (what every such line holds, lower-cased; the pattern)
     ("lg_loss", r"found nan, decreased lg_loss_scale"),
 )
 """The overflow lines: a line that holds none of the first column is none (a cheap test)."""
-_OVERFLOW_NEEDS = tuple(needs for needs, _ in _OVERFLOWS)
+OVERFLOW_NEEDS = tuple(needs for needs, _ in _OVERFLOWS)
+"""What a lower-cased line must hold one of to be an overflow line (for `overflow_in`)."""
 _OVERFLOW = re.compile("|".join(pattern for _, pattern in _OVERFLOWS))
 _LG = "lg_loss_scale"
 _LG_SCALE = re.compile(r"lg_loss_scale to\s*(" + NUM + ")")  # guided diffusion: log2 of the scale
@@ -57,12 +58,13 @@ def printed_again(line: str, found: Overflow, last_line: str, last: Overflow) ->
 
 def overflow_of(line: str) -> Overflow | None:
     """The record of an fp16 overflow line and the rank it names, if any; None for any other."""
-    return overflow_in(line.lower())
+    low = line.lower()
+    return overflow_in(low) if any(map(low.__contains__, OVERFLOW_NEEDS)) else None
 
 
 def overflow_in(low: str) -> Overflow | None:
-    """`overflow_of` a lower-cased line."""
-    if not any(map(low.__contains__, _OVERFLOW_NEEDS)) or _OVERFLOW.search(low) is None:
+    """`overflow_of` a lower-cased line that holds one of `OVERFLOW_NEEDS`."""
+    if _OVERFLOW.search(low) is None:
         return None
     rank = _RANK.search(low)
     return _overflow(low), rank and int(rank[1])
