@@ -200,19 +200,20 @@ class _Replay:
         if self.segment is None or self.restart is not None:
             self._begin(item.step, self.restart)
             self.restart = None
-        record = self._capped(item)
+        record = item if self.keys.issuperset(item.values) else self._capped(item)
         segment = self.segment
         assert segment is not None
         _count(segment, record)
-        self._keep(self.engine.observe(record))
+        found = self.engine.observe(record)
+        if found:  # (most records: none)
+            self._keep(found)
         self.diagnosis.history.add(record.step, segment.index, record.values)
         for sink in self.sinks:
             sink.record(record)
 
     def _capped(self, record: StepRecord) -> StepRecord:
-        """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once)."""
-        if self.keys.issuperset(record.values):  # (most records: no new key)
-            return record
+        """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once), for
+        a record with keys not seen before."""
         new = [key for key in record.values if key not in self.keys]
         room = MAX_KEYS - len(self.keys)
         self.keys.update(new[:room])
