@@ -102,8 +102,9 @@ class KeyMap:
         """The signal values of one step's logged ``name -> value`` pairs (later pairs win)."""
         out: dict[str, float] = {}
         squares: dict[str, float] = {}
+        cache = self._cache
         for name, value in raw.items():
-            found = self.lookup(name)
+            found = cache[name] if name in cache else self.lookup(name)
             if found is None:
                 continue
             key, how = found
