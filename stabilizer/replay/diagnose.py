@@ -1,29 +1,13 @@
-"""One log through the engine: `diagnose` streams records from a reader into an `Engine`.
+"""One log through the engine: `diagnose` streams the items of a reader into an `Engine`.
 
 Records go straight from the reader to the engine; besides the findings only counters, a bounded
-`History` and the notes are kept, so memory does not grow with the log.
-
-Restarts. A run that was stopped and resumed from a checkpoint logs its steps again from the
-checkpoint's step (or prints a resume banner); the readers put a `Restart` item in the stream just
-before the first record after it, and the run splits there, and nowhere else, into *segments*.
-Each segment gets a fresh `Engine`: the resumed process started with fresh detector state too
-(unless it restored the monitor's own), so a fresh engine is the honest model, and an episode
-cannot straddle a restart (the end of a segment closes its open episodes, as the end of a log
-does). The price: each segment starts with the detectors' warm-up (20 records for the spike
-detectors). Findings keep the segment they came from.
-
-Episodes. A detector reports an episode when it is sure of it and again when it ends or
-escalates, with the kind, start step and location of its first finding (see
-`stabilizer.core.episode`); such an update replaces the episode's entry in `Diagnosis.findings`,
-so that every report lists an episode once, at the worst severity it reached.
-
-The run's facts. A ``stability.jsonl`` starts with the monitor's `RunHeader` (precision,
-devices, policy, ...), an item of the stream: it becomes `Diagnosis.run`, for advice that fits
-the run. Other logs, and JSONL logs from before the header, leave it None.
-
-Keys. A log could name a new metric on every line; each distinct key costs memory in the engine
-and the history. The first `MAX_KEYS` distinct keys of a log are kept, later new ones dropped
-with one note.
+`History` and the notes are kept, so memory does not grow with the log. The run splits into
+*segments* at the `Restart` items of the stream, and nowhere else; each segment gets a fresh
+`Engine` (the resumed process started with fresh detector state too), so an episode never
+straddles a restart. An episode's update replaces its entry in `Diagnosis.findings`: every
+report lists it once, at the worst severity it reached. The stream's `RunHeader` becomes
+`Diagnosis.run`; of its `Finding`s (the monitor's own) those only the live run can know are kept.
+The first `MAX_KEYS` distinct keys of a log are kept. Why: docs/readers.md.
 """
 
 from __future__ import annotations
