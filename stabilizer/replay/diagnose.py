@@ -1,29 +1,13 @@
-"""One log through the engine: `diagnose` streams records from a reader into an `Engine`.
+"""One log through the engine: `diagnose` streams the items of a reader into an `Engine`.
 
 Records go straight from the reader to the engine; besides the findings only counters, a bounded
-`History` and the notes are kept, so memory does not grow with the log.
-
-Restarts. A run that was stopped and resumed from a checkpoint logs its steps again from the
-checkpoint's step (or prints a resume banner); the readers put a `Restart` item in the stream just
-before the first record after it, and the run splits there, and nowhere else, into *segments*.
-Each segment gets a fresh `Engine`: the resumed process started with fresh detector state too
-(unless it restored the monitor's own), so a fresh engine is the honest model, and an episode
-cannot straddle a restart (the end of a segment closes its open episodes, as the end of a log
-does). The price: each segment starts with the detectors' warm-up (20 records for the spike
-detectors). Findings keep the segment they came from.
-
-Episodes. A detector reports an episode when it is sure of it and again when it ends or
-escalates, with the kind, start step and location of its first finding (see
-`stabilizer.core.episode`); such an update replaces the episode's entry in `Diagnosis.findings`,
-so that every report lists an episode once, at the worst severity it reached.
-
-The run's facts. A ``stability.jsonl`` starts with the monitor's `RunHeader` (precision,
-devices, policy, ...), an item of the stream: it becomes `Diagnosis.run`, for advice that fits
-the run. Other logs, and JSONL logs from before the header, leave it None.
-
-Keys. A log could name a new metric on every line; each distinct key costs memory in the engine
-and the history. The first `MAX_KEYS` distinct keys of a log are kept, later new ones dropped
-with one note.
+`History` and the notes are kept, so memory does not grow with the log. The run splits into
+*segments* at the `Restart` items of the stream, and nowhere else; each segment gets a fresh
+`Engine` (the resumed process started with fresh detector state too), so an episode never
+straddles a restart. An episode's update replaces its entry in `Diagnosis.findings`: every
+report lists it once, at the worst severity it reached. The stream's `RunHeader` becomes
+`Diagnosis.run`; of its `Finding`s (the monitor's own) those only the live run can know are kept.
+The first `MAX_KEYS` distinct keys of a log are kept. Why: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -39,18 +23,12 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import LOSS
 
+from .document import document_kind
 from .history import History
-from .readers import (
-    Item,
-    LogReadError,
-    Note,
-    Restart,
-    document_kind,
-    read_log,
-    unreadable_message,
-)
+from .readers import Item, LogReadError, Note, Restart, read_log, unreadable_message
 
 __all__ = [
+    "MAX_FINDINGS",
     "MAX_KEYS",
     "Diagnosis",
     "Failure",
@@ -64,6 +42,9 @@ __all__ = [
 
 MAX_KEYS = 4096
 """Distinct value keys kept per log; later new keys are dropped, with one note."""
+
+MAX_FINDINGS = 10_000
+"""The monitor's own findings of a ``stability.jsonl`` looked at: the first of the log."""
 
 _STRUCTURED = frozenset(("jsonl", "tensorboard", "lightning_csv", "csv", "hf_trainer_state"))
 """Formats that are no console text: never taken for a document."""
@@ -180,10 +161,18 @@ class _Replay:
         self.restart: Restart | None = None  # the restart the next record starts a segment at
         self.keys: set[str] = set()  # the value keys kept (at most `MAX_KEYS`)
         self.open: dict[EpisodeKey, int] = {}  # the segment's episodes: index in the findings
+        self.stored: list[Finding] = []  # the monitor's own findings that no replay derives
+        self.seen = 0  # the monitor's own findings in the stream so far
 
     def observe(self, item: Item) -> None:
-        """Take the next item of the stream: a record, a restart before the next one, or the
-        run's header (the first one is kept: a resumed run writes the same facts again)."""
+        """Take the next item of the stream: a record, a restart before the next one, the run's
+        header (the first one is kept: a resumed run writes the same facts again), or one of
+        the monitor's own findings (kept for `keep_live`)."""
+        if isinstance(item, Finding):
+            self.seen += 1
+            if item.kind in LIVE_KINDS and self.seen <= MAX_FINDINGS:
+                self.stored.append(item)
+            return
         if isinstance(item, RunHeader):
             if self.diagnosis.run is None:
                 self.diagnosis.run = item
@@ -195,19 +184,20 @@ class _Replay:
         if self.segment is None or self.restart is not None:
             self._begin(item.step, self.restart)
             self.restart = None
-        record = self._capped(item)
+        record = item if self.keys.issuperset(item.values) else self._capped(item)
         segment = self.segment
         assert segment is not None
         _count(segment, record)
-        self._keep(self.engine.observe(record))
+        found = self.engine.observe(record)
+        if found:  # (most records: none)
+            self._keep(found)
         self.diagnosis.history.add(record.step, segment.index, record.values)
         for sink in self.sinks:
             sink.record(record)
 
     def _capped(self, record: StepRecord) -> StepRecord:
-        """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once)."""
-        if self.keys.issuperset(record.values):  # (most records: no new key)
-            return record
+        """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once), for
+        a record with keys not seen before."""
         new = [key for key in record.values if key not in self.keys]
         room = MAX_KEYS - len(self.keys)
         self.keys.update(new[:room])
@@ -231,16 +221,13 @@ class _Replay:
         """End the segment of now: its detectors close their open episodes."""
         self._keep(self.engine.finish())
 
-    def keep_live(self, stored: list[Finding]) -> None:
-        """The monitor's own findings of a ``stability.jsonl`` that no replay can derive (the
-        root cause of a NaN, preflight, remedies applied), each in the segment of its step."""
-        for finding in stored:
-            if finding.kind in LIVE_KINDS:
-                segments = self.diagnosis.segments
-                index = next(
-                    (s.index for s in reversed(segments) if s.first_step <= finding.step), 1
-                )
-                self.diagnosis.findings.append(Located(index, finding))
+    def keep_live(self) -> None:
+        """Keep the monitor's own findings of a ``stability.jsonl`` that no replay can derive
+        (the root cause of a NaN, preflight, remedies applied), each in the segment of its step."""
+        segments = self.diagnosis.segments
+        for finding in self.stored:
+            index = next((s.index for s in reversed(segments) if s.first_step <= finding.step), 1)
+            self.diagnosis.findings.append(Located(index, finding))
         self.diagnosis.findings.sort(key=lambda item: (item.segment, item.finding.step))
 
     def _keep(self, findings: list[Finding]) -> None:
@@ -319,5 +306,5 @@ def diagnose(
         name = "standard input" if path == "-" else path
         raise LogReadError(unreadable_message(name, stream.head_lines(), stream.format))
     replay.finish()
-    replay.keep_live(stream.findings)
+    replay.keep_live()
     return diagnosis

@@ -5,11 +5,11 @@ reader is confident of, an event file's header, or `HEAD` bytes), reads it with 
 reader, and puts messages on the queue of `Watch`, each ``(index, payload, live)``:
 
 - `Detected`: the format, and the first lines (for the message of a log with no step in it);
-- a list of items (`StepRecord`, `Restart`): all that one read of the input gave (at most
+- a list of items (`StepRecord`, `Restart`, ...): all that one read of the input gave (at most
   `BATCH`), handed over before the next read, which may wait; ``live`` is False for the file's
   history (what it held when it was opened);
 - a `LogReadError`: the input cannot be read (one line);
-- `Ended`, always last: with the monitor's own findings of a ``stability.jsonl``.
+- `Ended`, always last.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from stabilizer.core.records import Finding
 
 from .follow import FollowedFile, FollowedPipe, resolver
 from .readers import READERS, LogReadError, Note, TensorBoardReader, detect_format
@@ -53,9 +51,7 @@ class Detected:
 
 @dataclass(frozen=True)
 class Ended:
-    """An input ended; the monitor's own findings of a ``stability.jsonl`` come with it."""
-
-    stored: list[Finding]
+    """An input ended."""
 
 
 @dataclass(frozen=True)
@@ -91,11 +87,10 @@ def feed(
         tell: Gets one line on what happens to the input (it appeared, rotated, ...).
         poll: Seconds between two looks at an input with nothing new.
     """
-    stored: list[Finding] = []
     try:
         source = _source(path, format, stop, tell, poll)
         try:
-            stored = _read(_Input(index, path, format, notes), source, put)
+            _read(_Input(index, path, format, notes), source, put)
         finally:
             source.close()
     except LogReadError as exc:
@@ -106,7 +101,7 @@ def feed(
         logger.debug("watching %s failed", path, exc_info=True)
         put((index, LogReadError(f"{path}: cannot watch ({type(exc).__name__}: {exc})"), True))
     finally:
-        put((index, Ended(stored), True))
+        put((index, Ended(), True))
 
 
 def _source(
@@ -119,18 +114,17 @@ def _source(
     return FollowedFile(path, resolver(Path(path), format), stop, tell, poll)
 
 
-def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> list[Finding]:
-    """Detect the format, read the items; the monitor's stored findings, if any."""
+def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
+    """Detect the format, read the items, hand them over in batches."""
     fmt, lines, stream = _detect(given, source)
     put((given.index, Detected(fmt, lines[:20]), False))
     if not fmt:
-        return []
+        return
     reader = READERS[fmt](given.notes)
     batch = stream.batch = _Batch(given.index, source, put)
     for item in reader.read(stream):  # type: ignore[arg-type]
         batch.add(item)
     batch.hand_over()
-    return list(getattr(reader, "findings", []))
 
 
 def _detect(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[str, list[str], _Prefixed]:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .readers import LogReadError
 from .readers._lines import CHUNK, IDLE_CHUNK
-from .readers._source import find_logs
+from .readers._rundir import find_logs
 
 __all__ = ["POLL", "FollowedFile", "FollowedPipe", "Resolver", "resolver"]
 

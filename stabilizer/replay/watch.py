@@ -132,7 +132,7 @@ class Watch:
             return 0
         followed = self._followed[index]
         if isinstance(item, Ended):
-            self._end(followed, item.stored)
+            self._end(followed)
             return 1
         if isinstance(item, Detected):
             followed.head = item.head
@@ -163,7 +163,7 @@ class Watch:
         else:  # a reader gave up part-way: what came before stays
             followed.notes.append(Note("truncated", f"stopped reading: {message}"))
 
-    def _end(self, followed: _Followed, stored: list[Finding]) -> None:
+    def _end(self, followed: _Followed) -> None:
         replay = followed.replay
         if replay is None or replay.segment is None:
             return
@@ -173,7 +173,7 @@ class Watch:
         for located in findings[before:]:
             alert = Alert(followed.path, located.segment, located.finding, True, time.time())
             self.on_finding(alert)
-        replay.keep_live(stored)
+        replay.keep_live()
 
     def _feed(self, index: int) -> None:
         """The thread that reads input ``index`` (`feed`)."""

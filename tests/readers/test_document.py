@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from stabilizer.cli import main
-from stabilizer.replay.readers import document_kind
+from stabilizer.replay.document import document_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real" / "logs"

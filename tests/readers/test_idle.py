@@ -20,8 +20,9 @@ from stabilizer.replay.readers import (
     TensorBoardReader,
     UniversalReader,
 )
-from stabilizer.replay.readers._lines import IDLE, IDLE_CHUNK, numbered, text_lines
+from stabilizer.replay.readers._lines import IDLE, IDLE_CHUNK, numbered_lines, text_lines
 from stabilizer.replay.readers.base import BaseReader
+from stabilizer.replay.readers.universal.tables import numbered_blocks
 
 
 class _Script:
@@ -78,7 +79,11 @@ def test_idle_is_no_line_to_count() -> None:
     stream = _Script([b"a\n", IDLE_CHUNK, b"b\n"])
     lines = list(text_lines(stream, []))  # type: ignore[arg-type]
     assert lines == ["a", "", "b"] and lines[1] is IDLE
-    assert [n for n, _ in numbered(lines)] == [1, 1, 2]
+    again = _Script([b"a\n", IDLE_CHUNK, b"b\n"])
+    numbered = list(numbered_lines(again, []))  # type: ignore[arg-type]
+    assert numbered == [(1, "a"), (1, ""), (2, "b")] and numbered[1][1] is IDLE
+    table = [n for n, _ in numbered_blocks(lines)]  # the universal reader's numbering
+    assert table == [1, 1, 2]
 
 
 def test_idle_hands_out_the_open_steps_of_an_event_file() -> None:

@@ -37,7 +37,6 @@ def test_stream_tells_format_path_bytes_and_restarts(tmp_path: Path) -> None:
         str(path),
         path.stat().st_size,
     )
-    assert stream.findings == []
     found = list(stream)
     assert len(found) == 16 and found[10] == Restart(5, 11, "step went back from 9 to 5")
     assert stream.bytes_read == path.stat().st_size
@@ -60,14 +59,13 @@ def test_stream_of_a_run_directory_and_its_notes() -> None:
     assert list(stream) == records("tensorboard_healthy")  # no restart
 
 
-def test_stream_exposes_the_monitors_own_findings(tmp_path: Path) -> None:
+def test_stream_carries_the_monitors_own_findings_where_the_log_has_them(tmp_path: Path) -> None:
     finding = Finding("nonfinite_loss", 2, 2, Severity.ERROR, "loss is nan", {"loss": math.nan})
     path = tmp_path / "stability.jsonl"
     path.write_text(f"{StepRecord(1, {'loss': 2.5}).to_json()}\n{finding.to_json()}\n")
     stream = read_log(tmp_path)
     assert stream.format == "jsonl"
-    assert list(stream) == [StepRecord(1, {"loss": 2.5})]
-    assert stream.findings == [finding]
+    assert list(stream) == [StepRecord(1, {"loss": 2.5}), finding]
 
 
 def test_next_and_close() -> None:

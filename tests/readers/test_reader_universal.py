@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers._lines import text_lines
-from stabilizer.replay.readers._shapes import joined_blocks
-from stabilizer.replay.readers.aliases import ALIASES, key_of
+from stabilizer.replay.readers.aliases import ALIASES
 from stabilizer.replay.readers.base import Note, Restart
 from stabilizer.replay.readers.universal import UniversalReader, unreadable_message
+from stabilizer.replay.readers.universal.tables import numbered_blocks
+from stabilizer.replay.readers.universal.values import key_of
 
 
 def items(text: str) -> list[StepRecord | Restart]:
@@ -314,7 +315,7 @@ def test_key_value_tables_between_rulers_are_one_record_each() -> None:
         (153001, 1.0, 2**-3.5),
         (153002, 1.0, 2**-4.5),  # a new scale: a new skip, not the last one printed again
     ]
-    lines = list(joined_blocks(text.splitlines()))
+    lines = [line for _, line in numbered_blocks(text.splitlines())]
     assert len(lines) == len(text.splitlines()) and lines[1].startswith("step: 3300, grad_norm=")
 
 

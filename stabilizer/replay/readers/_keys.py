@@ -1,22 +1,16 @@
-"""Logged metric names → signal keys, shared by the readers of structured logs.
+"""Logged metric names → signal keys, shared by the readers of structured logs (`KeyMap`).
 
-- The monitor's own ``stability/<key>`` tags lose their prefix; ``stability/finding/<kind>``
-  and ``stability/grad_norm_log10/<group>`` (outputs, not signals) are dropped.
-- Names map to keys through the one alias table (`aliases.ALIASES`, the universal reader's),
-  after dropping a ``train/``, ``train_`` or ``training/`` prefix and a ``_step`` suffix
-  (Lightning's ``on_step`` + ``on_epoch`` logging): ``train/loss_step`` is the loss;
-  ``train/loss_epoch`` (an epoch mean) and ``val/loss`` are not. Two names of the table are
-  left as they are (`CONSOLE_ONLY`): a structured log names every metric it has, so fairseq's
-  ``nll_loss`` beside its ``loss`` is not the loss again, and a bare ``norm`` (a weight norm, a
-  layer's norm) is only llm.c's console shorthand for the gradient norm.
-- Lightning's `LearningRateMonitor` tags ``lr-<Optimizer>`` (and ``.../pg1``, the first group)
-  are `LR`, and so are Ultralytics' ``lr/pg0`` and ``x/lr0`` (the first group). fairseq's
-  ``clip``, the percentage of clipped updates, becomes `CLIPPED` in 0..1.
-- Lightning's ``grad_norm()`` utility logs ``grad_2.0_norm/<parameter>``: the norms of one depth
-  group (`stabilizer.core.groups.depth_group`) combine into ``grad_norm/<group>`` as the square
-  root of the sum of squares; ``grad_2.0_norm_total`` is `GRAD_NORM`. Block groups get two
-  digits unless the index needs three (the reader cannot know the depth of the stack).
+- The monitor's own ``stability/<key>`` tags lose their prefix; its outputs that are no signal
+  (``stability/finding/<kind>``, ``stability/grad_norm_log10/<group>``) are dropped.
+- Names map through the one alias table (`aliases.ALIASES`) after dropping a ``train/``,
+  ``train_`` or ``training/`` prefix and a ``_step`` suffix (``train/loss_step`` is the loss,
+  ``train/loss_epoch`` and ``val/loss`` are not), less `CONSOLE_ONLY`.
+- Learning-rate tags (Lightning's ``lr-<Optimizer>``, Ultralytics' ``lr/pg0``) are `LR`;
+  fairseq's ``clip`` percentage is `CLIPPED` in 0..1; Lightning's ``grad_2.0_norm/<parameter>``
+  combine into ``grad_norm/<group>`` (root of the sum of squares per depth group).
 - Any other name passes through unchanged: detectors ignore keys they do not know.
+
+The rules in full, and why: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -41,7 +35,9 @@ __all__ = ["ALIASES", "CONSOLE_ONLY", "PCT", "SET", "SUMSQ", "KeyMap"]
 SET, SUMSQ, PCT = 0, 1, 2  # how a value lands on its key: as is, squares summed, percent → 0..1
 
 CONSOLE_ONLY = frozenset(("nll_loss", "norm"))
-"""Names of the alias table that a structured log's names do not mean (see the module doc)."""
+"""Names of the alias table that a structured log's names do not mean: it names every metric it
+has, so fairseq's ``nll_loss`` beside its ``loss`` is not the loss again, and a bare ``norm`` (a
+weight norm, a layer's norm) is only llm.c's console shorthand for the gradient norm."""
 
 ALIASES: dict[str, str] = {
     **{name: key for name, key in aliases.ALIASES.items() if name not in CONSOLE_ONLY},
@@ -102,8 +98,9 @@ class KeyMap:
         """The signal values of one step's logged ``name -> value`` pairs (later pairs win)."""
         out: dict[str, float] = {}
         squares: dict[str, float] = {}
+        cache = self._cache
         for name, value in raw.items():
-            found = self.lookup(name)
+            found = cache[name] if name in cache else self.lookup(name)
             if found is None:
                 continue
             key, how = found

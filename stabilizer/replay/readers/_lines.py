@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import IO
 
 from .base import Note, Restart, add_note
 
 __all__ = [
+    "ANSI",
     "CHUNK",
     "IDLE",
     "IDLE_CHUNK",
@@ -28,7 +29,7 @@ __all__ = [
     "RESUME",
     "Segments",
     "encoding_of",
-    "numbered",
+    "numbered_lines",
     "resume_banner",
     "text_lines",
 ]
@@ -36,7 +37,7 @@ __all__ = [
 CHUNK = 1 << 20  # bytes decoded at a time
 MAX_LINE = 1 << 20  # characters; longer lines are skipped
 
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 _BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 _BREAKS = frozenset("\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")  # line ends that end a line for sure
@@ -61,7 +62,7 @@ IDLE = _Idle()
 
 It equals ``""``, so a reader that does not know it reads an empty line; a reader that holds a
 record back until the next line (to join the lines of one step) hands it out on ``line is
-IDLE``, since the next line may be long in coming. `numbered` does not count it.
+IDLE``, since the next line may be long in coming. `numbered_lines` does not count it.
 """
 
 
@@ -127,16 +128,36 @@ def text_lines(stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE) -> I
         notes: Over-long lines are reported here.
         limit: Lines longer than this many characters are skipped.
     """
+    for lines in _chunks(stream, notes, limit):
+        yield from lines
+
+
+def numbered_lines(
+    stream: IO[bytes], notes: list[Note], limit: int = MAX_LINE
+) -> Iterator[tuple[int, str]]:
+    """`text_lines` with their 1-based numbers; `IDLE` comes with the number of the line before
+    it. What a console reader loops over: one generator between the bytes and the reader."""
+    count = 0
+    for lines in _chunks(stream, notes, limit):
+        if lines is _IDLE_LINES:
+            yield count, IDLE
+            continue
+        yield from enumerate(lines, count + 1)
+        count += len(lines)
+
+
+_IDLE_LINES: list[str] = [IDLE]
+
+
+def _chunks(stream: IO[bytes], notes: list[Note], limit: int) -> Iterator[list[str]]:
+    """The lines of each chunk of ``stream`` (`_IDLE_LINES` for an `IDLE_CHUNK`)."""
     read = getattr(stream, "read1", stream.read)
     raw = read(CHUNK)
     splitter = _Splitter(encoding_of(raw), notes, limit)
     while raw or raw is IDLE_CHUNK:
-        if raw is IDLE_CHUNK:
-            yield IDLE
-        else:
-            yield from splitter.feed(raw)
+        yield _IDLE_LINES if raw is IDLE_CHUNK else splitter.feed(raw)
         raw = read(CHUNK)
-    yield from splitter.end()
+    yield splitter.end()
 
 
 class _Splitter:
@@ -155,7 +176,7 @@ class _Splitter:
             text, self.skipping = _after_break(text)
             if self.skipping:
                 return []
-        data = _ANSI.sub("", self.tail + text)
+        data = ANSI.sub("", self.tail + text)
         lines = data.splitlines()
         self.tail = _unfinished(data, lines)
         if len(self.tail) > self.limit:
@@ -173,16 +194,7 @@ class _Splitter:
             text, self.skipping = _after_break(text)
             if self.skipping:
                 return []
-        return _ANSI.sub("", self.tail + text).splitlines()
-
-
-def numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
-    """``enumerate(lines, 1)``, but `IDLE` comes with the number of the line before it."""
-    count = 0
-    for line in lines:
-        if line is not IDLE:
-            count += 1
-        yield count, line
+        return ANSI.sub("", self.tail + text).splitlines()
 
 
 def _unfinished(data: str, lines: list[str]) -> str:

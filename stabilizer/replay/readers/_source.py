@@ -17,19 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ._rundir import KINDS, REPLAY_SUFFIX, find_logs
 from .base import LogReadError, Note, add_note
 
-__all__ = [
-    "HEAD",
-    "KINDS",
-    "PIPE_WAIT",
-    "REPLAY_SUFFIX",
-    "Source",
-    "find_logs",
-    "is_binary",
-    "open_source",
-]
+__all__ = ["HEAD", "PIPE_WAIT", "Source", "is_binary", "open_source"]
 
 HEAD = 1 << 16  # bytes read for detection
 PIPE_WAIT = 10.0  # seconds a named pipe may keep its first bytes waiting before it is refused

@@ -17,7 +17,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, ClassVar, Protocol
 
-from stabilizer.core.records import StepRecord
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunHeader
 
 __all__ = [
@@ -87,9 +87,10 @@ class Restart:
     why: str
 
 
-Item = StepRecord | Restart | RunHeader
-"""What a record stream holds: records, restarts, and the run's facts where the log has them
-(a `RunHeader`, the first line of the monitor's ``stability.jsonl``)."""
+Item = StepRecord | Restart | RunHeader | Finding
+"""What a record stream holds: records, restarts, and where the log has them (the monitor's
+``stability.jsonl``), the run's facts (a `RunHeader`, its first line) and the monitor's own
+findings, each where the log holds it."""
 
 MAX_NOTES = 20
 """Notes kept per kind in one list; later ones are counted in a single note."""

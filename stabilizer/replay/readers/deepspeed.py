@@ -3,21 +3,14 @@
 Lines read (with or without the ``[date] [INFO] [file:line:func]`` logging prefix)::
 
     [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768
-    [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4096, but hysteresis is 2.
-        Reducing hysteresis to 1
-    [deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: ...
     Grad overflow on iteration: 4
     [Rank 0] step=100, skipped=2, lr=[0.0001], mom=[(0.9, 0.999)]
     steps: 100 loss: 2.3456 iter time (s): 0.512 samples/sec: 62.5
 
-An overflow is a skipped step: a record with ``skipped`` 1 and ``loss_scale`` the attempted scale
-(the scale in force, as the live monitor records it); the scale then drops (or, under
-hysteresis, holds). Overflow lines carry no step: DeepSpeed counts skipped steps in its global
-step and reports ``step=N`` every ``steps_per_print`` steps, so the k-th overflow after step P is
-placed at step P + k (a lower bound; ``Grad overflow on iteration: I`` gives it exactly, I + 1).
-Progress lines give ``lr``, ``skipped`` 0 and the last known scale (DeepSpeed does not log its
-scale growing back), so the `fp16_overflow` detector sees good steps between overflows. Other
-ranks' overflow lines are ignored.
+An overflow is a skipped step at the attempted scale (the scale in force). Overflow lines carry
+no step: the k-th after step P is placed at P + k (``Grad overflow on iteration: I`` gives it
+exactly, I + 1). Progress lines give ``lr``, ``skipped`` 0 and the last known scale. Other ranks'
+overflow lines are ignored. Why: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["DeepSpeedReader"]
@@ -60,7 +53,7 @@ class DeepSpeedReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, skips = Segments(), _Skips()
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             found = skips.read(line)
             if found is not None:
                 if isinstance(found, StepRecord):

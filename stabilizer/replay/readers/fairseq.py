@@ -4,19 +4,13 @@ Lines read (``--log-format simple`` and ``json``, with or without the hydra-era 
 
     2024-01-01 12:00:00 | INFO | train_inner | epoch 001:    100 / 1000 loss=9.123, nll_loss=9.0,
         ppl=512, wps=..., num_updates=100, lr=0.0005, gnorm=1.234, clip=0, loss_scale=128, ...
-    2024-01-01 12:00:00 | INFO | train_inner | {"epoch": 1, "loss": "9.123", "num_updates": "100"}
-    2024-01-01 12:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.5 | ...
     2024-01-01 12:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring
         gradient, setting loss scale to: 32.0
-    FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. ...
 
-The step is ``num_updates``. The loss is in base 2 (bits; fairseq's convention), noted and kept.
-Fields are interval averages (``--log-interval``, default 100 updates). ``gnorm`` is the grad norm;
-``clip``, the percentage of clipped updates in the interval, becomes ``clipped`` in 0..1.
-An overflow skips an update without counting it: a record at the next update with ``skipped`` 1
-and ``loss_scale`` the scale in force, twice the one announced (fairseq halves its scale). The
-minimum-scale error is a skipped step at that scale, with a note: the run stopped there. What
-the fields mean is written once: `_train` (train_inner lines), `_valid` and `_scaler`.
+The step is ``num_updates``; the loss is in base 2 (noted and kept); fields are interval
+averages. An overflow is a skipped update at twice the scale announced; the minimum-scale error
+ends the run. What the fields mean is written once: `_train`, `_valid` and `_scaler`. More:
+docs/readers.md.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ from typing import IO, Any, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["FairseqReader"]
@@ -68,7 +62,7 @@ class FairseqReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, noted = Segments(), False
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             step, values = _parsed(line)
             if step is None:
                 if values:  # an overflow: the update that was tried is the next one

@@ -4,26 +4,12 @@ A line (Python dict syntax, often glued to a tqdm bar)::
 
     {'loss': 2.5, 'grad_norm': 0.9, 'learning_rate': 0.0001, 'epoch': 0.5}
 
-The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. Numbers may be bare
-``nan``/``inf`` (not Python literals) or wrapped as ``tensor(0.9, ...)`` / ``np.float32(0.9)``.
-The dicts carry no step; the tqdm bar between them does (``4711/12000 [``: 4711 optimizer steps
-done). A record takes the count of the bar when one was printed since the record before, else it
-counts on from that record (1, 2, ... from the start of a log without a bar, times
-``logging_steps`` is the optimizer step); a dict's own ``step`` wins. Eval dicts (``eval_*`` keys)
-land on the current step; the final summary (``train_runtime``, whose ``train_loss`` is the run's
-mean) is skipped. The training bar is the first one printed (its total); an evaluation's bar
-(another total) numbers nothing.
-
-The Trainer hides NaN losses by default (``logging_nan_inf_filter=True``): a NaN step's loss is
-replaced by the interval's running mean, and an interval of NaN steps logs a loss of exactly 0.
-`HiddenNan` watches for the traces (NaN/Inf grad norm beside a finite loss, a loss of exactly 0
-after positive ones, the same loss three times running) and leaves a ``hidden_nan`` note.
-
-Under DeepSpeed or apex the fp16 loss scaler prints its overflows among the dicts (``[deepspeed]
-OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32``, often glued to the
-tqdm bar): each is a skipped step with the new scale (`_shapes.overflow_of`), numbered with the
-dicts; the same overflow printed again (by another rank or logger) is one, but the
-same rank reporting again at another time is a new one.
+The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. The dicts carry no
+step: a record takes the count of the training bar printed since the record before (``4711/12000
+[``), else counts on; a dict's own ``step`` wins; eval dicts land on the current step; the final
+summary is skipped. The Trainer hides NaN losses by default (``logging_nan_inf_filter``):
+`HiddenNan` notes the traces. Overflow lines of DeepSpeed or apex among the dicts are skipped
+steps (`_shapes`). The rules in full: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
-from ._lines import Segments, numbered, text_lines
+from ._lines import Segments, numbered_lines
 from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
 
@@ -103,7 +89,7 @@ class HfTrainerReader(BaseReader):
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _Steps()
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             if " [" in line and "/" in line:
                 steps.bar(line)
             parsed = _dict(line, keys)

@@ -1,54 +1,48 @@
 """`JsonlReader`: the monitor's own ``stability.jsonl``, and flat JSON-lines metric logs.
 
-The monitor writes one strict-JSON object per line (see `StepRecord.to_json`,
-`Finding.to_json`); non-finite floats are the strings ``"nan"``, ``"inf"`` and ``"-inf"``::
+The monitor writes one strict-JSON object per line; non-finite floats are ``"nan"``, ``"inf"``::
 
+    {"type":"run","precision":"16-mixed",...}              a RunHeader (first; older logs: none)
     {"type":"step","step":120,"values":{"loss":2.51,"grad_norm":0.83,"lr":"nan"}}
     {"type":"finding","kind":"loss_spike","step":118,...}
 
-A run line (``{"type":"run",...}``, `RunHeader`: precision, devices, policy, ...) comes first in
-the monitor's log and is yielded as an item of the stream; logs written before it existed have
-none. Step lines become records as written (keys are signal keys already). Finding lines are
-collected in `JsonlReader.findings` (the first `MAX_FINDINGS`), not replayed. A flat object with
-a ``step`` (``{"step": 10, "train/loss": 2.5}``, as many trackers write) is read too, its names
-mapped through the shared aliases. Lines that are not JSON objects are skipped, with one note
-that counts them.
+Each line is an item of the stream, where the log has it: the `RunHeader`, a `StepRecord` (keys
+are signal keys already), a `Finding` (the monitor's own; `diagnose` keeps those only the live
+run can know). A flat object with a ``step`` (``{"step": 10, "train/loss": 2.5}``, as many
+trackers write) is a record too, its names mapped through the shared aliases. Lines that are
+not JSON objects are skipped, with one note that counts them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, ClassVar
 
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunHeader
 
 from ._keys import KeyMap
-from ._lines import Segments, numbered, text_lines
-from .base import BaseReader, Item, Note
+from ._lines import Segments, numbered_lines
+from .base import BaseReader, Item
 
-__all__ = ["MAX_FINDINGS", "JsonlReader"]
+__all__ = ["JsonlReader"]
 
-MAX_FINDINGS = 10_000
 _DECODER = json.JSONDecoder()
+_OTHER: dict[str, Callable[[dict[str, Any]], Item]] = {
+    "run": RunHeader.from_dict,
+    "finding": Finding.from_dict,
+}
+"""The monitor's lines that are no record, by ``type``: items of the stream as they are."""
 _BAD = (
     ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError
 )  # fmt: skip
 
 
 class JsonlReader(BaseReader):
-    """Reads JSON-lines logs (see the module docstring).
-
-    Args:
-        notes: A list to append notes to.
-    """
+    """Reads JSON-lines logs (see the module docstring)."""
 
     format: ClassVar[str] = "jsonl"
-
-    def __init__(self, notes: list[Note] | None = None) -> None:
-        super().__init__(notes)
-        self.findings: list[Finding] = []
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -65,7 +59,7 @@ class JsonlReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, segments, bad = KeyMap(), Segments(), 0
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             text = line.strip()
             if not text:
                 continue
@@ -73,16 +67,15 @@ class JsonlReader(BaseReader):
                 # The object counts even if text follows it: a JSON array written an entry a
                 # line ends its lines with commas.
                 data = _DECODER.raw_decode(text)[0]
-                if data.get("type") == "run":
-                    yield RunHeader.from_dict(data)
+                kind = data.get("type")
+                if kind in _OTHER:
+                    yield _OTHER[kind](data)
                     continue
-                if data.get("type") == "end":  # how the run ended: the console's end line
+                if kind == "end":  # how the run ended: the console's end line
                     continue
-                step, values = self._parse(data, keys)
+                step, values = _parse(data, keys)
             except _BAD:
                 bad += 1
-                continue
-            if step is None:
                 continue
             restart = segments.restart(step, lineno)
             if restart is not None:
@@ -91,19 +84,13 @@ class JsonlReader(BaseReader):
         if bad:
             self.note("skipped", f"{bad} line(s) not JSON records: skipped")
 
-    def _parse(self, data: Any, keys: KeyMap) -> tuple[int | None, dict[str, float]]:
-        """The step and values of a line's JSON: a monitor's step, a finding (kept, no record),
-        or a flat object with a ``step``."""
-        kind = data.get("type")
-        if kind == "step":
-            values = {str(k): float(v) for k, v in data["values"].items()}
-            return _int(data["step"]), values
-        if kind == "finding":
-            if len(self.findings) < MAX_FINDINGS:
-                self.findings.append(Finding.from_dict(data))
-            return None, {}
-        raw = {k: float(v) for k, v in data.items() if k != "step" and _number(v)}
-        return _int(data["step"]), keys.values(raw)
+
+def _parse(data: Any, keys: KeyMap) -> tuple[int, dict[str, float]]:
+    """The step and values of a line's JSON: a monitor's step, or a flat object with a ``step``."""
+    if data.get("type") == "step":
+        return _int(data["step"]), {str(k): float(v) for k, v in data["values"].items()}
+    raw = {k: float(v) for k, v in data.items() if k != "step" and _number(v)}
+    return _int(data["step"]), keys.values(raw)
 
 
 def _int(value: Any) -> int:

@@ -6,14 +6,10 @@ A line (new layouts prefix a ``[2024-05-01 12:00:00]`` timestamp; old ones carry
      batch size:   512 | lm loss: 3.141593E+00 | loss scale: 4096.0 | grad norm: 0.500 |
      number of skipped iterations:   0 | number of nan iterations:   0 |
 
-Quirks: the losses are averages over the log interval (default 100 iterations), so the record
-sits at the interval's last iteration and a one-step spike is diluted; the grad norm is the last
-iteration's. What the fields mean is written once, in `_values`.
-
-Early Megatron-LM (2019-20) printed numbers without a colon (``| learning rate 1.010E-06 | lm loss
-1.020020E+01 |``); a record pasted or printed over several lines (``iteration 5/50 | ... |``, then
-``learning rate: ... |``, ``loss scale: 1.0 | grad norm: nan |``) is one record: the lines right
-below an iteration line that give fields it lacks are read with it.
+The losses are averages over the log interval, so the record sits at the interval's last
+iteration and a one-step spike is diluted (a note says so). What the fields mean is written
+once, in `_values`. Early Megatron-LM printed no colons (``| lm loss 1.020020E+01 |``); a record
+printed over several lines is one record. More: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from typing import IO, ClassVar
 from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
 
-from ._lines import IDLE, Segments, numbered, text_lines
+from ._lines import IDLE, Segments, numbered_lines
 from .base import BaseReader, Item
 
 __all__ = ["MegatronReader"]
@@ -108,7 +104,7 @@ class MegatronReader(BaseReader):
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         segments, interval = Segments(), 0  # the log interval, once known
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
-        for lineno, line in numbered(text_lines(stream, self.notes)):
+        for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
                 yield StepRecord(step, _values(fields))
                 fields = {}

@@ -7,87 +7,39 @@ A record is a line with metrics beside a step::
     | epoch 027 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |      s:12 trl:9.79 norm:3.01
     Epoch 0:  6%|▌   | 1/18 [00:08<02:29, loss=10.473]    {'loss': 0.58, 'grad_norm': 1.3}
 
-- **The step**, case-blind: ``step``, ``global_step``, ``total_step``, ``num_updates``,
-  ``update``, Marian's ``Up.``, ``iteration``, ``iter``, ``batch`` (that order wins: ``iter 8
-  step 1`` is step 1; ``[step] 1574`` too), llm.c's
-  ``s:12``, ESPnet's ``12009-12640batch`` (the last); a count first on the line (``420 | loss``,
-  after a bracketed epoch: ``[  3]    2210 || B: ...``); else a count ``n/N`` after an epoch, in a
-  progress bar (``1/18 [``) or in brackets (``[12/100]``); else ``Epoch 3/10``. A count within
-  epoch E of N counts on from the epochs before it: step (E - first epoch) * N + n, where the
-  first epoch is 0 if the log shows an epoch 0, else 1. An epoch on a line of its own (Keras)
-  holds for the counts below it. A table that counts epochs is numbered in epochs. The rules
-  are in `_steps`.
-- **The metrics**: ``name: x``, ``name=x``, ``'name': x`` (dicts, ``tensor(x, ...)`` too),
-  ``name x``, ``[name] x``, and ``name is x`` for the names of the alias table (`aliases`),
-  which also maps names to signal keys; other names pass through as printed (two words as
-  ``word_name``). Any name beside a number after a blank is kept (``acc 0.91``, and so also
-  ``line 132``), so a log of such lines is read, not refused; a line without a step is a record
-  only by a signal or a loss part.
-  Values are numbers (thousands separated too: ``41,943,040``), ``nan`` and ``inf`` in any
-  case (``loss: [nan]`` and ``**LOSS : nan**`` too); ``nanms`` is no value, but a signal's
-  ``nan`` with trailing letters (``loss: nanxxx``) is a NaN. When a line has ``loss_*`` parts
-  but no loss (Detectron2, mmdet),
-  the loss is their sum, as those trainers add; a line listing ``Losses:`` has its ``total``; a
-  line with a perplexity but no loss has its log as the loss.
-- **Overflows** (``OVERFLOW!``, ``overflow detected, setting loss scale to``, ``Gradient
-  overflow``, ``Attempted loss scale: X, reducing to Y``, guided diffusion's ``Found NaN,
-  decreased lg_loss_scale to X``) are skipped steps: ``skipped`` 1 and
-  the new ``loss_scale``. The lines one overflow prints (per rank, per logger) make one record.
-- **Tables** (YOLO, fastai, spaCy): a header of names, a counter first and a loss among them, or
-  names over a ruler of dashes; each row below reads as its ``name=value`` pairs. Tables of
-  ``| name | value |`` rows between rulers (OpenAI's logger) are one record each. Overflow lines
-  and tables are recognised in `_shapes`.
-
-What is not a record is skipped: tracebacks, ``...``, banners, timestamps (never a step). A line
-without a step is a record when it holds a metric of the table. Lines are put together the way
-they were printed:
-
-- lines of one step make one record (later values win): a tqdm bar redrawn with a new loss, a
-  record two loggers printed, nanoGPT's eval line and its ``iter`` line; so do a step's line and
-  the line right below it that has no step, no log header (time of day, ``INFO``) and none of its
-  metrics: a line the terminal wrapped (re-read joined) or an exception's ``loss_dict``; and the
-  indented lines right below a step's line, not under a progress bar (OLMo's ``[step=1/739328]``
-  and then ``    train/CrossEntropyLoss=11.25`` a metric a line);
-- a record without a step equal to the one before it is that record printed twice;
-- records without a step are placed just before the next step (ESPnet's warnings precede its
-  summary line) and after the last, or at their position in the log (1, 2, ...) if none has one.
-
-A `Restart` comes just before the first record after the step went back or a resume banner.
+Each line goes once through the loop of `UniversalReader.read_lines`: its step (`steps`), its
+metrics (`values`), an overflow or a table (`_shapes`, `tables`); the `Joiner` below puts the
+lines of one step together into one record, places records without a step and marks restarts.
+What is no record (tracebacks, banners, timestamps) is skipped. The rules, and the real logs
+behind each, are in docs/readers.md.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import LOSS, LR
 
-from ._lines import IDLE, numbered, resume_banner, text_lines
-from ._shapes import NUM, joined_blocks, overflow_in, printed_again, row_of, table_of
-from ._steps import Steps
-from .aliases import PPL, SIGNALS, key_of
-from .base import BaseReader, Item, Restart
+from .._lines import ANSI, IDLE, resume_banner, text_lines
+from .._shapes import OVERFLOW_NEEDS, overflow_in, printed_again
+from ..aliases import SIGNALS
+from ..base import BaseReader, Item, Restart
+from .steps import Steps
+from .tables import numbered_blocks, row_of, table_of
+from .values import known, total, values_of
 
-__all__ = ["UniversalReader", "unreadable_message"]
+__all__ = ["MAX_HELD", "UniversalReader", "unreadable_message"]
 
-_PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
-    # lets the regex scan for letters fast); possessive: giving characters back finds nothing
-    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
-    r"(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)(?:tensor\()?"  # "loss: [2.3]" (Paddle)
-    r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
-)  # no values; "**LOSS : nan**" (markdown bold) holds one
-_JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
+MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_Values = dict[str, float]
+
 _HINT = re.compile(  # a step or metric word with a number right after it ("step 100", "loss: 2")
     r"(?<![a-z])(?:loss|norm|lr|step|iter|epoch|batch)[a-z_]*['\"]?\s*[:=]?\s*[-+]?\.?\d"
 )
-_Values = dict[str, float]
-MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 
 
 class UniversalReader(BaseReader):
@@ -108,27 +60,25 @@ class UniversalReader(BaseReader):
 
     def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
-        steps, join = Steps(), _Joiner()
+        steps, join = Steps(), Joiner()
         table: tuple[str, ...] | None = None  # the columns of the table being read
         above = ""  # the last line that was no record (a table's header, if a ruler follows)
-        for lineno, line in numbered(joined_blocks(lines)):
+        for lineno, line in numbered_blocks(lines):
             if line is IDLE:  # a followed log waits: the pending record is done
                 yield from join.done()
                 continue
             if "\x1b" in line:
-                line = _ANSI.sub("", line)
+                line = ANSI.sub("", line)
             if table is not None:
                 row = row_of(line, table)
                 table, line = (None, line) if row is None else (table, row)
             low = line.lower()
-            if ("overflow" in low or "loss scale" in low or "lg_loss" in low) and (
-                found := overflow_in(low)
-            ):
+            if any(map(low.__contains__, OVERFLOW_NEEDS)) and (found := overflow_in(low)):
                 yield from join.overflow(lineno, line, *found)
                 continue
             step, where = steps.of(low)
-            values = _values(line)
-            if (step is None or steps.weak) and not _known(values):
+            values = values_of(line)
+            if (step is None or steps.weak) and not known(values):
                 if step is None:
                     if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
                         yield from join.line(lineno, line, (None, ()), values)
@@ -140,53 +90,6 @@ class UniversalReader(BaseReader):
                     values = {}
             yield from join.line(lineno, line, (step, where), values)
         yield from join.end()
-
-
-def _values(line: str) -> dict[str, float]:
-    """The metrics of a line by key; of two names for one key the first wins (``Loss: 0.31,
-    ..., LM Loss: 1.08`` in StyleTTS2 is its loss, then a part of it)."""
-    values: dict[str, float] = {}
-    for name, sep, text in _PAIR.findall(line):
-        key = key_of(name)
-        if key is None or key in values:
-            continue
-        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
-            # others need "=", ": " or a blank: not "(trainer:581)"
-            values[key] = float(text.replace(",", "") if "," in text else text)
-    if "nan" in line or "NaN" in line:
-        for name, _ in _JUNK_NAN.findall(line):  # "loss: nanxxx": a NaN, if a signal's
-            key = key_of(name)
-            if key in SIGNALS and key not in values:
-                values[key] = math.nan
-    if "total" in values and LOSS not in values and "losses" in line.lower():
-        values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
-    return values
-
-
-def _known(values: dict[str, float]) -> set[str]:
-    """The keys of ``values`` that make a line a record without a step: signals but the
-    learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), loss parts."""
-    return {key for key in values if (key in SIGNALS and key != LR) or key.startswith("loss_")}
-
-
-def _total(values: dict[str, float]) -> dict[str, float]:
-    """A record's values, with the sum of its ``loss_*`` or ``*_loss`` parts as its loss if it
-    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ...;
-    else the log of its perplexity (``PPL 8226.52``: the loss is ln 8226.52 = 9.01)."""
-    if LOSS not in values and PPL in values:
-        ppl = values[PPL]
-        if ppl <= 0:
-            return values  # (a perplexity of 0 or below is no exp of anything; NaN stays NaN)
-        values[LOSS] = math.log(ppl)
-    if LOSS not in values:
-        parts = [
-            v
-            for key, v in values.items()
-            if (key.startswith("loss_") or key.endswith("_loss")) and key not in SIGNALS
-        ]
-        if parts:
-            values[LOSS] = sum(parts)
-    return values
 
 
 @dataclass(slots=True)
@@ -204,7 +107,7 @@ class _Pending:
 
 
 @dataclass
-class _Joiner:
+class Joiner:
     """Puts lines together into records, places records without a step, marks restarts."""
 
     pending: _Pending | None = None
@@ -235,7 +138,7 @@ class _Joiner:
                 return []
             if step is None and lineno == pend.end + 1 and _wraps(pend, values, line):
                 pend.text += line  # re-read joined: "| learning" + " rate: 4.475E-05 |"
-                pend.values = {**pend.values, **_values(pend.text)}
+                pend.values = {**pend.values, **values_of(pend.text)}
                 pend.end = lineno
                 return []
             if step is None and lineno == pend.end + 1 and _indented(pend, line):
@@ -300,7 +203,7 @@ class _Joiner:
             done.append(Restart(pend.step, pend.start, why))
         self.logged = self.last = pend.step
         self.previous = pend.values
-        done.append(StepRecord(pend.step, _total(pend.values)))
+        done.append(StepRecord(pend.step, total(pend.values)))
         return done
 
     def _place(self, before: int | None) -> list[Item]:
@@ -312,7 +215,7 @@ class _Joiner:
         for offset, values in enumerate(held):
             step = start + offset if before is None else min(start + offset, before)
             self.last = step
-            placed.append(StepRecord(step, _total(values)))
+            placed.append(StepRecord(step, total(values)))
         return placed
 
 

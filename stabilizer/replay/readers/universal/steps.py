@@ -1,34 +1,62 @@
 """Where a console line is: its step, from the counters it prints and the epoch it is in.
 
-The universal reader's rules for the step (see its module docstring): a named counter (``step``,
-``iter``, ... in that order), ESPnet's batch range, a count ``n/N`` after an epoch, in a bar or in
-brackets, a count first on the line, else the epoch; counts within an epoch count on across
-epochs unless the counts ran on when the epoch changed.
+`COUNTERS` is the one list of counter names: the step regex, the cheap test that a line may hold
+one, the names that are never a metric (`STEP_NAMES`) and the names that head a table all come
+from it. The rules for the step (a named counter, ESPnet's batch range, a count ``n/N`` after an
+epoch, in a bar or in brackets, a count first on the line, else the epoch; counts within an epoch
+count on across epochs) are in docs/readers.md.
 """
 
 from __future__ import annotations
 
 import re
+from functools import cache
+from typing import NamedTuple
 
-__all__ = ["Steps"]
+__all__ = ["COUNTERS", "STEP_NAMES", "Counter", "Steps"]
 
-_COUNTERS = (
-    "global_step", "total_step", "step", "steps", "num_updates", "update", "up", "iteration",
-    "iter", "batch", "s",
-)  # fmt: skip
-_NAMES = {  # as the pattern spells them: "steps" only before a colon ("Steps : 9", not "steps
-    # = 9"), tried only after "step" matched; llm.c's "s:12"
-    "step": r"step(?:s(?=\s*:))?",
-    "steps": "",
-    "s": r"s(?=:\d)",
-    "up": r"up\.",  # Marian's "Up. 14000"
-}
-_STEP = re.compile(  # each name starts a word: a lookbehind after its first letter, as in _PAIR
+
+class Counter(NamedTuple):
+    """A counter a log names its step by.
+
+    Args:
+        name: As printed, lower case.
+        pattern: How the step regex spells it, when not just the name.
+        needs: Text every line that prints it holds, when not just the name.
+    """
+
+    name: str
+    pattern: str = ""
+    needs: str = ""
+
+
+COUNTERS = (  # of two counters on a line, the earlier in this list is the step
+    Counter("global_step"),
+    Counter("total_step"),
+    Counter("step", r"step(?:s(?=\s*:))?"),  # "Steps : 9", but not "steps = 9"
+    Counter("num_updates"),
+    Counter("update"),
+    Counter("up.", r"up\."),  # Marian's "Up. 14000"
+    Counter("iteration"),
+    Counter("iter"),
+    Counter("batch"),
+    Counter("s", r"s(?=:\d)", needs="s:"),  # llm.c's "s:12"
+)
+"""The counters of the step, in the order that wins (``iter 8 step 1`` is step 1)."""
+
+STEP_NAMES = frozenset((*(counter.name for counter in COUNTERS), "steps", "epoch"))
+"""Names that say where a record is and are none of its values (the plural ``Steps`` and the
+epoch too): a table of these first, a ``| name | value |`` row of them, is the step."""
+
+_NEEDS = [counter.needs or counter.name for counter in COUNTERS]
+_NEEDED = tuple(dict.fromkeys(t for t in _NEEDS if not any(o != t and o in t for o in _NEEDS)))
+"""The texts a line must hold one of to print a counter (``step`` covers ``global_step``)."""
+
+_STEP = re.compile(  # each name starts a word: a lookbehind after its first letter (fast scans)
     "("
     + "|".join(
-        rf"{name[0]}(?<![\w./-]{name[0]}){_NAMES.get(name, name)[1:]}"
-        for name in _COUNTERS
-        if _NAMES.get(name, name)
+        rf"{p[0]}(?<![\w./-]{p[0]}){p[1:]}"
+        for p in (counter.pattern or re.escape(counter.name) for counter in COUNTERS)
     )
     + r")(?:\(train\))?\]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
 )
@@ -41,6 +69,14 @@ _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
 _LEADING = re.compile(r"\s*(?:\[\s*\d+\s*\]\s+)?(\d+)\s*\|\|?\s")  # "420 | x", "[  3]  2210 || B:"
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
 _BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
+
+
+@cache
+def _rank(printed: str) -> int:
+    """The place in `COUNTERS` of a counter as the step regex found it (``steps`` is ``step``):
+    the longest name it starts with."""
+    names = [(len(c.name), -at) for at, c in enumerate(COUNTERS) if printed.startswith(c.name)]
+    return -max(names)[1]
 
 
 class Steps:
@@ -58,17 +94,10 @@ class Steps:
         epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
         if epoch is not None:
             self._epoch(int(epoch[1]))
-        if (
-            "step" in low
-            or "iter" in low
-            or "update" in low
-            or "batch" in low
-            or "s:" in low
-            or "up." in low
-        ):
+        if any(map(low.__contains__, _NEEDED)):
             named = _STEP.findall(low)
             if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
-                named.sort(key=lambda found: _COUNTERS.index(found[0]))
+                named.sort(key=lambda found: _rank(found[0]))
                 step = self._on(int(named[0][1]), named[0][2], epoch is not None)
                 return step, (step, *(int(found[1]) for found in named[1:]))
             if named:

@@ -14,8 +14,8 @@ import struct
 from collections.abc import Iterator
 from typing import IO
 
-from ._lines import IDLE_CHUNK
-from .base import Note, add_note
+from .._lines import IDLE_CHUNK
+from ..base import Note, add_note
 
 __all__ = ["MAX_RECORD", "frames", "header_ok", "masked_crc32c"]
 

@@ -1,24 +1,13 @@
 """`TensorBoardReader`: scalars of TensorBoard event files (``events.out.tfevents.*``).
 
-Every scalar is read, none sampled (TensorBoard's ``EventAccumulator`` keeps 1000 per tag unless
-told otherwise): old-style ``simple_value`` summaries (torch's and Lightning's ``SummaryWriter``,
-our own ``stability/`` tags) and TF2-style tensor summaries of the ``scalars`` plugin
-(``float_val``/``double_val`` or ``tensor_content``). Images, histograms and text are skipped.
-Framing: `_tfrecord` (length CRCs checked; a truncated or corrupt record ends the file with a
-note). Decoding: `_tfevent`.
-
-Scalars are grouped by step into records, tags mapped as in `_keys`. Events of one step may be
-interleaved with those of nearby steps, so up to `WINDOW` steps are held open and the lowest is
-emitted when a new one arrives (memory: `WINDOW` steps of scalars). A restart (the run resumed
-from a checkpoint and writes its steps again) is told by the event stream, as TensorBoard's own
-loader tells it: a ``session_log`` START event after some records, an event for a step below the
-last one emitted, or a tag again for an open step below the highest one (writers emit a step's
-scalars together, so a step that has its tag already was complete). Then everything open is
-emitted, and a `Restart` comes before the next record; both segments keep their records. A late
-event for the step just emitted becomes a record of its own; a step seen first below the highest
-open one (a sparse log resumed between its logged steps) stays in the window until a tag repeats.
-`merge_steps` merges the records of several event files of one run by step; equal steps become
-one record, later files winning.
+Every scalar is read, none sampled: ``simple_value`` summaries and TF2 tensor scalars of the
+``scalars`` plugin (framing: `frames`; decoding: `events`). Scalars are grouped by step into
+records, tags mapped as in `_keys`; up to `WINDOW` steps are held open for interleaved events
+(memory: `WINDOW` steps of scalars). A restart is told by the event stream, as TensorBoard's own
+loader tells it: a ``session_log`` START after some records, an event for a step below the last
+one emitted, or a tag again for an open step below the highest one; a `Restart` then comes before
+the next record. `merge_steps` merges several event files of one run by step. The rules in full:
+docs/readers.md.
 """
 
 from __future__ import annotations
@@ -33,10 +22,10 @@ from tensorboard.compat.proto import event_pb2
 
 from stabilizer.core.records import StepRecord
 
-from ._keys import KeyMap
-from ._tfevent import HEAD, EventDecoder
-from ._tfrecord import frames, header_ok
-from .base import BaseReader, Item, Note, Restart
+from .._keys import KeyMap
+from ..base import BaseReader, Item, Note, Restart
+from .events import HEAD, EventDecoder
+from .frames import frames, header_ok
 
 __all__ = ["WINDOW", "TensorBoardReader", "merge_steps"]
 

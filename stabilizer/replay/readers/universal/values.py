@@ -1,0 +1,112 @@
+"""The metrics of a console line: ``name: x``, ``name=x``, ``'name': x``, ``name x``, ``name is x``.
+
+`values_of` finds every name beside a number and maps it to a signal key (`key_of`, through the
+one alias table `aliases.ALIASES`); other names pass through as printed (two words as
+``word_name``). `total` gives a record without a loss the sum of its ``loss_*`` parts, or the log
+of its perplexity. The rules, with the real logs behind them, are in docs/readers.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+
+from stabilizer.core.signals import LOSS, LR
+
+from .._shapes import NUM
+from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
+from .steps import STEP_NAMES
+
+__all__ = ["key_of", "known", "total", "values_of"]
+
+_PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
+    # lets the regex scan for letters fast); possessive: giving characters back finds nothing
+    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
+    r"(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)(?:tensor\()?"  # "loss: [2.3]" (Paddle)
+    r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
+)  # no values; "**LOSS : nan**" (markdown bold) holds one
+_JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
+_PREFIXES = ("train/", "train_", "training/")
+_FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
+_HELD_OUT = ("val", "valid", "test", "eval", "dev")  # a CamelCase loss of these is no training loss
+
+
+@lru_cache(maxsize=4096)
+def key_of(printed: str) -> str | None:
+    """The key of the value printed after a name of one word or two (``lm loss``).
+
+    Returns an alias's signal key, None for a counter (`STEP_NAMES`), else the name as printed
+    (two words joined by ``_``).
+    """
+    before, _, name = printed.rpartition(" ")
+    low = name.lower()
+    if low == "is" and before:  # "reg_loss is 0.08": the name is the word before "is"
+        return key_of(before)
+    if low in STEP_NAMES:
+        return None
+    if before and before.lower() not in _FILLER and not before.endswith("."):
+        return ALIASES.get(f"{before.lower()} {low}", f"{before}_{name}")
+    if low in ALIASES:
+        return ALIASES[low]
+    base = low.removesuffix("_step")
+    for prefix in _PREFIXES:
+        if base.startswith(prefix):
+            base = base[len(prefix) :]
+            break
+    if name.endswith("Loss") and len(name) > 4 and name[-5].isalnum():  # CrossEntropyLoss, CTCLoss
+        path, _, word = base[:-4].rpartition("/")
+        return VAL_LOSS if (path or word).startswith(_HELD_OUT) else LOSS
+    if base not in ALIASES and "/" in base:  # "optim/total_grad_norm": the alias after a path
+        path, _, last = base.rpartition("/")
+        key = ALIASES.get(last)
+        if key is not None:
+            return VAL_LOSS if key == LOSS and path.startswith(_HELD_OUT) else key
+    return ALIASES.get(base, name)
+
+
+def values_of(line: str) -> dict[str, float]:
+    """The metrics of a line by key; of two names for one key the first wins (``Loss: 0.31,
+    ..., LM Loss: 1.08`` in StyleTTS2 is its loss, then a part of it)."""
+    values: dict[str, float] = {}
+    for name, sep, text in _PAIR.findall(line):
+        key = key_of(name)
+        if key is None or key in values:
+            continue
+        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
+            # others need "=", ": " or a blank: not "(trainer:581)"
+            values[key] = float(text.replace(",", "") if "," in text else text)
+    if "nan" in line or "NaN" in line:
+        for name, _ in _JUNK_NAN.findall(line):  # "loss: nanxxx": a NaN, if a signal's
+            key = key_of(name)
+            if key in SIGNALS and key not in values:
+                values[key] = math.nan
+    if "total" in values and LOSS not in values and "losses" in line.lower():
+        values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
+    return values
+
+
+def known(values: dict[str, float]) -> set[str]:
+    """The keys of ``values`` that make a line a record without a step: signals but the
+    learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), loss parts."""
+    return {key for key in values if (key in SIGNALS and key != LR) or key.startswith("loss_")}
+
+
+def total(values: dict[str, float]) -> dict[str, float]:
+    """A record's values, with the sum of its ``loss_*`` or ``*_loss`` parts as its loss if it
+    has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ...;
+    else the log of its perplexity (``PPL 8226.52``: the loss is ln 8226.52 = 9.01)."""
+    if LOSS not in values and PPL in values:
+        ppl = values[PPL]
+        if ppl <= 0:
+            return values  # (a perplexity of 0 or below is no exp of anything; NaN stays NaN)
+        values[LOSS] = math.log(ppl)
+    if LOSS not in values:
+        parts = [
+            v
+            for key, v in values.items()
+            if (key.startswith("loss_") or key.endswith("_loss")) and key not in SIGNALS
+        ]
+        if parts:
+            values[LOSS] = sum(parts)
+    return values
