@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import low_precision
 from stabilizer.core.signals import LOSS, LR
 from stabilizer.live.remedies import (
     LRMultiplier,
@@ -49,7 +50,6 @@ __all__ = ["REMEDY_NAMES", "AutoRemedies"]
 
 log = logging.getLogger("stabilizer")
 
-_FULL_PRECISION = frozenset(("32-true", "32", "64-true", "64"))  # Trainer.precision values
 REMEDY_NAMES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
 
 _TABLE: dict[str, str] = {
@@ -266,7 +266,7 @@ class AutoRemedies:
             change = self.lr.scale(0.5)
             return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
         if name == "upcast_to_fp32":
-            if str(trainer.precision) in _FULL_PRECISION:
+            if low_precision(str(trainer.precision)) is False:
                 return None  # norms and softmax already run in fp32 (or wider): nothing to do
             up = upcast_to_fp32(pl_module)
             if not up.changed:
