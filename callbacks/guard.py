@@ -45,6 +45,7 @@ __all__ = [
     "StepGuard",
     "Verdict",
     "decide",
+    "held_tensors",
     "risky_arithmetic",
 ]
 
@@ -215,7 +216,7 @@ class StepGuard:
             return loss
         saved = _snapshot(opt)
         inner(**kwargs)
-        if not all_finite([*_params(opt), *optimizer_state_tensors(opt)]):
+        if not all_finite(held_tensors(opt)):
             self._revert(opt, saved)
         return loss
 
@@ -242,10 +243,7 @@ class StepGuard:
         finally:
             self.evaluating = None
         verdict = self._judge(opt)  # on the first evaluation's numbers
-        finite = all_finite(
-            [*_params(opt), *optimizer_state_tensors(opt)]
-            + [x for x in losses if isinstance(x, torch.Tensor)]
-        )
+        finite = all_finite(held_tensors(opt) + [x for x in losses if isinstance(x, torch.Tensor)])
         if verdict.skip:
             _restore(opt, saved)
             self.skipped += 1
@@ -262,6 +260,11 @@ class StepGuard:
 def _params(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     for group in opt.param_groups:
         yield from group["params"]
+
+
+def held_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What an optimizer step writes: its parameters and its state tensors, as they are now."""
+    return [*_params(opt), *optimizer_state_tensors(opt)]
 
 
 _Snapshot = tuple[list[torch.Tensor], dict[torch.Tensor, dict[str, Any]]]

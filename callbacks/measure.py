@@ -37,9 +37,9 @@ from stabilizer.core.signals import (
     SKIPPED,
 )
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
-from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_state_tensors
+from stabilizer.live.tensors import count_nonfinite, count_suspect
 
-from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
+from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED, held_tensors
 
 __all__ = ["CPU_SHARES", "Measured", "Probes", "lr_key", "measure", "weights_share"]
 
@@ -159,7 +159,7 @@ class Measured:
     def check_all(self) -> None:
         """Count the non-finite tensors exactly, over all of them as they are now (a sync): for
         a skipped step, whose "weights intact" is then a fact checked in full."""
-        held = _held(self.optimizer) if self.optimizer is not None else []
+        held = held_tensors(self.optimizer) if self.optimizer is not None else []
         buffers = float(self.buffers_bad) if self.buffers_bad is not None else 0.0
         devices = {t.device for t in held}
         self._confirmed = buffers + sum(float(count_nonfinite(held, d)) for d in devices)
@@ -284,7 +284,7 @@ def measure(
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scale = getattr(scaler, "_scale", None) if scaler is not None else None
     if optimizer is not None:
-        share = weights_share(_held(optimizer), trainer.global_step, norms.device)
+        share = weights_share(held_tensors(optimizer), trainer.global_step, norms.device)
         weights = count_suspect(share, norms.device).reshape(1)
         if buffers_nonfinite is not None:
             weights = weights + buffers_nonfinite.to(weights.device)
@@ -320,13 +320,6 @@ def weights_share(held: list[torch.Tensor], step: int, device: torch.device) -> 
     if device.type != "cpu":
         return held
     return held[step % CPU_SHARES :: CPU_SHARES]
-
-
-def _held(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The optimizer's parameters and state tensors, as they are now."""
-    return [p for g in optimizer.param_groups for p in g["params"]] + list(
-        optimizer_state_tensors(optimizer)
-    )
 
 
 def _lr(lr: Any) -> float:

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks.console import Console, compact_groups
+from stabilizer.callbacks.cost import CAUSES
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunEnd
@@ -109,6 +110,7 @@ def test_the_monitor_says_what_it_costs(tmp_path: Path, printed: list[str]) -> N
     assert cost["ms_per_step"] > 0 and 0 < cost["share"] < 1 and cost["budget"] == 0.001
     parts = cost["parts"]
     assert {"measure", "guard", "report"} <= set(parts)  # (TinyLM has no module to sample)
+    assert set(parts) <= set(CAUSES)  # every part the run timed has its cause and knob
     assert sum(parts.values()) == pytest.approx(cost["ms_per_step"], rel=1e-3, abs=1e-3)
     assert f"monitor cost {cost['ms_per_step']:.1f} ms/step ({cost['share']:.1%}" in printed[-1]
     # `diagnose` reads the log whole: the end line is known, not a bad line.

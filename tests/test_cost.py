@@ -92,10 +92,8 @@ def test_a_run_within_its_budget_is_not_warned_about(clock: FakeClock) -> None:
     assert meter.check() is None
 
 
-def test_every_part_the_monitor_times_has_a_cause_and_a_knob() -> None:
-    timed = {"measure", "guard", "report", "activations", "replay"}
-    outputs = {"loggers", "tensorboard", "jsonl", "console", "notify"}
-    assert set(CAUSES) == timed | outputs
+def test_every_cause_names_what_it_is_and_its_knob() -> None:
+    # That every part a real run times has a cause is checked on a real fit (test_console).
     assert all(what and knob for what, knob in CAUSES.values())
 
 
