@@ -3,7 +3,7 @@
 `measure` runs in ``on_before_optimizer_step``, after the backward: it stacks the gradient
 norms, the loss, the loss scale, a fast test for non-finite values among the parameters and
 optimizer state the step would update (the check that the previous steps left them finite: all
-of them on an accelerator, a quarter in turn on the CPU, `weights_share`) and the buffers, and
+of them on an accelerator, an eighth in turn on the CPU, `weights_share`) and the buffers, and
 (on sampled steps) the activation maxima into one tensor on the device, reduces it across ranks,
 and starts its copy to the host (`HostCopy`): nothing in it waits for the device. A `Measured`
 holds that copy with what the host knows of the step (its LRs, the clipping threshold, the
@@ -43,7 +43,7 @@ from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED, held_ten
 
 __all__ = ["CPU_SHARES", "Measured", "Probes", "lr_key", "measure", "weights_share"]
 
-CPU_SHARES = 4  # on the CPU each step checks a quarter of the weights' tensors, in turn
+CPU_SHARES = 8  # on the CPU each step checks an eighth of the weights' tensors, in turn
 
 # The guard's reasons that make a step bad (a rollback's stepping past does not).
 _BAD_REASONS = frozenset({BAD_LOSS, BAD_GRADS, BAD_LR, BAD_WEIGHTS, UNCHECKED})

@@ -70,3 +70,19 @@ def test_buffer_watch_restores_running_statistics_and_learns_what_changes() -> N
     model(torch.full((4, 2), float("nan")))  # a NaN batch: BatchNorm's statistics go NaN
     watch.end(restore=True)
     assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True))
+
+
+def test_buffer_watch_sees_modules_and_buffers_registered_mid_run() -> None:
+    # The watch keeps its walk over the modules between steps; any registration renews it.
+    model = nn.Sequential(nn.Linear(2, 2))
+    watch = BufferWatch(model)
+    watch.begin()
+    assert watch.buffers == []
+    watch.end(restore=False)
+    model.append(nn.BatchNorm1d(2))  # a submodule with buffers, added mid-run
+    model[0].register_buffer("scale", torch.ones(1))  # a buffer on a module that had none
+    watch.begin()
+    assert {id(b) for b in watch.buffers} == {id(b) for b in model.buffers()}
+    model(torch.full((4, 2), float("nan")))
+    watch.end(restore=True)
+    assert all(bool(torch.isfinite(b.float()).all()) for b in model.buffers())

@@ -7,7 +7,10 @@ copies the buffers that can change: those of modules that track running statisti
 buffer seen to change during the first `LEARN_STEPS` steps (when all of them are copied and
 compared). A buffer replaced by a new tensor is put back as the old object. Buffers are small;
 a buffer that never changed in those steps and changes later is not copied, and the monitor's
-check of the weights after each step still sees it if it goes non-finite. Torch only.
+check of the weights after each step still sees it if it goes non-finite. The walk over the
+modules is kept between steps and taken again whenever any module registers a submodule or a
+buffer (torch's global registration hooks count them): a module added mid-run is watched from
+the next step. Torch only.
 """
 
 from __future__ import annotations
@@ -18,6 +21,25 @@ from torch import Tensor, nn
 __all__ = ["BufferWatch"]
 
 _Key = tuple[int, str]  # (id of the owning module, buffer name)
+_registrations = [0]  # submodules and buffers registered in this process since the hooks
+
+
+def _count_registration(*_: object) -> None:
+    _registrations[0] += 1
+
+
+_hooks: list[object] = []
+
+
+def _watch_registrations() -> None:
+    """Count every submodule and buffer registration from now on (once per process)."""
+    if not _hooks:
+        _hooks.append(
+            nn.modules.module.register_module_module_registration_hook(_count_registration)
+        )
+        _hooks.append(
+            nn.modules.module.register_module_buffer_registration_hook(_count_registration)
+        )
 
 
 class BufferWatch:
@@ -35,15 +57,22 @@ class BufferWatch:
         self._steps = 0
         self._refs: list[tuple[nn.Module, str, Tensor]] = []
         self._copies: dict[_Key, Tensor] = {}
+        _watch_registrations()
+        self._walked: tuple[int, list[nn.Module]] | None = None  # (registrations, modules)
+
+    def _holders(self) -> list[nn.Module]:
+        """The modules that hold buffers, walked again after any registration."""
+        if self._walked is None or self._walked[0] != _registrations[0]:
+            holders = [m for m in self._model.modules() if m._buffers]
+            self._walked = (_registrations[0], holders)
+        return self._walked[1]
 
     def begin(self) -> None:
         """At the start of a step (its first micro-batch): note and copy what may change."""
         learning = self._steps < self.LEARN_STEPS
         self._refs, self._copies = [], {}
         with torch.no_grad():
-            for module in self._model.modules():
-                if not module._buffers:
-                    continue
+            for module in self._holders():
                 tracks = bool(getattr(module, "track_running_stats", False))
                 for name, buf in module._buffers.items():
                     if buf is None:
