@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .live_step import MicroBatch
 
 __all__ = [
+    "Preflight",
     "causal_check",
     "config_checks",
     "first_token_batch",
@@ -119,6 +120,34 @@ def preflight(
             if trainer.is_global_zero:
                 log.warning("StabilityMonitor: preflight %s skipped: %r", what, e)
     return found
+
+
+class Preflight:
+    """The preflight of a run: once, at its first batch (or never: all checks switched off, or
+    a resumed run, checked when it started).
+
+    Args:
+        switches: Each check's switch (`stabilizer.live.preflight.preflight_switches`).
+        strict: Raise a check's error instead of skipping that check.
+    """
+
+    def __init__(self, switches: Mapping[str, bool], strict: bool) -> None:
+        self.switches, self.strict = switches, strict
+        self.done = not any(switches.values())
+
+    def __call__(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        quiet: Callable[[], AbstractContextManager[None]],
+        guard: StepGuard | None,
+    ) -> list[Finding]:
+        """`preflight`'s findings the first time; nothing after."""
+        if self.done:
+            return []
+        self.done = True
+        return preflight(trainer, pl_module, batch, self.switches, quiet, guard, self.strict)
 
 
 def first_token_batch(batch: Any) -> torch.Tensor | None:

@@ -17,7 +17,7 @@ import torch
 
 from stabilizer.live.rootcause import RngState
 
-from .measure import Measured
+from .measured import Measured
 
 __all__ = ["LiveStep", "MicroBatch"]
 

@@ -34,7 +34,7 @@ from stabilizer.live.tensors import all_finite, count_nonfinite, optimizer_state
 from .checks import root_cause
 from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, StepGuard, Verdict, decide, risky_arithmetic
 from .live_step import LiveStep
-from .measure import Measured
+from .measured import Measured
 
 __all__ = ["Protection", "user_code_after"]
 

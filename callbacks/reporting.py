@@ -19,7 +19,7 @@ from stabilizer.core.run import RunEnd
 
 from .auto import AutoRemedies
 from .cost import CostMeter, over_budget_advice
-from .measure import Measured
+from .measured import Measured
 from .outputs import LiveOutputs
 from .protection import Protection
 
@@ -86,6 +86,24 @@ class Reporter:
         """The engine's last findings, then the run's end to every output."""
         self.emit(trainer, None, self.engine.finish())
         self.outputs.close(RunEnd(trainer.global_step, skipped, intact, self.cost.cost()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the engine, the findings, the remedies, the protection."""
+        state: dict[str, Any] = {
+            "engine": self.engine.state_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+            "auto": self.auto.state_dict() if self.auto is not None else None,
+        }
+        return state | (self.protection.state_dict() if self.protection is not None else {})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Back to a checkpoint's `state_dict`."""
+        self.engine.load_state_dict(state["engine"])
+        self.findings = [Finding.from_dict(f) for f in state["findings"]]
+        if self.auto is not None and state.get("auto"):
+            self.auto.load_state_dict(state["auto"])
+        if self.protection is not None:
+            self.protection.load_state_dict(state)
 
     def safely(self, fn: Callable[..., None], *args: Any) -> None:
         """Run one piece of reporting; an error stops the reports (one warning), not the run."""
