@@ -106,7 +106,8 @@ class Measurer:
     """
 
     def __init__(self, strict: bool) -> None:
-        self.strict, self.probes = strict, cast(Probes | None, None)
+        self.strict = strict
+        self.probes: Probes | None = None
         self._warned = False
 
     def __call__(
