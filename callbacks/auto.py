@@ -15,7 +15,8 @@ every application as a ``remedy_applied`` finding with the numbers before and af
   remedy, ``swap_to_pre_ln`` or ``upcast_to_fp32``, before training is under way;
 - ``divergence``, critical ``nonfinite_*`` → restore the last good snapshot and skip the next
   ``skip_batches`` updates (``rollback``), at most ``max_rollbacks`` times; then the run stops.
-  When the LR now is at least twice the LR of that snapshot (a surge), it is cut back by as much.
+  When the LR now is at least twice the highest the run had used up to that snapshot, or the
+  scheduler's initial LR if higher (a warmup's end is no surge), it is cut back by as much.
 
 Every remedy is then watched (`Ladder`): a ``remedy_result`` finding says whether it worked.
 """
@@ -123,8 +124,9 @@ class AutoRemedies:
         self._exhausted = False
         self._restored: SwapReport | None = None  # a swap re-applied from a checkpoint
         self.ladder = Ladder(check_steps)
-        self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the LR its update used
+        self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the highest LR used up to it
         self._step_lr = math.nan
+        self._lr_high = -math.inf  # the highest LR the steps have used
         self.stop_reason = "no rollback left"
 
     def watch(self, pl_module: pl.LightningModule) -> None:
@@ -166,6 +168,8 @@ class AutoRemedies:
         loss = record.values.get(LOSS, math.nan) if record is not None else math.nan
         # the LR this step's update used (the scheduler has already set the next one)
         self._step_lr = record.values.get(LR, math.nan) if record is not None else math.nan
+        if self._step_lr > self._lr_high:  # NaN never is
+            self._lr_high = self._step_lr
         snapshots = self._snapshots
         self._exhausted = any(
             self._wants_rollback(f)
@@ -185,7 +189,7 @@ class AutoRemedies:
         quiet = step - self._last_trouble >= self.snapshot_every
         saving = self._snapshots is not None and quiet and not self.skip.active(step)
         if saving and self._snapshots is not None and self._snapshots.maybe_save(step):
-            self._snapshot_lr[step] = self._step_lr
+            self._snapshot_lr[step] = self._lr_high
         return out
 
     def _applied(self, step: int, cause: Finding, applied: _Applied, loss: float) -> Finding:
@@ -301,10 +305,15 @@ class AutoRemedies:
             f"{self.skip_batches} updates skipped (to step {until})"
         )
         evidence = {"restored_step": float(restored), "skip_until": float(until)}
-        lr_then = self._snapshot_lr.get(restored, math.nan)
-        if lr_now >= SURGE * lr_then:  # the LR surged since the snapshot: cut it as much
+        # A surge is an LR above any the run had trained with, or the schedule's own (the end of
+        # a warmup after a snapshot from within it is none).
+        lr_then = max(self._snapshot_lr.get(restored, -math.inf), _initial_lr(trainer))
+        if 0 < lr_then < math.inf and lr_now >= SURGE * lr_then:  # surged: cut it as much
             change = self.lr.scale(lr_then / lr_now)
-            message += f"; LR cut {lr_now / lr_then:.3g}x (it was {lr_then:.3g} then, {lr_now:.3g})"
+            message += (
+                f"; LR cut {lr_now / lr_then:.3g}x (the highest before was {lr_then:.3g}, "
+                f"now {lr_now:.3g})"
+            )
             evidence.update(lr_then=lr_then, lr_now=lr_now, lr_factor=change.after)
         return _Applied("rollback", message, evidence)
 
@@ -330,6 +339,14 @@ def _cause(verdict: Verdict) -> Finding:
     w = verdict.watch
     message = f"{w.remedy} did not work"
     return Finding(w.cause, w.step, w.step, Severity.WARNING, message, {})
+
+
+def _initial_lr(trainer: pl.Trainer) -> float:
+    """The first param group's LR as its torch scheduler started it (``initial_lr``), or -inf."""
+    opts = trainer.optimizers
+    groups = opts[0].param_groups if opts else []
+    value = groups[0].get("initial_lr") if groups else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else -math.inf
 
 
 def _last_clean(f: Finding) -> int:

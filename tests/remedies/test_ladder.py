@@ -164,3 +164,21 @@ def test_a_nonfinite_loss_at_the_window_end_is_no_success() -> None:
 def test_check_steps_must_be_positive() -> None:
     with pytest.raises(ValueError, match="`check_steps` must be >= 1, got 0"):
         Ladder(check_steps=0)
+
+
+@pytest.mark.parametrize("scheduled", [True, False])
+def test_the_end_of_a_warmup_is_no_surge(scheduled: bool) -> None:
+    # The snapshot to go back to is from the warmup (LR 1e-3). With a torch scheduler whose own
+    # LR is 0.3 (`initial_lr`), a rollback at 0.3 leaves the LR alone; without one, 0.3 is 300x
+    # any LR the run had used: a surge, cut.
+    trainer, module = _trainer()
+    if scheduled:
+        trainer.optimizers[0].param_groups[0]["initial_lr"] = 0.3
+    auto = AutoRemedies(allow=["rollback"], snapshot_every=10, check_steps=30)
+    auto.start(trainer, module)
+    _run(auto, trainer, module, range(0, 11), {}, lr=1e-3)  # a snapshot at 10
+    out = _run(auto, trainer, module, range(11, 41), {40: [_diverged(12, 40)]}, lr=0.3)
+    (rollback,) = [f for f in out if f.kind == "remedy_applied"]
+    assert rollback.evidence["restored_step"] == 10.0
+    assert ("LR cut" in rollback.message) is not scheduled
+    assert auto.lr.factor == pytest.approx(1.0 if scheduled else 1e-3 / 0.3)
