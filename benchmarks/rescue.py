@@ -28,6 +28,7 @@ VARIANTS = ("none", "protect", "auto", "auto-without")
 TOLERANCE = 1.10  # rescued: validation loss within 10% of the healthy twin's
 REMEDY = {  # the article's remedy each scenario is for: disallowed in "auto-without"
     "spike": "clip_gradients",
+    "spike-sgd": "clip_gradients",
     "surge": "rollback",
     "diverge": "rollback",
     "nan": "upcast_to_fp32",
