@@ -138,6 +138,42 @@ def _spike(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
     ]
 
 
+def _norm(block_norms: list[float]) -> float:
+    """The blocks' joint gradient norm (the embeddings left out)."""
+    return math.sqrt(sum(n * n for n in block_norms))
+
+
+def _finite_or_inf(xs: list[float]) -> list[float]:
+    return [x if math.isfinite(x) else math.inf for x in xs]
+
+
+def _spike_sgd(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
+    sc = get_scenario("spike-sgd")
+    bad = sorted(sc.corrupted())
+    first, second = bad[0], bad[1]
+    loss, norms = curves.loss, [_norm(b) for b in curves.block_norms]
+    before = _median(loss[first - 20 : first])
+    return [
+        # Each zero-filled batch is an outsized gradient: the first, on a healthy model, ...
+        _over(
+            "first bad batch's norm / median of the 20 before",
+            norms[first] / _median(norms[first - 20 : first]),
+            5.0,
+        ),
+        # ... after which the run recovers (the LR is still warming up) ...
+        _under(
+            "loss 10-40 steps after the first / before",
+            _median(loss[first + 10 : second]) / before,
+            1.15,
+        ),
+        # ... and the later ones throw it off for good: the end is far above where the loss
+        # stood before the first bad batch (a NaN counts as infinitely far).
+        _over(
+            "last 30 losses (median) / before", _median(_finite_or_inf(loss[-30:])) / before, 1.5
+        ),
+    ]
+
+
 def _diverge(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
     loss = curves.loss
     surge = (get_scenario("diverge").lr_surge or (0, 0.0))[0]
@@ -262,6 +298,7 @@ def _pre_ln_deep(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
 _CLAIMS: dict[str, Callable[[Curves, Mapping[str, Curves]], list[Margin]]] = {
     "healthy": _healthy,
     "spike": _spike,
+    "spike-sgd": _spike_sgd,
     "diverge": _diverge,
     "surge": _surge,
     "nan": _nan,
