@@ -8,9 +8,11 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
 ``healthy``         pre-LN, sane LR with warmup: the loss falls steadily.
 ``spike``           a window of corrupted batches (uniform random bytes) mid-run: the loss jumps
                     several-fold and recovers within tens of steps.
-``spike-sgd``       SGD with momentum; every 50th batch, from step 50 on, is all NUL bytes (a
-                    zero-filled shard): ~25x the normal gradient norm, a ~25x step, and the
-                    repeated ones throw the run off for good (clipping after the first: not).
+``spike-sgd``       SGD with momentum; every 40th batch, from step 40 on, is all NUL bytes (a
+                    zero-filled shard): a loss spike and 5-36x the normal gradient norm, so a
+                    step as outsized; the first one (mid-warmup) the run survives, the later
+                    ones throw it off for good (NaN or a loss of 30-1000x). Clipping the norm
+                    to 1.0 after the first makes the rest harmless.
 ``diverge``         an LR surge mid-run (3000x, for good): the loss jumps and does not come back.
 ``surge``           an LR surge (1000x) for 20 steps only: the LR returns to normal, the loss
                     does not (the weights were thrown into a worse region): a rollback's case.
@@ -143,19 +145,22 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "spike-sgd",
-            "SGD with momentum; every 50th batch from step 50 on is all zero bytes (a "
-            "zero-filled shard): each spikes the gradient norm ~25x, and unclipped they throw "
-            "the run off for good",
+            "SGD with momentum; every 40th batch from step 40 on is all NUL bytes (a zero-filled "
+            "shard): each spikes the loss and the gradient norm, the first the run survives, the "
+            "later ones throw it off for good (NaN or a loss of 30-1000x)",
             model=_TINY,
             batch_size=8,
             # SGD's step is the LR times the gradient: an outsized gradient is an outsized step
-            # (AdamW normalises it per parameter, which is why `spike` recovers on its own).
+            # (AdamW normalises each parameter's step: `spike`'s bad batches move the weights
+            # about as far as good ones, and it recovers on its own, clipped or not).
             optimizer="sgd",
             lr=0.3,
             weight_decay=0.0,
-            # The first bad batch comes mid-warmup (LR 0.15): unclipped, the run survives it.
-            # The later ones, at the full LR, each throw the weights further: a loss of 3-1000
-            # nats or NaN at the end. Clipped at 1.0 (the normal norm is ~0.4), they are harmless.
+            # The first bad batch comes mid-warmup (LR 0.12): unclipped, the run survives it (it
+            # is also the one `auto` sees before it clips). The later ones, near the full LR,
+            # each throw the weights further: NaN or a loss of 30-1000x at the end, on every
+            # seed. Clipped at 1.0 (normal norms are ~0.4-0.8) they do no lasting harm. Every
+            # 40 steps, not 50: no 50 quiet steps for a rollback snapshot after the first.
             warmup_steps=100,
             corrupt=(40, 41),
             corrupt_every=40,
