@@ -11,8 +11,8 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
 ``spike-sgd``       SGD with momentum; every 40th batch, from step 40 on, is all NUL bytes (a
                     zero-filled shard): a loss spike and 5-36x the normal gradient norm, so a
                     step as outsized; the first one (mid-warmup) the run survives, the later
-                    ones throw it off for good (NaN or a loss of 30-1000x). Clipping the norm
-                    to 1.0 after the first makes the rest harmless.
+                    ones throw it off for good (NaN, or a loss 30-100x its old level).
+                    Clipping the norm to 1.0 after the first makes the rest harmless.
 ``diverge``         an LR surge mid-run (3000x, for good): the loss jumps and does not come back.
 ``surge``           an LR surge (1000x) for 20 steps only: the LR returns to normal, the loss
                     does not (the weights were thrown into a worse region): a rollback's case.
@@ -147,7 +147,7 @@ SCENARIOS: dict[str, Scenario] = {
             "spike-sgd",
             "SGD with momentum; every 40th batch from step 40 on is all NUL bytes (a zero-filled "
             "shard): each spikes the loss and the gradient norm, the first the run survives, the "
-            "later ones throw it off for good (NaN or a loss of 30-1000x)",
+            "later ones throw it off for good (NaN, or a loss 30-100x its old level)",
             model=_TINY,
             batch_size=8,
             # SGD's step is the LR times the gradient: an outsized gradient is an outsized step
@@ -158,9 +158,10 @@ SCENARIOS: dict[str, Scenario] = {
             weight_decay=0.0,
             # The first bad batch comes mid-warmup (LR 0.12): unclipped, the run survives it (it
             # is also the one `auto` sees before it clips). The later ones, near the full LR,
-            # each throw the weights further: NaN or a loss of 30-1000x at the end, on every
-            # seed. Clipped at 1.0 (normal norms are ~0.4-0.8) they do no lasting harm. Every
-            # 40 steps, not 50: no 50 quiet steps for a rollback snapshot after the first.
+            # each throw the weights further: NaN, or a loss 30-100x the old level, at the end
+            # on every seed. Clipped at 1.0 (normal norms are ~0.4-0.9 past the warmup's first
+            # steps) they do no lasting harm. Every 40 steps, not 50: no 50 quiet steps for a
+            # rollback snapshot after the first (docs/scenarios.md).
             warmup_steps=100,
             corrupt=(40, 41),
             corrupt_every=40,
