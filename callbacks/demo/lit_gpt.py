@@ -11,12 +11,11 @@ import lightning.pytorch as pl
 import torch
 
 from stabilizer.demo.model import GPT, GPTConfig
+from stabilizer.demo.scenarios import OPTIMIZERS
 
 from ..swap_checkpoint import restore_pre_ln
 
-__all__ = ["OPTIMIZERS", "LitGPT", "warmup_cosine"]
-
-OPTIMIZERS = ("adamw", "sgd")
+__all__ = ["LitGPT", "warmup_cosine"]
 
 
 def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
@@ -66,7 +65,8 @@ class LitGPT(pl.LightningModule):
         if lr <= 0:
             raise ValueError(f"`lr` must be > 0, got {lr}")
         if optimizer not in OPTIMIZERS:
-            raise ValueError(f"`optimizer` must be one of adamw, sgd, got {optimizer!r}")
+            choices = ", ".join(OPTIMIZERS)
+            raise ValueError(f"`optimizer` must be one of {choices}, got {optimizer!r}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"`momentum` must be in [0, 1), got {momentum}")
         if warmup_steps < 0:

@@ -24,6 +24,8 @@ import numpy.typing as npt
 import torch
 import torch.utils.data
 
+from .scenarios import FILLS
+
 __all__ = [
     "VOCAB_SIZE",
     "Corpus",
@@ -202,8 +204,8 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         corrupt: Container[int] | None = None,
         fill: str = "random",
     ) -> None:
-        if fill not in ("random", "zeros"):
-            raise ValueError(f"`fill` must be one of random, zeros, got {fill!r}")
+        if fill not in FILLS:
+            raise ValueError(f"`fill` must be one of {', '.join(FILLS)}, got {fill!r}")
         if block_size < 1 or batch_size < 1 or num_batches < 1:
             raise ValueError(
                 "`block_size`, `batch_size` and `num_batches` must be >= 1, got "
