@@ -28,18 +28,28 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps is not None:
         sc = sc.with_steps(args.steps)
     pl.seed_everything(sc.seed)
-    model = LitGPT(sc.model, lr=sc.lr, warmup_steps=sc.warmup_steps, max_steps=sc.steps)
+    model = LitGPT(
+        sc.model,
+        lr=sc.lr,
+        weight_decay=sc.weight_decay,
+        eps=sc.adam_eps,
+        warmup_steps=sc.warmup_steps,
+        max_steps=sc.steps,
+        optimizer=sc.optimizer,  # AdamW, or SGD with momentum (spike-sgd)
+        momentum=sc.momentum,
+    )
     data = StabilizerDataModule(
         block_size=sc.model.block_size,
         batch_size=sc.batch_size,
         max_steps=sc.steps,
-        corrupt=range(*sc.corrupt) if sc.corrupt else None,
+        corrupt=sc.corrupted() or None,  # the bad batches (recurring ones too)
+        corrupt_fill=sc.corrupt_fill,  # random bytes, or NUL bytes (a zero-filled shard)
     )
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=1,
         max_steps=sc.steps,
-        callbacks=[FaultInjector(sc.lr_surge, sc.activation_fault)],
+        callbacks=[FaultInjector(sc.lr_surge, sc.activation_fault, sc.lr_surge_until)],
         log_every_n_steps=1,
         enable_checkpointing=False,
         logger=False,

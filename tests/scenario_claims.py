@@ -26,11 +26,13 @@ UNIGRAM_ENTROPY = 3.25  # nats per byte of the stdlib corpus (measured: 3.252)
 
 
 class Curves(Protocol):
-    """Per optimizer step: the unscaled loss, each block's gradient norm, the loss scale, the LR;
-    and whether every weight was finite at the end."""
+    """Per optimizer step: the unscaled loss, each block's gradient norm, the total gradient norm
+    (every parameter, before any clipping), the loss scale, the LR; and whether every weight was
+    finite at the end."""
 
     loss: list[float]
     block_norms: list[list[float]]
+    grad_norm: list[float]
     loss_scale: list[float]
     lr: list[float]
     finite_weights: bool
@@ -45,6 +47,7 @@ class Trace(pl.Callback):
 
     loss: list[float] = field(default_factory=list)
     block_norms: list[list[float]] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)
     loss_scale: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     finite_weights: bool = True
@@ -64,6 +67,8 @@ class Trace(pl.Callback):
             for b in pl_module.model.blocks
         ]
         self.block_norms.append(norms)
+        grads = [p.grad.float().norm() for p in pl_module.parameters() if p.grad is not None]
+        self.grad_norm.append(float(torch.stack(grads).norm()) if grads else math.nan)
         self.lr.append(float(optimizer.param_groups[0]["lr"]))
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -135,6 +140,45 @@ def _spike(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
         _equal("non-finite losses", _nonfinite(loss), 0),
         _over("peak / before", max(loss[start:stop]) / before, 2.5),
         _under("20-40 steps after / before", _median(loss[stop + 20 : stop + 40]) / before, 1.15),
+    ]
+
+
+def _finite_or_inf(xs: list[float]) -> list[float]:
+    return [x if math.isfinite(x) else math.inf for x in xs]
+
+
+def _spike_sgd(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
+    sc = get_scenario("spike-sgd")
+    bad = sorted(sc.corrupted())
+    first, second = bad[0], bad[1]
+    loss, norms = curves.loss, curves.grad_norm
+    before = _median(loss[first - 20 : first])
+    return [
+        # Each zero-filled batch is an outsized gradient (most of it in the embedding, which
+        # also un-embeds: every position pushes the NUL byte's logit up): the first, in the
+        # warmup where the normal norms are still ~1, and the second, on the model that
+        # survived the first, near the full LR ...
+        _over(
+            "first bad batch's gradient norm / median of the 20 before",
+            norms[first] / _median(norms[first - 20 : first]),
+            3.0,
+        ),
+        _over(
+            "second bad batch's gradient norm / median of the 20 before",
+            norms[second] / _median(norms[second - 20 : second]),
+            10.0,
+        ),
+        # ... the first of which the run survives (the LR is still warming up) ...
+        _under(
+            "loss 20-40 steps after the first / before",
+            _median(loss[first + 20 : second]) / before,
+            1.15,
+        ),
+        # ... and the later ones throw it off for good: the end is far above where the loss
+        # stood before the first bad batch (a NaN counts as infinitely far).
+        _over(
+            "last 30 losses (median) / before", _median(_finite_or_inf(loss[-30:])) / before, 1.5
+        ),
     ]
 
 
@@ -262,6 +306,7 @@ def _pre_ln_deep(curves: Curves, twins: Mapping[str, Curves]) -> list[Margin]:
 _CLAIMS: dict[str, Callable[[Curves, Mapping[str, Curves]], list[Margin]]] = {
     "healthy": _healthy,
     "spike": _spike,
+    "spike-sgd": _spike_sgd,
     "diverge": _diverge,
     "surge": _surge,
     "nan": _nan,

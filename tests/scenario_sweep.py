@@ -40,6 +40,7 @@ class Run:
 
     loss: list[float]
     block_norms: list[list[float]]
+    grad_norm: list[float]
     loss_scale: list[float]
     lr: list[float]
     finite_weights: bool

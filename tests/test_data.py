@@ -90,3 +90,19 @@ def test_random_windows_are_deterministic_shifted_and_corruptible() -> None:
 def test_random_windows_too_short_split() -> None:
     with pytest.raises(CorpusError, match="split has 10 tokens, too few for one window"):
         RandomWindows(np.zeros(10, dtype=np.uint8), block_size=16, batch_size=1, num_batches=1)
+
+
+def test_zero_filled_batches_replace_only_the_corrupted_ones() -> None:
+    tokens = np.arange(10_000, dtype=np.int64).astype(np.uint8)
+    plain = RandomWindows(tokens, 16, 4, 10, seed=3)
+    zeros = RandomWindows(tokens, 16, 4, 10, seed=3, corrupt=range(5, 7), fill="zeros")
+    for i in (5, 6):  # a zero-filled shard: NUL bytes in, NUL bytes to predict
+        x, y = zeros[i]
+        assert x.shape == y.shape == (4, 16) and not x.any() and not y.any()
+    for i in (0, 4, 7, 9):
+        assert all((a == b).all() for a, b in zip(zeros[i], plain[i], strict=True))
+
+
+def test_unknown_fill_is_refused() -> None:
+    with pytest.raises(ValueError, match="`fill` must be one of random, zeros, got 'ones'"):
+        RandomWindows(np.zeros(100, dtype=np.uint8), 16, 1, 1, corrupt=range(1), fill="ones")

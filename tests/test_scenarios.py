@@ -31,6 +31,8 @@ def test_claim_holds(scenario_run: Callable[[str], TracedRun], name: str) -> Non
 # What each claim tells apart: its failure from the run without it.
 CONTROLS = [
     ("spike", "healthy"),
+    ("spike-sgd", "healthy"),
+    ("spike-sgd", "spike"),
     ("diverge", "healthy"),
     ("surge", "healthy"),
     ("surge", "spike"),
@@ -69,8 +71,10 @@ def test_claim_holds_on_every_seed_and_thread_count(
     [
         ({"precision": "fp8"}, "`precision` must be one of 32-true, bf16-mixed, fp16, 16-true"),
         ({"steps": 0}, "`steps` must be >= 1, got 0"),
+        ({"optimizer": "adam"}, "`optimizer` must be one of adamw, sgd, got 'adam'"),
+        ({"corrupt_fill": "ones"}, "`corrupt_fill` must be one of random, zeros, got 'ones'"),
     ],
-    ids=["precision", "steps"],
+    ids=["precision", "steps", "optimizer", "corrupt_fill"],
 )
 def test_scenario_validation(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -80,6 +84,14 @@ def test_scenario_validation(kwargs: dict[str, object], match: str) -> None:
 def test_unknown_scenario_lists_valid_names() -> None:
     with pytest.raises(ValueError, match="unknown scenario 'nope'; choose one of healthy, spike"):
         get_scenario("nope")
+
+
+def test_the_twin_of_spike_sgd_keeps_its_optimizer_and_drops_the_bad_batches() -> None:
+    sc = get_scenario("spike-sgd")
+    assert sc.corrupted() == frozenset(range(40, 300, 40)) and sc.corrupt_fill == "zeros"
+    twin = sc.twin()
+    assert twin.corrupted() == frozenset()
+    assert (twin.optimizer, twin.momentum, twin.lr) == ("sgd", 0.9, sc.lr)
 
 
 def test_every_scenario_is_small() -> None:

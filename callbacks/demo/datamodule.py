@@ -27,7 +27,8 @@ class StabilizerDataModule(pl.LightningDataModule):
         data: A text file to train on instead of the stdlib corpus.
         cache_dir: Corpus cache location (default: ``stabilizer.demo.data.default_cache_dir()``).
         seed: Seed of the window positions.
-        corrupt: Training batch indices replaced by uniform random bytes (the spike scenario).
+        corrupt: Training batch indices replaced by bad data (the spike scenarios).
+        corrupt_fill: What replaces them: ``"random"`` bytes or ``"zeros"`` (NUL bytes).
         val_batches: Number of validation batches.
     """
 
@@ -41,11 +42,13 @@ class StabilizerDataModule(pl.LightningDataModule):
         seed: int = 0,
         corrupt: Container[int] | None = None,
         val_batches: int = 8,
+        corrupt_fill: str = "random",
     ) -> None:
         super().__init__()
         self.block_size, self.batch_size, self.max_steps = block_size, batch_size, max_steps
         self.data, self.cache_dir, self.seed = data, cache_dir, seed
         self.corrupt, self.val_batches = corrupt, val_batches
+        self.corrupt_fill = corrupt_fill
         self.corpus: Corpus | None = None
 
     def prepare_data(self) -> None:
@@ -63,6 +66,7 @@ class StabilizerDataModule(pl.LightningDataModule):
             self.max_steps,
             seed=self.seed,
             corrupt=self.corrupt,
+            fill=self.corrupt_fill,
         )
         return DataLoader(windows, batch_size=None, shuffle=False)
 

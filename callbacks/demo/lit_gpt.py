@@ -1,4 +1,5 @@
-"""``LitGPT``: the reference GPT as a LightningModule (AdamW, LR warmup then cosine decay)."""
+"""``LitGPT``: the reference GPT as a LightningModule (AdamW or SGD with momentum, LR warmup then
+cosine decay)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 
 from stabilizer.demo.model import GPT, GPTConfig
+from stabilizer.demo.scenarios import OPTIMIZERS
 
 from ..swap_checkpoint import restore_pre_ln
 
@@ -27,17 +29,20 @@ def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: fl
 
 
 class LitGPT(pl.LightningModule):
-    """The reference GPT trained with AdamW and a per-step warmup + cosine schedule.
+    """The reference GPT trained with AdamW (or SGD) and a per-step warmup + cosine schedule.
 
     Logs ``train/loss`` every step and ``val/loss`` per validation run.
 
     Args:
         config: The model's configuration (a dict when loaded back from a checkpoint).
         lr: Peak learning rate.
-        weight_decay: AdamW weight decay, applied to matrices (weights, embeddings) only, not to
-            biases and norm gains, as in nanoGPT.
+        weight_decay: Weight decay (AdamW's decoupled one, SGD's L2), applied to matrices
+            (weights, embeddings) only, not to biases and norm gains, as in nanoGPT.
         betas: AdamW betas.
         eps: AdamW epsilon.
+        optimizer: ``"adamw"``, or ``"sgd"``: SGD with heavy-ball momentum, whose step is the
+            LR times the gradient (so an outsized gradient is an outsized step).
+        momentum: SGD's momentum (unused by AdamW).
         warmup_steps: Linear warmup length in optimizer steps; 0 for none.
         max_steps: Where the cosine reaches ``min_lr_ratio * lr``.
         min_lr_ratio: Final LR as a fraction of ``lr``.
@@ -53,10 +58,17 @@ class LitGPT(pl.LightningModule):
         warmup_steps: int = 0,
         max_steps: int = 1000,
         min_lr_ratio: float = 0.1,
+        optimizer: str = "adamw",
+        momentum: float = 0.9,
     ) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"`lr` must be > 0, got {lr}")
+        if optimizer not in OPTIMIZERS:
+            choices = ", ".join(OPTIMIZERS)
+            raise ValueError(f"`optimizer` must be one of {choices}, got {optimizer!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1), got {momentum}")
         if warmup_steps < 0:
             raise ValueError(f"`warmup_steps` must be >= 0, got {warmup_steps}")
         if max_steps < 1:
@@ -69,6 +81,7 @@ class LitGPT(pl.LightningModule):
         self.hparams["config"] = dataclasses.asdict(self.config)
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
         self.warmup_steps, self.max_steps, self.min_lr_ratio = warmup_steps, max_steps, min_lr_ratio
+        self.optimizer_name, self.momentum = optimizer, momentum
         self.model = GPT(self.config)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -93,15 +106,15 @@ class LitGPT(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": self.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=self.lr,
-            betas=self.betas,
-            eps=self.eps,
-        )
+        groups = [
+            {"params": decay, "weight_decay": self.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        optimizer: torch.optim.Optimizer
+        if self.optimizer_name == "sgd":
+            optimizer = torch.optim.SGD(groups, lr=self.lr, momentum=self.momentum)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, eps=self.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda step: warmup_cosine(step, self.warmup_steps, self.max_steps, self.min_lr_ratio),

@@ -97,6 +97,8 @@ def run_scenario(
         lr=sc.lr,
         weight_decay=sc.weight_decay,
         eps=sc.adam_eps,
+        optimizer=sc.optimizer,
+        momentum=sc.momentum,
         warmup_steps=sc.warmup_steps,
         max_steps=sc.steps,
     )
@@ -109,6 +111,7 @@ def run_scenario(
         cache_dir=cache_dir,
         seed=sc.seed,
         corrupt=corrupt,
+        corrupt_fill=sc.corrupt_fill,
     )
     if logger is True:
         logger = TensorBoardLogger(save_dir=str(log_dir), name=sc.name)

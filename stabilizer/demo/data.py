@@ -24,6 +24,8 @@ import numpy.typing as npt
 import torch
 import torch.utils.data
 
+from .scenarios import FILLS
+
 __all__ = [
     "VOCAB_SIZE",
     "Corpus",
@@ -177,8 +179,10 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
 
     Windows start at positions drawn from a generator seeded by ``(seed, i)``, so batch ``i`` is the
     same on every run, every worker and after a resume, and skipping batches is exact. Batches whose
-    index falls in ``corrupt`` are replaced by uniform random bytes: the "bad data" of the spike
-    scenario. Use with ``DataLoader(dataset, batch_size=None)``.
+    index falls in ``corrupt`` are replaced by uniform random bytes (``fill="random"``: the "bad
+    data" of the spike scenario) or by NUL bytes (``fill="zeros"``: a zero-filled shard, as a
+    preallocated token file that was never written or a truncated download leaves). Use with
+    ``DataLoader(dataset, batch_size=None)``.
 
     Args:
         tokens: The token stream (e.g. ``Corpus.train``).
@@ -186,7 +190,8 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         batch_size: Windows per batch.
         num_batches: Length of the dataset.
         seed: Base seed.
-        corrupt: Batch indices to replace by uniform random tokens.
+        corrupt: Batch indices to replace by bad data.
+        fill: What replaces them: ``"random"`` (uniform random bytes) or ``"zeros"``.
     """
 
     def __init__(
@@ -197,7 +202,10 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         num_batches: int,
         seed: int = 0,
         corrupt: Container[int] | None = None,
+        fill: str = "random",
     ) -> None:
+        if fill not in FILLS:
+            raise ValueError(f"`fill` must be one of {', '.join(FILLS)}, got {fill!r}")
         if block_size < 1 or batch_size < 1 or num_batches < 1:
             raise ValueError(
                 "`block_size`, `batch_size` and `num_batches` must be >= 1, got "
@@ -211,14 +219,18 @@ class RandomWindows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.num_batches, self.seed = num_batches, seed
         self.corrupt: Container[int] = corrupt if corrupt is not None else range(0)
+        self.fill = fill
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng((self.seed, i))
-        if i in self.corrupt:
-            chunk = rng.integers(0, VOCAB_SIZE, (self.batch_size, self.block_size + 1))
+        shape = (self.batch_size, self.block_size + 1)
+        if i in self.corrupt and self.fill == "zeros":
+            chunk = np.zeros(shape, dtype=np.int64)
+        elif i in self.corrupt:
+            chunk = rng.integers(0, VOCAB_SIZE, shape)
         else:
             starts = rng.integers(0, len(self.tokens) - self.block_size, self.batch_size)
             chunk = np.stack([self.tokens[s : s + self.block_size + 1] for s in starts])

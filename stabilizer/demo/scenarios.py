@@ -8,6 +8,11 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
 ``healthy``         pre-LN, sane LR with warmup: the loss falls steadily.
 ``spike``           a window of corrupted batches (uniform random bytes) mid-run: the loss jumps
                     several-fold and recovers within tens of steps.
+``spike-sgd``       SGD with momentum; every 40th batch, from step 40 on, is all NUL bytes (a
+                    zero-filled shard): a loss spike and 5-36x the normal gradient norm, so a
+                    step as outsized; the first one (mid-warmup) the run survives, the later
+                    ones throw it off for good (NaN, or a loss 30-100x its old level).
+                    Clipping the norm to 1.0 after the first makes the rest harmless.
 ``diverge``         an LR surge mid-run (3000x, for good): the loss jumps and does not come back.
 ``surge``           an LR surge (1000x) for 20 steps only: the LR returns to normal, the loss
                     does not (the weights were thrown into a worse region): a rollback's case.
@@ -33,10 +38,22 @@ from dataclasses import dataclass, field, replace
 
 from .config import GPTConfig
 
-__all__ = ["PRECISIONS", "SCENARIOS", "ActivationFault", "Scenario", "get_scenario"]
+__all__ = [
+    "FILLS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "SCENARIOS",
+    "ActivationFault",
+    "Scenario",
+    "get_scenario",
+]
 
 PRECISIONS = ("32-true", "bf16-mixed", "fp16", "16-true")
 """``fp16`` is 16-bit mixed precision with a dynamic loss scaler, on GPU and on CPU alike."""
+OPTIMIZERS = ("adamw", "sgd")
+"""``sgd``: SGD with (heavy-ball) momentum, whose step scales with the gradient."""
+FILLS = ("random", "zeros")
+"""What a corrupted batch holds: uniform random bytes, or NUL bytes (a zero-filled shard)."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +75,17 @@ class Scenario:
     model: GPTConfig = field(default_factory=GPTConfig)
     steps: int = 300  # optimizer steps
     batch_size: int = 16
-    lr: float = 3e-3  # peak LR of AdamW
+    lr: float = 3e-3  # peak LR
     warmup_steps: int = 30
     weight_decay: float = 0.1
     adam_eps: float = 1e-8  # AdamW epsilon; 1e-8 underflows to 0 in fp16 optimizer state
+    optimizer: str = "adamw"  # one of OPTIMIZERS
+    momentum: float = 0.9  # SGD's momentum (unused by AdamW)
     precision: str = "32-true"  # one of PRECISIONS
     seed: int = 0
     corrupt: tuple[int, int] | None = None  # training batches [start, stop) are random bytes
     corrupt_every: int = 0  # > 0: the corrupted window recurs every this many steps
+    corrupt_fill: str = "random"  # one of FILLS: what the corrupted batches hold
     lr_surge: tuple[int, float] | None = None  # from step N on, the LR is multiplied by factor
     lr_surge_until: int | None = None  # the surge ends before this step (None: never)
     activation_fault: ActivationFault | None = None
@@ -75,6 +95,10 @@ class Scenario:
             raise ValueError(
                 f"`precision` must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
             )
+        for name, choices in (("optimizer", OPTIMIZERS), ("corrupt_fill", FILLS)):
+            if getattr(self, name) not in choices:
+                valid = ", ".join(choices)
+                raise ValueError(f"`{name}` must be one of {valid}, got {getattr(self, name)!r}")
         if self.steps < 1:
             raise ValueError(f"`steps` must be >= 1, got {self.steps}")
 
@@ -118,6 +142,30 @@ SCENARIOS: dict[str, Scenario] = {
             "corrupted batches at steps 150-154: the loss jumps several-fold, then recovers",
             model=_SMALL,
             corrupt=(150, 155),
+        ),
+        Scenario(
+            "spike-sgd",
+            "SGD with momentum; every 40th batch from step 40 on is all NUL bytes (a zero-filled "
+            "shard): each spikes the loss and the gradient norm, the first the run survives, the "
+            "later ones throw it off for good (NaN, or a loss 30-100x its old level)",
+            model=_TINY,
+            batch_size=8,
+            # SGD's step is the LR times the gradient: an outsized gradient is an outsized step
+            # (AdamW normalises each parameter's step: `spike`'s bad batches move the weights
+            # about as far as good ones, and it recovers on its own, clipped or not).
+            optimizer="sgd",
+            lr=0.3,
+            weight_decay=0.0,
+            # The first bad batch comes mid-warmup (LR 0.12): unclipped, the run survives it (it
+            # is also the one `auto` sees before it clips). The later ones, near the full LR,
+            # each throw the weights further: NaN, or a loss 30-100x the old level, at the end
+            # on every seed. Clipped at 1.0 (normal norms are ~0.4-0.9 past the warmup's first
+            # steps) they do no lasting harm. Every 40 steps, not 50: no 50 quiet steps for a
+            # rollback snapshot after the first (docs/scenarios.md).
+            warmup_steps=100,
+            corrupt=(40, 41),
+            corrupt_every=40,
+            corrupt_fill="zeros",
         ),
         Scenario(
             "diverge",
