@@ -11,7 +11,7 @@ The reports render a `Diagnosis`:
     text = render_text(diagnosis)
 
 - `render_text` / `render_markdown`: header, timeline of episodes with cause and remedy (from the
-  one table in `advice`), verdict;
+  kinds table, `stabilizer.core.kinds`, and `advice`), verdict;
 - `report_dict`: the JSON report of several inputs;
 - `stabilizer.report.plot.plot_diagnosis`: a PNG (needs matplotlib, the extra ``plot``);
 - `stabilizer.report.tensorboard_export.TensorBoardExport`: the replayed signals, the heatmap and
@@ -35,7 +35,7 @@ from stabilizer.replay.diagnose import (
 )
 from stabilizer.replay.history import History
 
-from .advice import ADVICE, REMEDY_TEXT, Advice, advice_for, remedy_text
+from .advice import REMEDY_TEXT, advice_for, remedy_text
 from .episodes import Episode, episodes
 from .json_report import report_dict
 from .markdown import render_markdown
@@ -43,9 +43,7 @@ from .text import render_text
 from .verdict import verdict
 
 __all__ = [
-    "ADVICE",
     "REMEDY_TEXT",
-    "Advice",
     "Diagnosis",
     "Episode",
     "Failure",
