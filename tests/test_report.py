@@ -46,20 +46,22 @@ SPIKE = Finding(
     120,
     128,
     Severity.WARNING,
-    "loss spiked from 2.5 to 7.5 (3.0x) at step 121, back after 8 steps: clip gradients",
+    "loss spiked from 2.5 to 7.5 (3.0x) at step 121, back after 8 steps",
     {"baseline": 2.5, "peak": 7.5, "ratio": 3.0, "peak_step": 121},
     (),
     ("clip_gradients", "rollback"),
+    advice="clip gradients",
 )
 NAN_FIRST = Finding(
     "nonfinite_loss",
     300,
     300,
     Severity.ERROR,
-    "loss is nan at step 300: skip the step",
+    "loss is nan at step 300",
     {"loss": math.nan},
     (),
     ("skip_step", "upcast_to_fp32", "rollback"),
+    advice="skip the step",
 )
 NAN_STUCK = Finding(
     "nonfinite_loss",
