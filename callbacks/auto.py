@@ -1,24 +1,14 @@
-"""``AutoRemedies``: the ``auto`` policy's table from findings to the remedies that fix them.
+"""``AutoRemedies``: the ``auto`` policy applies the remedy each finding's kind calls for.
 
-The remedies themselves are the plain functions of `stabilizer.live.remedies`; this module decides
-*when*, applies each at most as often as the table allows (never twice in a loop), and reports
-every application as a ``remedy_applied`` finding with the numbers before and after.
-
-- ``loss_spike``, ``grad_spike`` → clip the gradient norm to 1.0 (``clip_gradients``);
-- ``clip_saturation`` → halve the LR, once (``scale_lr``);
-- ``nonfinite_loss``, ``nonfinite_grad``, ``fp16_overflow``, ``overflow_risk`` → norms and
-  attention softmax in fp32 (``upcast_to_fp32``); ``nonfinite_update`` is the guard's own (it
-  undoes the step) and the advice is fp32 master weights;
-- ``depth_imbalance`` before step ``swap_before`` → post-LN to pre-LN with the LR re-warmed
-  (``swap_to_pre_ln``); later the finding only recommends restarting pre-LN;
-- ``config_risk`` warnings of the preflight (post-LN without warmup, fp16 norms) → their own
-  remedy, ``swap_to_pre_ln`` or ``upcast_to_fp32``, before training is under way;
-- ``divergence``, critical ``nonfinite_*`` → restore the last good snapshot and skip the next
-  ``skip_batches`` updates (``rollback``), at most ``max_rollbacks`` times; then the run stops.
-  When the LR now is at least twice the highest the run had used up to that snapshot, or the
-  scheduler's initial LR if higher (a warmup's end is no surge), it is cut back by as much.
-
-Every remedy is then watched (`Ladder`): a ``remedy_result`` finding says whether it worked.
+Which remedy answers which kind is the kinds table's (`Kind.auto`, `Kind.rollback_at` in
+`stabilizer.core.kinds`; the table is in docs/remedies.md); the remedies themselves are the plain
+functions of `stabilizer.live.remedies`. This module decides *when*, applies each remedy once
+(never twice in a loop; a rollback at most ``max_rollbacks`` times, and a rollback cuts a surged
+LR back: an LR at least twice the highest used up to its snapshot, or the scheduler's initial
+LR if higher, so that a warmup's end is no surge), lets a ``config_risk`` warning apply its own
+remedy, and reports every application as a ``remedy_applied`` finding with the numbers before
+and after. Every remedy is then watched (`Ladder`): a ``remedy_result`` finding says whether it
+worked.
 """
 
 from __future__ import annotations
@@ -31,6 +21,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from stabilizer.core.kinds import CONFIG_RISK, REMEDY_APPLIED, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import low_precision
 from stabilizer.core.signals import LOSS, LR
@@ -53,17 +44,6 @@ log = logging.getLogger("stabilizer")
 
 REMEDY_NAMES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
 
-_TABLE: dict[str, str] = {
-    "loss_spike": "clip_gradients",
-    "grad_spike": "clip_gradients",
-    "clip_saturation": "scale_lr",
-    "nonfinite_loss": "upcast_to_fp32",
-    "nonfinite_grad": "upcast_to_fp32",
-    "fp16_overflow": "upcast_to_fp32",
-    "overflow_risk": "upcast_to_fp32",
-    "depth_imbalance": "swap_to_pre_ln",
-}
-_ROLLBACK_CRITICAL = ("nonfinite_loss", "nonfinite_grad", "nonfinite_update")  # and divergence
 SURGE = 2.0  # a rollback cuts the LR when it is at least this many times the snapshot's
 
 
@@ -242,17 +222,16 @@ class AutoRemedies:
         return self._exhausted
 
     def _wants_rollback(self, f: Finding) -> bool:
-        critical = f.kind in _ROLLBACK_CRITICAL and f.severity >= Severity.CRITICAL
-        # A divergence's closing INFO finding (the loss came back) calls for nothing.
-        diverged = f.kind == "divergence" and f.severity >= Severity.ERROR
-        return "rollback" in self.allow and (diverged or critical)
+        # (a divergence's closing INFO finding, the loss came back, calls for nothing)
+        at = kind_of(f.kind).rollback_at
+        return "rollback" in self.allow and at is not None and f.severity >= at
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding
     ) -> _Applied | None:
         if self._wants_rollback(f):
             return self._rollback(trainer, step, _last_clean(f))
-        name = _TABLE.get(f.kind) or _config_remedy(f)
+        name = kind_of(f.kind).auto or _config_remedy(f)
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
         return self._remedy(trainer, pl_module, step, name)
@@ -337,8 +316,10 @@ class AutoRemedies:
 
 def _cause(verdict: Verdict) -> Finding:
     w = verdict.watch
-    message = f"{w.remedy} did not work"
-    return Finding(w.cause, w.step, w.step, Severity.WARNING, message, {})
+    return Finding(
+        kind=w.cause, step=w.step, end_step=w.step, severity=Severity.WARNING,
+        seen=f"{w.remedy} did not work",
+    )  # fmt: skip
 
 
 def _initial_lr(trainer: pl.Trainer) -> float:
@@ -358,20 +339,19 @@ def _last_clean(f: Finding) -> int:
 
 def _config_remedy(f: Finding) -> str | None:
     """The remedy a preflight warning names (none for the info that clipping is off)."""
-    if f.kind != "config_risk" or f.severity < Severity.WARNING:
+    if f.kind != CONFIG_RISK or f.severity < Severity.WARNING:
         return None
     return next((r for r in f.remedies if r in ("swap_to_pre_ln", "upcast_to_fp32")), None)
 
 
 def _finding(step: int, cause: Finding, applied: _Applied) -> Finding:
-    message = f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}"
     return Finding(
-        "remedy_applied",
-        step,
-        step,
-        Severity.INFO,
-        message,
-        applied.evidence,
-        cause.location,
-        (applied.name,),
+        kind=REMEDY_APPLIED,
+        step=step,
+        end_step=step,
+        severity=Severity.INFO,
+        seen=f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}",
+        evidence=applied.evidence,
+        location=cause.location,
+        remedies=(applied.name,),
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 
+from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
 from stabilizer.core.records import Finding, Severity
 from stabilizer.live.preflight import (
     causal_by_design,
@@ -249,7 +250,7 @@ def root_cause(
     prefix = f"micro-batch {index + 1} of {len(micro)}: " if len(micro) > 1 else ""
     if trainer.world_size > 1 and where.reproduced:
         prefix = f"rank {rank}: {prefix}"
-    return replace(finding, message=prefix + finding.message) if prefix else finding
+    return replace(finding, seen=prefix + finding.seen) if prefix else finding
 
 
 def _replay_order(micro: Sequence[MicroBatch]) -> list[int]:
@@ -359,14 +360,19 @@ def _finding(step: int, where: Localization) -> Finding:
     where = replace(where, module=module, parameter=parameter)
     location = (module,) if module else ()
     severity = Severity.ERROR if where.reproduced else Severity.WARNING
-    message = where.message
+    seen, evidence = where.message, where.evidence
     if where.reproduced:  # (a NaN made by the loss code alone is no numerical fault of a module)
         what = "deterministic" if where.phase == "loss" else "a numerical fault"
-        message += f" (reproduced on replay: {what}; replay {where.elapsed_s:.2f} s)"
+        seen += f" (reproduced on replay: {what}; replay {where.elapsed_s:.2f} s)"
+    if where.reproduced and where.phase == "loss":
+        evidence[IN_THE_LOSS] = 1.0
     # fp32 islands help a module that overflows, not a NaN made in the loss computation.
     numerical = where.reproduced and where.phase != "loss"
-    remedies = ("upcast_to_fp32", "skip_step") if numerical else ("skip_step",)
-    return Finding("root_cause", step, step, severity, message, where.evidence, location, remedies)
+    return Finding(
+        kind=ROOT_CAUSE, step=step, end_step=step, severity=severity, seen=seen,
+        evidence=evidence, location=location,
+        remedies=("upcast_to_fp32", "skip_step") if numerical else ("skip_step",),
+    )  # fmt: skip
 
 
 def _strip(name: str) -> str:

@@ -5,23 +5,12 @@
     stabilizer: nonfinite_loss at 5 more steps (70…102), each skipped; weights intact
     stabilizer: done at step 300: 7 findings (2 error, 5 warning); 9 steps skipped ...
 
-Lines go through the ``stabilizer`` logger, each finding at its severity, ``info`` included. As
-Lightning does for its own logger (``rank_zero_info``), the monitor makes INFO visible: the
-logger's level becomes INFO unless the program set one, and a program that configured no logging
-(the root logger has no handler) gets a stream handler on stderr; one that did gets the lines in
-its own handlers. ``logging.getLogger("stabilizer").setLevel(logging.WARNING)`` hides the info.
-
-Repeats are folded: the first finding of a kind at a severity prints in full; later ones are
-counted and printed as one line after `FOLD_STEPS` steps or at the end. ``remedy_applied`` and
-critical findings always print in full.
-
-An episode is one finding: a detector's later finding of the same kind, start step and location
-(the cascade is over, the band of starved layers is gone or lasted to the end, the NaN persists;
-see `stabilizer.core.episode`) prints as that episode's update, without the remedies said
-already, and the end line counts the episode once, at the worst severity it reached::
-
-    stabilizer: steps 60-62 error fp16_overflow: fp16 overflow cascade: 3 skipped steps ...
-    stabilizer: steps 60-63 fp16_overflow, update: fp16 overflow cascade: 4 skipped ...; over
+Lines go through the ``stabilizer`` logger, each finding at its severity; as Lightning does for
+its own logger, INFO is made visible (`show_info`). A finding prints what was seen and the
+remedies that fit the run; repeats of a kind at a severity are folded into one line (after
+`FOLD_STEPS` steps or at the end), except critical findings and what the monitor did
+(`Kind.action`). A later finding of an episode (`stabilizer.core.episode`) prints as its update,
+and the end line counts the episode once, at its worst severity. More: docs/findings.md.
 """
 
 from __future__ import annotations
@@ -34,8 +23,9 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from stabilizer.core.episode import EpisodeKey, episode_key
+from stabilizer.core.episode import Episodes
 from stabilizer.core.groups import depth_group
+from stabilizer.core.kinds import REMEDY_APPLIED, Kind, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd, low_precision
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
@@ -49,15 +39,6 @@ log = logging.getLogger("stabilizer")
 
 FOLD_STEPS = 50
 """Repeats of a finding are summed up in one line at most this many steps after the first."""
-
-_NONFINITE = frozenset({"nonfinite_loss", "nonfinite_grad", "nonfinite_update"})
-_ONCE = frozenset({"remedy_applied", "remedy_result"})  # each printed, never folded
-_NOUNS = {
-    "nonfinite_loss": "NaN/Inf loss",
-    "nonfinite_grad": "NaN/Inf gradients",
-    "root_cause": "root cause",
-    "remedy_result": "remedy result",
-}
 
 
 def show_info() -> None:
@@ -121,7 +102,7 @@ class Console:
         self._cost: Cost | None = None  # what the monitor cost, measured
         self._shown: set[tuple[str, Severity]] = set()
         self._folds: dict[tuple[str, Severity], _Fold] = {}
-        self._episodes: dict[EpisodeKey, Severity] = {}  # each episode's worst severity so far
+        self._episodes = Episodes()
 
     def start(
         self,
@@ -202,18 +183,17 @@ class Console:
 
     def line(self, finding: Finding, record: StepRecord | None = None) -> str:
         """One finding as printed: span, severity, kind, where, what, what became of the step."""
-        skipped = finding.kind == "fp16_overflow" or (
-            finding.kind in (*_NONFINITE, "root_cause") and _skipped(record)
-        )
+        kind = kind_of(finding.kind)
+        skipped = kind.scaler_skips or (kind.nan and _skipped(record))
         where = f" [{', '.join(finding.location)}]" if finding.location else ""
         text = f"{_span(finding)} {finding.severity.name.lower()} {finding.kind}{where}: "
         text += observation(finding)
-        if finding.kind in _NONFINITE and record is not None:
+        if _of_the_step(kind) and record is not None:
             text += "; " + _fate(record, self.policy)
         remedies = applicable_remedies(
             finding.remedies, skipped=skipped, low_precision=self.low_precision
         )
-        if remedies and finding.kind not in _ONCE:
+        if remedies and not kind.action:
             text += f" -> try: {', '.join(remedies)}"
         return text
 
@@ -225,17 +205,13 @@ class Console:
     def _updates(self, finding: Finding) -> bool:
         """Whether ``finding`` updates an episode printed before (then counted and printed as
         its update); else it opens one."""
-        episode = episode_key(finding)
-        if episode is None:
+        episode = self._episodes.add(finding)
+        if not episode.updates or episode.was is None:
             return False
-        was = self._episodes.get(episode)
-        if was is None:
-            self._episodes[episode] = finding.severity
-            return False
-        if finding.severity > was:  # the episode counts at the worst severity it reached
-            self.counts[was] -= 1
-            self.counts[finding.severity] += 1
-            self._episodes[episode] = finding.severity
+        now = episode.finding.severity
+        if now > episode.was:  # the episode counts at the worst severity it reached
+            self.counts[episode.was] -= 1
+            self.counts[now] += 1
         log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
         return True
 
@@ -245,9 +221,9 @@ class Console:
         if self._updates(finding):
             return
         self.counts[finding.severity] += 1
-        self.applied += finding.kind == "remedy_applied"
+        self.applied += finding.kind == REMEDY_APPLIED
         key = (finding.kind, finding.severity)
-        folds = finding.kind not in _ONCE and finding.severity < Severity.CRITICAL
+        folds = not kind_of(finding.kind).action and finding.severity < Severity.CRITICAL
         if not folds or key not in self._shown:
             self._shown.add(key)
             log.log(int(finding.severity), "stabilizer: %s", self.line(finding, record))
@@ -263,13 +239,19 @@ class Console:
             if not due(fold):
                 continue
             del self._folds[(kind, severity)]
-            noun = _NOUNS.get(kind, kind)
+            noun = kind_of(kind).count_noun
             steps = f"{fold.first}…{fold.last}" if fold.last != fold.first else str(fold.first)
             plural = "s" if fold.count > 1 else ""
             text = f"{noun} at {fold.count} more step{plural} ({steps})"
-            if kind in _NONFINITE and fold.skipped and self.policy != "observe":
+            if _of_the_step(kind_of(kind)) and fold.skipped and self.policy != "observe":
                 text += ", each skipped; weights intact"
             log.log(int(severity), "stabilizer: %s", text)
+
+
+def _of_the_step(kind: Kind) -> bool:
+    """A NaN/Inf a detector saw in the step's own values (then the line says what became of the
+    step's update); not the root cause, which explains one."""
+    return kind.nan and kind.detector is not None
 
 
 def _span(finding: Finding) -> str:

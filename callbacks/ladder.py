@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stabilizer.core.kinds import DEPTH_IMBALANCE, REMEDY_RESULT, TABLE
 from stabilizer.core.records import Finding, Severity
 
 __all__ = [
@@ -32,18 +33,13 @@ __all__ = [
 CHECK_STEPS = 50
 """Steps a remedy is watched for before it is said to have worked."""
 
-_SPIKY = ("divergence", "nonfinite_loss", "nonfinite_grad")
-_NONFINITE = ("nonfinite_loss", "nonfinite_grad")
 FAILS: dict[str, tuple[str, ...]] = {
-    # clipping is for spikes that would throw the run off: a spike that comes back down (bad data
-    # still has a high loss) is what it lets through; a divergence is what it is for.
-    "clip_gradients": _SPIKY,
-    "scale_lr": ("clip_saturation", *_SPIKY),
-    "upcast_to_fp32": _NONFINITE,
-    "swap_to_pre_ln": ("depth_imbalance", *_SPIKY),
-    "rollback": _SPIKY,
+    remedy: tuple(kind.name for kind in TABLE if remedy in kind.refutes)
+    for remedy in dict.fromkeys(name for kind in TABLE for name in kind.refutes)
 }
-"""Remedy -> the finding kinds whose return says it did not work."""
+"""Remedy -> the finding kinds whose return says it did not work (`Kind.refutes`). Clipping is
+for spikes that would throw the run off: a loss spike that comes back down (bad data still has a
+high loss) is what it lets through, so it refutes nothing; a divergence is what clipping is for."""
 
 NEXT: dict[str, str] = {
     "clip_gradients": "scale_lr",
@@ -102,7 +98,7 @@ class Ladder:
         """Start watching `remedy`, applied after `step` for `cause`."""
         self.tried.append(remedy)
         self.watches = [w for w in self.watches if w.remedy != remedy]  # the newest counts
-        bands = {cause.step} if cause.kind == "depth_imbalance" else set()
+        bands = {cause.step} if cause.kind == DEPTH_IMBALANCE else set()
         self.watches.append(Watch(remedy, cause.kind, step, step + self.check_steps, loss, bands))
 
     def check(self, step: int, found: Sequence[Finding], loss: float) -> list[Verdict]:
@@ -133,7 +129,7 @@ def _track_bands(w: Watch, found: Sequence[Finding]) -> None:
     if w.remedy != "swap_to_pre_ln":
         return
     for f in found:
-        if f.kind == "depth_imbalance":
+        if f.kind == DEPTH_IMBALANCE:
             if f.severity <= Severity.INFO:
                 w.open_bands.discard(f.step)
             else:
@@ -143,10 +139,10 @@ def _track_bands(w: Watch, found: Sequence[Finding]) -> None:
 def _fails(w: Watch, f: Finding) -> bool:
     if f.kind not in FAILS.get(w.remedy, ()) or f.step <= w.step:
         return False
-    if f.kind == "depth_imbalance":
+    if f.kind == DEPTH_IMBALANCE:
         return False  # judged at the window's end: the band must have closed
-    floor = Severity.ERROR if f.kind == "divergence" else Severity.WARNING
-    return f.severity >= floor
+    # (a divergence is an ERROR, and INFO once the loss is back: only the ERROR counts)
+    return f.severity >= Severity.WARNING
 
 
 def result_finding(
@@ -159,23 +155,26 @@ def result_finding(
     evidence["worked"] = float(verdict.worked)
     head = f"{w.remedy} (after {w.cause}, step {w.step})"
     numbers = f"loss {_num(w.loss)} -> {_num(verdict.loss)}"
+    severity, remedies = Severity.INFO, [w.remedy]
     if verdict.worked:
-        message = f"{head} worked: no {w.cause} back in {w.until - w.step} steps; {numbers}"
-        return Finding("remedy_result", step, step, Severity.INFO, message, evidence, (),
-                       (w.remedy,))  # fmt: skip
-    why = (
-        f"{verdict.because.kind} at step {verdict.because.step}"
-        if verdict.because is not None
-        else "the band of starved blocks is still there"
-    )
-    if next_remedy is not None:
-        message = f"{head} did not work: {why}; {numbers}; next: {next_remedy}"
-        return Finding("remedy_result", step, step, Severity.WARNING, message, evidence, (),
-                       (w.remedy, next_remedy))  # fmt: skip
-    advice = stop_advice(tried, w.remedy)
-    message = f"{head} did not work: {why}; {numbers}; nothing left: stopping the run ({advice})"
-    return Finding("remedy_result", step, step, Severity.CRITICAL, message, evidence, (),
-                   (w.remedy,))  # fmt: skip
+        seen = f"{head} worked: no {w.cause} back in {w.until - w.step} steps; {numbers}"
+    else:
+        why = (
+            f"{verdict.because.kind} at step {verdict.because.step}"
+            if verdict.because is not None
+            else "the band of starved blocks is still there"
+        )
+        seen = f"{head} did not work: {why}; {numbers}"
+        if next_remedy is not None:
+            severity, remedies = Severity.WARNING, [w.remedy, next_remedy]
+            seen += f"; next: {next_remedy}"
+        else:
+            severity = Severity.CRITICAL
+            seen += f"; nothing left: stopping the run ({stop_advice(tried, w.remedy)})"
+    return Finding(
+        kind=REMEDY_RESULT, step=step, end_step=step, severity=severity, seen=seen,
+        evidence=evidence, remedies=tuple(remedies),
+    )  # fmt: skip
 
 
 def stop_advice(tried: Sequence[str], last: str) -> str:

@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from stabilizer.core.kinds import GUARD_ERROR
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import (
     CLIP_VAL,
@@ -106,7 +107,10 @@ class Measured:
     def unchecked(self) -> Finding:
         """The critical finding of a step the guard could not check (and so skipped)."""
         message = f"the guard could not check this step ({self.error}): its update was skipped"
-        return Finding("guard_error", self.step, self.step, Severity.CRITICAL, message)
+        return Finding(
+            kind=GUARD_ERROR, step=self.step, end_step=self.step, severity=Severity.CRITICAL,
+            seen=message,
+        )  # fmt: skip
 
     def guard_values(self) -> dict[str, float]:
         """Total gradient norm, non-finite count and (when a backward ran) the loss: what the

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -46,9 +44,6 @@ from stabilizer.report.session import (
 )
 from stabilizer.report.text import render_overall
 from stabilizer.report.watching import WATCH_HELP, WatchSession
-
-if TYPE_CHECKING:
-    from stabilizer.demo.model import GPT
 
 __all__ = ["main"]
 
@@ -135,10 +130,11 @@ def demo(
         corpus = load_corpus(data)  # build the cache now: errors surface before training starts
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
-    from stabilizer.callbacks.demo.run import run_scenario  # Lightning only loads for this command
+    # Lightning only loads for this command
+    from stabilizer.callbacks.demo.run import quiet_lightning, run_scenario, sample_text
     from stabilizer.callbacks.monitor import StabilityMonitor
 
-    _quiet_lightning()  # after the import: importing lightning resets its loggers' levels
+    quiet_lightning()  # after the import: importing lightning resets its loggers' levels
 
     click.echo(f"stabilizer demo: scenario {sc.name!r}: {sc.summary}")
     click.echo(
@@ -171,26 +167,7 @@ def demo(
         click.echo(f"  {finding}")
     if sample:
         click.echo("--- sample ---")
-        click.echo(_sample_text(run.module.model, corpus.decode, sample))
-
-
-def _sample_text(model: GPT, decode: Callable[[list[int]], str], n: int) -> str:
-    import torch
-
-    model.eval()
-    device = next(model.parameters()).device
-    prompt = torch.tensor([list(b"def ")], device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    out = model.generate(prompt, n, temperature=0.8, top_k=40, generator=gen)
-    return decode(out[0].tolist())
-
-
-def _quiet_lightning() -> None:
-    # The demo prints its own summary; Lightning's banners and tips would drown it.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*litlogger.*")
+        click.echo(sample_text(run.module.model, corpus.decode, sample))
 
 
 _SEVERITIES = [severity.name.lower() for severity in Severity]

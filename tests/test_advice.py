@@ -25,32 +25,33 @@ GRAD_SPIKE = Finding(
     119,
     120,
     Severity.WARNING,
-    "gradient norm spiked to 40 (20x the 2 baseline) at step 119, back after 1 step: clip the "
-    "gradient norm near its usual level",
+    "gradient norm spiked to 40 (20x the 2 baseline) at step 119, back after 1 step",
     {"baseline": 2.0, "peak": 40.0, "ratio": 20.0, "peak_step": 119},
     (),
     ("clip_gradients",),
+    advice="clip the gradient norm near its usual level",
 )
 OVERFLOW = Finding(
     "fp16_overflow",
     60,
     62,
     Severity.ERROR,
-    "fp16 overflow cascade: 3 skipped steps since step 60, loss scale 65536 -> 16384: train in "
-    "bf16 or run LayerNorm/softmax in fp32",
+    "fp16 overflow cascade: 3 skipped steps since step 60, loss scale 65536 -> 16384",
     {"skipped": 3.0},
     (),
     ("upcast_to_fp32", "skip_step"),
+    advice="train in bf16 or run LayerNorm/softmax in fp32",
 )
 NAN = Finding(
     "nonfinite_loss",
     60,
     60,
     Severity.ERROR,
-    "loss is nan at step 60: skip the step; if it recurs, run LayerNorm/softmax in fp32",
+    "loss is nan at step 60",
     {"loss": math.nan},
     (),
     ("skip_step", "upcast_to_fp32", "rollback"),
+    advice="skip the step; if it recurs, run LayerNorm/softmax in fp32",
 )
 
 

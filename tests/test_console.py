@@ -248,14 +248,14 @@ def _console(policy: str = "protect") -> Console:
 
 def _nan(step: int) -> Finding:
     return Finding(
-        "nonfinite_loss",
-        step,
-        step,
-        Severity.ERROR,
-        f"loss is nan at step {step}: skip the step; if it recurs, run LayerNorm/softmax in fp32",
-        {"loss": float("nan")},
-        (),
-        ("skip_step", "upcast_to_fp32", "rollback"),
+        kind="nonfinite_loss",
+        step=step,
+        end_step=step,
+        severity=Severity.ERROR,
+        seen=f"loss is nan at step {step}",
+        evidence={"loss": float("nan")},
+        remedies=("skip_step", "upcast_to_fp32", "rollback"),
+        advice="skip the step; if it recurs, run LayerNorm/softmax in fp32",
     )
 
 

@@ -27,7 +27,7 @@ def _finding(**changes: Any) -> Finding:
         "step": 100,
         "end_step": 103,
         "severity": Severity.WARNING,
-        "message": "loss spiked from 2.5 to 7.5 (3.0x) at step 101, back after 4 steps",
+        "seen": "loss spiked from 2.5 to 7.5 (3.0x) at step 101, back after 4 steps",
         "evidence": {"baseline": 2.5, "peak": 7.5, "peak_step": 101.0, "ratio": 3.0},
         "location": ("block_03",),
         "remedies": ("clip_gradients", "rollback"),
@@ -104,7 +104,8 @@ def test_finding_with_open_end_and_defaults() -> None:
         {"step": 99},
         {"end_step": None},
         {"severity": Severity.ERROR},
-        {"message": "other"},
+        {"seen": "other"},
+        {"advice": "clip gradients"},
         {"evidence": {"baseline": 2.5}},
         {"location": ()},
         {"remedies": ("rollback",)},
@@ -117,8 +118,37 @@ def test_findings_compare_by_every_field(change: dict[str, Any]) -> None:
 
 
 def test_finding_message_must_be_one_line() -> None:
-    with pytest.raises(ValueError, match="`message` must be one line, got 'a\\\\nb'"):
-        _finding(message="a\nb")
+    with pytest.raises(ValueError, match="`seen` must be one line, got 'a\\\\nb'"):
+        _finding(seen="a\nb")
+    with pytest.raises(ValueError, match="`advice` must be one line, got 'a\\\\rb'"):
+        _finding(advice="a\rb")
+
+
+def test_finding_parts_are_fields_and_its_message_joins_them() -> None:
+    finding = _finding(advice="clip gradients (norm 1.0)")
+    assert finding.message == finding.seen + ": clip gradients (norm 1.0)"
+    data = _strict(finding.to_json())
+    assert data["message"] == finding.message  # whole, as readers before the fields read it
+    assert data["advice"] == "clip gradients (norm 1.0)"
+    assert Finding.from_dict(data) == finding
+    assert "advice" not in _finding().to_dict()  # none: the message is what was seen
+
+
+def test_a_finding_written_before_the_fields_reads_whole_as_what_was_seen() -> None:
+    old = {  # a line of a stability.jsonl written before findings had their parts as fields
+        "type": "finding", "kind": "loss_spike", "step": 200, "end_step": 203,
+        "severity": "warning", "message": "loss spiked ... back after 4 steps: clip gradients",
+        "evidence": {}, "location": [], "remedies": ["clip_gradients"],
+    }  # fmt: skip
+    finding = Finding.from_dict(old)
+    assert (finding.seen, finding.advice) == (old["message"], "")
+    assert finding.message == old["message"]
+
+
+def test_advice_that_does_not_end_the_message_is_refused() -> None:
+    data = {**_finding(advice="clip").to_dict(), "advice": "roll back"}
+    with pytest.raises(ValueError, match="`advice` must end the message, got 'roll back'"):
+        Finding.from_dict(data)
 
 
 def test_finding_from_bad_dict() -> None:

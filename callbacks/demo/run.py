@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,13 +14,21 @@ import torch
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.plugins.precision import MixedPrecision
 
+from stabilizer.demo.model import GPT
 from stabilizer.demo.scenarios import Scenario, get_scenario
 
 from .datamodule import StabilizerDataModule
 from .faults import FaultInjector
 from .lit_gpt import LitGPT
 
-__all__ = ["ScenarioRun", "precision_args", "resolve_accelerator", "run_scenario"]
+__all__ = [
+    "ScenarioRun",
+    "precision_args",
+    "quiet_lightning",
+    "resolve_accelerator",
+    "run_scenario",
+    "sample_text",
+]
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -136,3 +146,21 @@ def run_scenario(
     trainer = pl.Trainer(**args)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return ScenarioRun(sc, trainer, module, datamodule)
+
+
+def sample_text(model: GPT, decode: Callable[[list[int]], str], n: int) -> str:
+    """``n`` bytes the model writes after ``"def "`` (seeded: the same text every time)."""
+    model.eval()
+    device = next(model.parameters()).device
+    prompt = torch.tensor([list(b"def ")], device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    out = model.generate(prompt, n, temperature=0.8, top_k=40, generator=gen)
+    return decode(out[0].tolist())
+
+
+def quiet_lightning() -> None:
+    """Hide Lightning's banners and tips: the demo prints its own summary."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*litlogger.*")

@@ -15,27 +15,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-__all__ = ["KINDS", "REMEDIES", "Finding", "Severity", "StepRecord"]
-
-KINDS = (
-    "loss_spike",
-    "divergence",
-    "nonfinite_loss",
-    "nonfinite_grad",
-    "grad_spike",
-    "clip_saturation",
-    "fp16_overflow",
-    "overflow_risk",
-    "depth_imbalance",
-    "stall",
-    "nonfinite_update",
-    "root_cause",
-    "config_risk",
-    "causal_leak",
-    "remedy_applied",
-    "remedy_result",
-)
-"""Known `Finding.kind` values (not enforced: other components may add kinds)."""
+__all__ = ["REMEDIES", "Finding", "Severity", "StepRecord"]
 
 REMEDIES = (
     "clip_gradients",
@@ -49,6 +29,7 @@ REMEDIES = (
 )
 """Known remedy names for `Finding.remedies`."""
 
+_JOIN = ": "  # between what was seen and the advice, in `Finding.message`
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -159,29 +140,38 @@ class Severity(IntEnum):
 class Finding:
     """One diagnosed episode: what happened, when, how bad, the numbers, and what to do.
 
+    Its parts are fields, and every output renders them: the console and the reports show what
+    was `seen` beside the `remedies` (which say the `advice` again), one-line outputs show the
+    whole `message`.
+
     Args:
-        kind: What was found, one of `KINDS` (``"loss_spike"``, ``"nonfinite_loss"``, ...).
+        kind: What was found, a row of `stabilizer.core.kinds` (``"loss_spike"``, ...).
         step: The step the episode started.
         end_step: The last step the finding covers, or None when not known.
         severity: How bad it is.
-        message: One line a human can act on.
+        seen: What was seen, one line (``"loss spiked from 2.5 to 7.5 (3.0x) at step 121"``).
         evidence: The numbers behind the decision (baseline, peak, ratio, ...).
         location: Module or depth-group names, when known.
         remedies: Suggested remedy names (see `REMEDIES`), most useful first.
+        advice: What to do in a few words (``"clip gradients (norm 1.0)"``), as the remedies say
+            it again; "" for none.
     """
 
     kind: str
     step: int
     end_step: int | None
     severity: Severity
-    message: str
+    seen: str
     evidence: Mapping[str, float] = field(default_factory=dict)
     location: tuple[str, ...] = ()
     remedies: tuple[str, ...] = ()
+    advice: str = ""
 
     def __post_init__(self) -> None:
-        if "\n" in self.message or "\r" in self.message:
-            raise ValueError(f"`message` must be one line, got {self.message!r}")
+        for name in ("seen", "advice"):
+            text = getattr(self, name)
+            if "\n" in text or "\r" in text:
+                raise ValueError(f"`{name}` must be one line, got {text!r}")
         object.__setattr__(self, "step", int(self.step))
         if self.end_step is not None:
             object.__setattr__(self, "end_step", int(self.end_step))
@@ -189,6 +179,11 @@ class Finding:
         object.__setattr__(self, "evidence", _floats(self.evidence))
         object.__setattr__(self, "location", tuple(self.location))
         object.__setattr__(self, "remedies", tuple(self.remedies))
+
+    @property
+    def message(self) -> str:
+        """The whole line: what was seen, then the advice after ``": "``."""
+        return f"{self.seen}{_JOIN}{self.advice}" if self.advice else self.seen
 
     def __str__(self) -> str:
         """One line for a human: step range, severity, kind, location, message, remedies.
@@ -203,7 +198,7 @@ class Finding:
         return f"{span} {self.severity.name.lower()} {self.kind}{where}: {self.message}{fix}"
 
     def _key(self) -> tuple[Any, ...]:
-        head = (self.kind, self.step, self.end_step, self.severity, self.message)
+        head = (self.kind, self.step, self.end_step, self.severity, self.seen, self.advice)
         return (*head, _comparable(self.evidence), self.location, self.remedies)
 
     def __eq__(self, other: object) -> bool:
@@ -215,8 +210,12 @@ class Finding:
         return hash(self._key())
 
     def to_dict(self) -> dict[str, Any]:
-        """A strict-JSON-able dict with ``"type": "finding"``; severity by lower-case name."""
-        return {
+        """A strict-JSON-able dict with ``"type": "finding"``; severity by lower-case name.
+
+        ``message`` is the whole line (what readers before the parts were fields read); a
+        finding with advice has ``advice`` too, the end of the message after ``": "``.
+        """
+        data = {
             "type": "finding",
             "kind": self.kind,
             "step": self.step,
@@ -227,6 +226,9 @@ class Finding:
             "location": list(self.location),
             "remedies": list(self.remedies),
         }
+        if self.advice:
+            data["advice"] = self.advice
+        return data
 
     def to_json(self) -> str:
         """One line of strict JSON (see `to_dict`)."""
@@ -234,20 +236,26 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
-        """The finding of a `to_dict` dict (or a parsed `to_json` line).
+        """The finding of a `to_dict` dict (or a parsed `to_json` line); a dict without
+        ``advice`` (one written before the parts were fields, too) has its message as `seen`.
 
         Raises:
             ValueError: ``type`` is not ``"finding"``, a key is missing or a value is invalid.
         """
         _require(data, "finding", ("kind", "step", "end_step", "severity", "message"))
-        end_step = data["end_step"]
+        end_step, message = data["end_step"], str(data["message"])
+        advice = str(data.get("advice") or "")
+        seen = message.removesuffix(_JOIN + advice) if advice else message
+        if advice and len(seen) == len(message):
+            raise ValueError(f"`advice` must end the message, got {advice!r}")
         return cls(
             kind=str(data["kind"]),
             step=int(data["step"]),
             end_step=None if end_step is None else int(end_step),
             severity=Severity.parse(str(data["severity"])),
-            message=str(data["message"]),
+            seen=seen,
             evidence={k: _decode(v) for k, v in data.get("evidence", {}).items()},
             location=tuple(data.get("location", ())),
             remedies=tuple(data.get("remedies", ())),
+            advice=advice,
         )

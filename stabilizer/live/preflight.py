@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from stabilizer.core.kinds import CAUSAL_LEAK, CONFIG_RISK
 from stabilizer.core.records import Finding, Severity
 
 __all__ = [
@@ -170,7 +171,7 @@ def _by_design(leak: Finding) -> Finding:
         "batch's targets are not the inputs shifted by one (a masked-LM objective), so no "
         "causal mask is needed; pass preflight={'causal': False} to skip this check"
     )
-    return Finding("causal_leak", leak.step, None, Severity.INFO, message, leak.evidence)
+    return _finding(CAUSAL_LEAK, leak.step, Severity.INFO, message, leak.evidence)
 
 
 def _logits(out: Any) -> Tensor:
@@ -208,7 +209,7 @@ def _leak(before: Tensor, after: Tensor, step: int) -> list[Finding]:
         "seq_len": T,
         "max_abs_diff": float(diff.max()),
     }
-    return [Finding("causal_leak", step, None, Severity.CRITICAL, message, evidence)]
+    return [_finding(CAUSAL_LEAK, step, Severity.CRITICAL, message, evidence)]
 
 
 def config_risks(
@@ -278,7 +279,7 @@ def optimizer_risks(optimizers: Sequence[torch.optim.Optimizer], step: int = 0) 
                 "eps >= 1e-8 (1e-6 or more for fp16 parameters)"
             )
             evidence = {"optimizer": float(i), "eps": 0.0}
-            found.append(Finding("config_risk", step, None, Severity.WARNING, message, evidence))
+            found.append(_finding(CONFIG_RISK, step, Severity.WARNING, message, evidence))
     return found
 
 
@@ -305,7 +306,7 @@ def _post_ln_without_warmup(model: nn.Module, warmup_steps: int | None, step: in
     )
     evidence = {"post_ln_blocks": len(post), "warmup_steps": 0}
     remedies = ("swap_to_pre_ln", "lr_warmup")
-    return [Finding("config_risk", step, None, Severity.WARNING, message, evidence, post, remedies)]
+    return [_finding(CONFIG_RISK, step, Severity.WARNING, message, evidence, post, remedies)]
 
 
 def _fp16_norms(model: nn.Module, precision: str, step: int) -> list[Finding]:
@@ -326,9 +327,7 @@ def _fp16_norms(model: nn.Module, precision: str, step: int) -> list[Finding]:
     evidence = {"fp16_norms": len(norms), "fp16_softmax": len(softmax)}
     location = (*norms, *softmax)
     remedies = ("upcast_to_fp32",)
-    return [
-        Finding("config_risk", step, None, Severity.WARNING, message, evidence, location, remedies)
-    ]
+    return [_finding(CONFIG_RISK, step, Severity.WARNING, message, evidence, location, remedies)]
 
 
 def _fp16(module: nn.Module, true_fp16: bool) -> bool:
@@ -341,11 +340,7 @@ def _no_clipping(gradient_clip_val: float | None, step: int) -> list[Finding]:
         return []
     message = "no gradient clipping: one bad batch can take a step as large as its gradient"
     evidence = {"gradient_clip_val": 0.0}
-    return [
-        Finding(
-            "config_risk", step, None, Severity.INFO, message, evidence, (), ("clip_gradients",)
-        )
-    ]
+    return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, (), ("clip_gradients",))]
 
 
 def _too_long(seq_len: int | None, max_positions: int | None, step: int) -> list[Finding]:
@@ -356,4 +351,20 @@ def _too_long(seq_len: int | None, max_positions: int | None, step: int) -> list
         "the later positions have no embedding (an index error, or garbage with RoPE tables)"
     )
     evidence = {"seq_len": seq_len, "max_positions": max_positions}
-    return [Finding("config_risk", step, None, Severity.CRITICAL, message, evidence)]
+    return [_finding(CONFIG_RISK, step, Severity.CRITICAL, message, evidence)]
+
+
+def _finding(
+    kind: str,
+    step: int,
+    severity: Severity,
+    seen: str,
+    evidence: Mapping[str, float],
+    location: Sequence[str] = (),
+    remedies: tuple[str, ...] = (),
+) -> Finding:
+    """A finding of the set-up: at the step of the first batch, with no end step."""
+    return Finding(
+        kind=kind, step=step, end_step=None, severity=severity, seen=seen,
+        evidence=evidence, location=tuple(location), remedies=remedies,
+    )  # fmt: skip

@@ -2,9 +2,9 @@
 
 Two rules every output follows:
 
-- `observation`: a detector's message ends with its short advice after the last ``": "``
-  (``"... back after 4 steps: clip gradients (norm 1.0)"``). An output that lists the remedies
-  on their own shows the observation only, so that one remedy is said once.
+- `observation`: an output that lists a finding's remedies shows what was seen
+  (`Finding.seen`) without its advice, which the remedies say again, so that one remedy is said
+  once; a finding without remedies shows its whole message.
 - `applicable_remedies`: the remedies that fit the run. "Skip the step" is no advice when the
   step was skipped (by the guard or a grad scaler); fp32 islands and fp32 master weights are
   no advice in an fp32 run.
@@ -18,45 +18,17 @@ from stabilizer.core.records import Finding
 
 __all__ = ["LOW_PRECISION_REMEDIES", "applicable_remedies", "observation"]
 
-# Kinds whose message is "<observation>: <advice>", the advice repeating `Finding.remedies`.
-_ADVICE_AFTER_COLON = frozenset(
-    {
-        "loss_spike",
-        "grad_spike",
-        "clip_saturation",
-        "nonfinite_loss",
-        "nonfinite_grad",
-        "nonfinite_update",
-        "fp16_overflow",
-        "overflow_risk",
-        "depth_imbalance",
-    }
-)
-
-# The first words of the detectors' advice: a tail that starts otherwise is no advice.
-_ADVICE_VERBS = frozenset(
-    {"clip", "skip", "roll", "train", "switch", "lower", "keep", "run", "move", "warm", "halve"}
-)
-
 LOW_PRECISION_REMEDIES = frozenset({"upcast_to_fp32", "mixed_precision"})
 """Remedies that only help when some of the computation runs in 16 bits."""
 
 
 def observation(finding: Finding) -> str:
-    """The message without the detector's advice, when the remedies carry that advice.
+    """What was seen, when the remedies carry the advice; else the whole message.
 
     ``"loss spiked from 2.5 to 7.5 (3.0x) at step 121, back after 8 steps"`` for the message
-    ``"...back after 8 steps: clip gradients"``. A finding without remedies keeps its message
-    whole: there the advice is said nowhere else.
+    ``"...back after 8 steps: clip gradients (norm 1.0)"``.
     """
-    if finding.kind not in _ADVICE_AFTER_COLON or not finding.remedies:
-        return finding.message
-    message = finding.message
-    for sep in (": ", "; "):  # "<what>: <advice>" or "<what>: <so what>; <advice>"
-        head, found, tail = message.rpartition(sep)
-        if found and head and tail.split(" ", 1)[0] in _ADVICE_VERBS:
-            return head
-    return message
+    return finding.seen if finding.remedies else finding.message
 
 
 def applicable_remedies(

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from stabilizer.core.engine import Engine
-from stabilizer.core.episode import ONE_SHOT_KINDS, EpisodeKey, episode_key, updated
+from stabilizer.core.episode import Episodes
+from stabilizer.core.kinds import LIVE_ONLY
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import LOSS
@@ -83,7 +84,7 @@ class Segment:
     nonfinite_since: int | None = None
 
 
-LIVE_KINDS = ONE_SHOT_KINDS
+LIVE_KINDS = LIVE_ONLY
 """Finding kinds only the live monitor can make: read from its log, not replayed."""
 
 
@@ -160,7 +161,8 @@ class _Replay:
         self.segment: Segment | None = None
         self.restart: Restart | None = None  # the restart the next record starts a segment at
         self.keys: set[str] = set()  # the value keys kept (at most `MAX_KEYS`)
-        self.open: dict[EpisodeKey, int] = {}  # the segment's episodes: index in the findings
+        self.episodes = Episodes()  # the segment's episodes
+        self.base = 0  # where the segment's episodes begin in the findings
         self.stored: list[Finding] = []  # the monitor's own findings that no replay derives
         self.seen = 0  # the monitor's own findings in the stream so far
 
@@ -211,7 +213,8 @@ class _Replay:
     def _begin(self, step: int, restart: Restart | None) -> None:
         if self.segment is not None:
             self.finish()
-            self.engine, self.open = Engine(), {}
+            self.engine, self.episodes = Engine(), Episodes()
+            self.base = len(self.diagnosis.findings)
         index = len(self.diagnosis.segments) + 1
         why, line = ("", None) if restart is None else (_why(restart, index), restart.line)
         self.segment = Segment(index, step, step, why=why, line=line)
@@ -233,16 +236,13 @@ class _Replay:
     def _keep(self, findings: list[Finding]) -> None:
         """Keep new findings; one that updates an episode of the segment replaces its entry."""
         kept = self.diagnosis.findings
+        assert self.segment is not None
         for finding in findings:
-            assert self.segment is not None
-            key = episode_key(finding)
-            at = self.open.get(key) if key is not None else None
-            if at is not None:
-                kept[at] = Located(kept[at].segment, updated(kept[at].finding, finding))
-                continue
-            if key is not None:
-                self.open[key] = len(kept)
-            kept.append(Located(self.segment.index, finding))
+            episode = self.episodes.add(finding)
+            if episode.updates:
+                kept[self.base + episode.index] = Located(self.segment.index, episode.finding)
+            else:
+                kept.append(Located(self.segment.index, finding))
 
 
 def _why(restart: Restart, index: int) -> str:

@@ -1,24 +1,17 @@
 """Post-mortem reports: a finished run's log in, findings explained out.
 
-`diagnose` (`stabilizer.replay.diagnose`) streams one log (any format `stabilizer.replay.readers`
-reads) through the detectors, a fresh `stabilizer.core.engine.Engine` per segment of a restarted
-run, and keeps only what the reports need: findings, segments, notes and a bounded `History`.
-The reports render a `Diagnosis`:
+`diagnose` (`stabilizer.replay.diagnose`) streams one log through the detectors, a fresh engine
+per segment of a restarted run, and keeps what the reports need: findings, segments, notes and a
+bounded `History`. The reports render a `Diagnosis`:
 
-    from stabilizer.report import diagnose, render_text
+    text = render_text(diagnose("runs/megatron.log"))
 
-    diagnosis = diagnose("runs/megatron.log")
-    text = render_text(diagnosis)
-
-- `render_text` / `render_markdown`: header, timeline of episodes with cause and remedy (from the
-  one table in `advice`), verdict;
-- `report_dict`: the JSON report of several inputs;
-- `stabilizer.report.plot.plot_diagnosis`: a PNG (needs matplotlib, the extra ``plot``);
-- `stabilizer.report.tensorboard_export.TensorBoardExport`: the replayed signals, the heatmap and
-  the findings as TensorBoard events.
-
-The last two are not imported here: matplotlib is optional and TensorBoard's protos take time to
-import, which a plain report does not need.
+- `render_text` / `render_markdown`: header, timeline of episodes with cause and remedy (the
+  kinds table, `stabilizer.core.kinds`, and `advice`), verdict; `report_dict`: the JSON report;
+- `stabilizer.report.plot.plot_diagnosis`: a PNG (the extra ``plot``), and
+  `stabilizer.report.tensorboard_export.TensorBoardExport`: the replayed signals, the heatmap and
+  the findings as TensorBoard events. Neither is imported here: matplotlib is optional and
+  TensorBoard's protos take time to import, which a plain report does not need.
 """
 
 from __future__ import annotations
@@ -35,7 +28,7 @@ from stabilizer.replay.diagnose import (
 )
 from stabilizer.replay.history import History
 
-from .advice import ADVICE, REMEDY_TEXT, Advice, advice_for, remedy_text
+from .advice import REMEDY_TEXT, advice_for, remedy_text
 from .episodes import Episode, episodes
 from .json_report import report_dict
 from .markdown import render_markdown
@@ -43,9 +36,7 @@ from .text import render_text
 from .verdict import verdict
 
 __all__ = [
-    "ADVICE",
     "REMEDY_TEXT",
-    "Advice",
     "Diagnosis",
     "Episode",
     "Failure",

@@ -3,10 +3,10 @@
 An *episode* is what a reader of the report thinks of as one event. Detectors report one event
 as several findings: a NaN that persists is two (the first step at once, then "not
 recovering"), a loss spike comes with the gradient spike at its start, an fp16 overflow cascade
-with the NaN loss it causes and the root cause of that NaN. Findings of one family (`FAMILIES`)
-in one segment whose steps touch (a finding starting at most one step after the episode's last
-step) are one episode, with every piece of evidence, titled by its main finding. The JSON report
-keeps every finding as it is.
+with the NaN loss it causes and the root cause of that NaN. Findings of one family (`Kind.family`
+in `stabilizer.core.kinds`) in one segment whose steps touch (a finding starting at most one step
+after the episode's last step) are one episode, with every piece of evidence, titled by its main
+finding. The JSON report keeps every finding as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from stabilizer.core.records import Finding, Severity
+from stabilizer.core.kinds import family_rank, kind_of
+from stabilizer.core.records import Finding
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
@@ -24,7 +25,6 @@ from stabilizer.replay.readers import Note
 from .advice import RunFacts, cause_for, fitting_remedies, remedy_text
 
 __all__ = [
-    "FAMILIES",
     "Episode",
     "episodes",
     "evidence_text",
@@ -40,16 +40,6 @@ __all__ = [
 ]
 
 MAX_NOTES = 12  # distinct notes listed; the JSON report has them all
-
-FAMILIES = (
-    ("divergence", "loss_spike", "grad_spike"),
-    ("nonfinite_loss", "nonfinite_grad", "nonfinite_update", "fp16_overflow", "root_cause"),
-)
-"""Kinds that one event raises together, the one that titles the episode first."""
-
-# kind -> (its family, its precedence in the family: the main kind highest)
-_RANK = {kind: (family, -order) for family, kinds in enumerate(FAMILIES) for order, kind in
-         enumerate(kinds)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,9 +61,7 @@ class Episode:
     def worst(self) -> Finding:
         """The finding that sets severity and advice: the most severe; of equals, the main kind
         of the family, then the last."""
-        return max(
-            reversed(self.findings), key=lambda f: (f.severity, _RANK.get(f.kind, (0, 0))[1])
-        )
+        return max(reversed(self.findings), key=lambda f: (f.severity, _precedence(f.kind)))
 
     @property
     def cause(self) -> str:
@@ -121,9 +109,8 @@ class Episode:
 def is_setup(finding: Finding) -> bool:
     """Whether ``finding`` is advice on the set-up (the preflight's ``config_risk``, a causal
     check that found a bidirectional model by design), not an event of the training."""
-    return finding.kind == "config_risk" or (
-        finding.kind == "causal_leak" and finding.severity <= Severity.INFO
-    )
+    up_to = kind_of(finding.kind).setup_up_to
+    return up_to is not None and finding.severity <= up_to
 
 
 def setup_findings(diagnosis: Diagnosis) -> list[Finding]:
@@ -138,11 +125,12 @@ def episodes(diagnosis: Diagnosis) -> list[Episode]:
     events = [item for item in diagnosis.findings if not is_setup(item.finding)]
     ordered = sorted(events, key=lambda item: (item.segment, item.finding.step))
     groups: list[tuple[int, list[Finding]]] = []
-    latest: dict[tuple[int, int | str], list[Finding]] = {}  # the open episode by family
+    latest: dict[tuple[int, str], list[Finding]] = {}  # the open episode by family (or kind)
     for segment, finding in ordered:
-        family = _RANK[finding.kind][0] if finding.kind in _RANK else finding.kind
+        rank = family_rank(finding.kind)
+        family = finding.kind if rank is None else rank[0]
         found = latest.get((segment, family))
-        if found is None or not _joins(finding, found, in_family=finding.kind in _RANK):
+        if found is None or not _joins(finding, found, in_family=rank is not None):
             found = latest[segment, family] = []
             groups.append((segment, found))
         found.append(finding)
@@ -151,6 +139,12 @@ def episodes(diagnosis: Diagnosis) -> list[Episode]:
         Episode(number, segment, tuple(found), facts)
         for number, (segment, found) in enumerate(groups, 1)
     ]
+
+
+def _precedence(kind: str) -> int:
+    """A kind's precedence in its family (the main kind highest); 0 for a kind of none."""
+    rank = family_rank(kind)
+    return 0 if rank is None else rank[1]
 
 
 def _joins(finding: Finding, found: list[Finding], in_family: bool) -> bool:
@@ -202,7 +196,7 @@ def remedy_lines(remedies: Sequence[str], kind: str = "") -> list[str]:
 
 def outcome(episode: Episode, segment: Segment, segments: int) -> str:
     """Whether a non-finite episode ended, as the log tells; else ``""``."""
-    if episode.worst.kind not in ("nonfinite_loss", "nonfinite_grad"):
+    if not kind_of(episode.worst.kind).outcome:
         return ""
     where = "segment" if segments > 1 else "log"
     since, last = segment.nonfinite_since, episode.end or episode.start

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stabilizer.core.detectors import DETECTORS, Detector, default_detectors, make_detector
-from stabilizer.core.records import KINDS, REMEDIES, Finding, StepRecord
+from stabilizer.core.kinds import KINDS, kind_of
+from stabilizer.core.records import REMEDIES, Finding, StepRecord
 
 from .streams import eventful, feed, healthy
 
@@ -74,6 +75,7 @@ def test_fires_on_the_eventful_stream_with_known_kinds_and_remedies(name: str) -
     assert found
     for finding in found:
         assert finding.kind in KINDS
+        assert kind_of(finding.kind).detector == name  # its row names the detector that emits it
         assert set(finding.remedies) <= set(REMEDIES)
         assert "\n" not in finding.message
         assert Finding.from_dict(json.loads(finding.to_json())) == finding

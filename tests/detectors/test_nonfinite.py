@@ -42,9 +42,13 @@ def test_persistent_nan_is_critical_once_when_it_reaches_persistent_after() -> N
         (Severity.CRITICAL, 3, 7),
     ]
     assert found[1].message == (
-        "NaN/Inf loss persists for 5 steps since step 3: the run is not recovering; roll back "
+        "NaN/Inf loss persists for 5 steps since step 3: the run is not recovering: roll back "
         "and run LayerNorm/softmax in fp32"
     )
+    assert (
+        found[1].seen == "NaN/Inf loss persists for 5 steps since step 3: the run is not recovering"
+    )
+    assert found[1].advice == "roll back and run LayerNorm/softmax in fp32"
     assert found[1].remedies == ("rollback", "upcast_to_fp32")
     # Still NaN at the end of the stream: the closing finding covers the whole episode.
     [closing] = detector.finish()

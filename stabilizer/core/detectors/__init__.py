@@ -1,12 +1,17 @@
 """Streaming detectors of training instabilities, and their registry.
 
-Each detector lives in its own module, named after it (`loss_spike.py` holds `LossSpike`), and is
-registered here under its snake_case `name`, which is also its CLI value and its log tag segment.
+Each detector lives in its own module, named after its snake_case `name` (`loss_spike.py` holds
+`LossSpike`), which is also its registry key, CLI value and log tag segment. The registry holds
+the detectors that the kinds table names (`Kind.detector` in `stabilizer.core.kinds`), in the
+table's order: a new detector needs its module and its rows there, nothing here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, cast
+
+from stabilizer.core.kinds import detector_names
 
 from .base import Detector
 from .depth_imbalance import DepthImbalance
@@ -31,10 +36,20 @@ __all__ = [
     "make_detector",
 ]
 
-DETECTORS: dict[str, type[Detector]] = {
-    cls.name: cls
-    for cls in (NonFinite, LossSpike, GradSpike, Fp16Overflow, OverflowRisk, DepthImbalance, Stall)
-}
+
+def _detector(name: str) -> type[Detector]:
+    """The class of module ``name`` whose `name` is ``name``."""
+    module = importlib.import_module(f"{__name__}.{name}")
+    found = [
+        obj for obj in vars(module).values()
+        if isinstance(obj, type) and getattr(obj, "name", None) == name
+    ]  # fmt: skip
+    if len(found) != 1:
+        raise ImportError(f"{module.__name__} must hold one detector named {name!r}")
+    return cast("type[Detector]", found[0])
+
+
+DETECTORS: dict[str, type[Detector]] = {name: _detector(name) for name in detector_names()}
 """Every built-in detector class by its snake_case name, in the engine's default order."""
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from math import isfinite
 from typing import Any
 
+from stabilizer.core.kinds import CLIP_SATURATION, kind_of
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import CLIP_VAL, CLIPPED, GRAD_NORM
 
@@ -55,13 +56,21 @@ class ClipWindow:
             return []
         self.saturated = True
         window, start = len(flags), flags[0][0]
-        message = f"{fraction:.0%} of the last {window} steps were clipped: lower the LR instead"
         evidence = {"fraction": fraction, "window": window}
         clip_val = finite(values, CLIP_VAL)
         if clip_val is not None:
             evidence["clip_val"] = clip_val
-        kind, severity = "clip_saturation", Severity.WARNING
-        return [Finding(kind, start, step, severity, message, evidence, (), ("scale_lr",))]
+        finding = Finding(
+            kind=CLIP_SATURATION,
+            step=start,
+            end_step=step,
+            severity=Severity.WARNING,
+            seen=f"{fraction:.0%} of the last {window} steps were clipped",
+            evidence=evidence,
+            remedies=kind_of(CLIP_SATURATION).remedies,
+            advice="lower the LR instead",
+        )
+        return [finding]
 
     def state(self) -> dict[str, Any]:
         """The flags as ``[step, 0/1]`` pairs and whether saturated."""

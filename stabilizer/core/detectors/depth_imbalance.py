@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from stabilizer.core.kinds import DEPTH_IMBALANCE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import GRAD_NORM_PREFIX, UPDATE_RATIO_PREFIX, block_index
 
@@ -116,11 +117,11 @@ class DepthImbalance:
             if streak is None or opened is None:
                 return None
             top, low = int(opened.evidence["band_first"]), int(opened.evidence["band_last"])
-            message = (
+            seen = (
                 f"{side} side: blocks {top}-{low} back within {self.ratio:g}x of the rest's "
                 f"gradient at step {record.step}, after {streak[1]} records"
             )
-            return replace(opened, end_step=streak[2], severity=Severity.INFO, message=message)
+            return replace(opened, end_step=streak[2], severity=Severity.INFO, seen=seen, advice="")
         streak = self._streak.setdefault(side, [record.step, 0, record.step])
         streak[1], streak[2] = streak[1] + 1, record.step
         if side in self._open or streak[1] < min(self.patience, self.extreme_patience):
@@ -138,9 +139,17 @@ class DepthImbalance:
         evidence.update(rest_median=exp10(rest_level), ratio=ratio, band_first=first or 0)
         evidence.update(band_last=last or 0, blocks=len(groups))
         evidence.update(_update_ratios(record.values, band, rest))
-        message = f"{_blocks(side, evidence)} for {streak[1]} records: {_ADVICE}"
-        head = ("depth_imbalance", streak[0], record.step, Severity.WARNING, message)
-        self._open[side] = Finding(*head, evidence, tuple(band), ("swap_to_pre_ln", "scale_lr"))
+        self._open[side] = Finding(
+            kind=DEPTH_IMBALANCE,
+            step=streak[0],
+            end_step=record.step,
+            severity=Severity.WARNING,
+            seen=f"{_blocks(side, evidence)} for {streak[1]} records",
+            evidence=evidence,
+            location=tuple(band),
+            remedies=kind_of(DEPTH_IMBALANCE).remedies,
+            advice=_ADVICE,
+        )
         return self._open[side]
 
     def finish(self) -> list[Finding]:
@@ -148,8 +157,8 @@ class DepthImbalance:
         for side, opened in sorted(self._open.items()):
             streak = self._streak[side]
             span = f"from step {streak[0]} until the end of the log ({streak[1]} records)"
-            message = f"{_blocks(side, opened)} {span}: {_ADVICE}"
-            found.append(replace(opened, end_step=streak[2], message=message))
+            seen = f"{_blocks(side, opened)} {span}"
+            found.append(replace(opened, end_step=streak[2], seen=seen))
         self._streak.clear()
         self._open.clear()
         return found

@@ -6,6 +6,7 @@ from collections import deque
 from math import isfinite
 from typing import Any, ClassVar
 
+from stabilizer.core.kinds import FP16_OVERFLOW, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 
@@ -128,11 +129,16 @@ class Fp16Overflow:
         start, count = episode["start"], episode["skips"]
         since = f"{count} skipped steps since step" if count > 1 else "1 skipped step at step"
         top, low = episode["scale_start"], episode["scale_min"]
-        message = f"fp16 overflow cascade: {since} {start}, loss scale {top:g} -> {low:g}"
-        message += outcome or ": train in bf16 or run LayerNorm/softmax in fp32"
-        evidence = {"skips": count, "scale_start": top, "scale_min": low}
-        head = ("fp16_overflow", start, episode["last"], severity, message, evidence)
-        return Finding(*head, (), ("upcast_to_fp32", "skip_step"))
+        return Finding(
+            kind=FP16_OVERFLOW,
+            step=start,
+            end_step=episode["last"],
+            severity=severity,
+            seen=f"fp16 overflow cascade: {since} {start}, loss scale {top:g} -> {low:g}{outcome}",
+            evidence={"skips": count, "scale_start": top, "scale_min": low},
+            remedies=kind_of(FP16_OVERFLOW).remedies,
+            advice="" if outcome else "train in bf16 or run LayerNorm/softmax in fp32",
+        )
 
     def _extend(self, step: int, scale: float, skipped: bool) -> list[Finding]:
         """A record inside an open episode: a skip extends it, `quiet` good records close it."""

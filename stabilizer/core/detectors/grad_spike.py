@@ -6,6 +6,7 @@ import math
 from itertools import pairwise
 from typing import Any, ClassVar
 
+from stabilizer.core.kinds import GRAD_SPIKE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import CLIP_VAL, CLIPPED, GRAD_NORM
 
@@ -172,14 +173,19 @@ class GradSpike:
     def _spike(self, episode: dict[str, Any], outcome: str) -> Finding:
         base, peak = exp10(episode["baseline"]), exp10(episode["peak"])
         ratio, peak_step, records = peak / base, episode["peak_step"], episode["baseline_records"]
-        message = (
-            f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x {_before(base, records)}) at step "
-            f"{peak_step}, {outcome}: clip the gradient norm near its usual level"
-        )
         evidence = {"baseline": base, "baseline_records": records, "peak": peak, "ratio": ratio}
         evidence.update(peak_step=peak_step, steps=episode["last"] - episode["start"] + 1)
-        start, end, remedies = episode["start"], episode["last"], ("clip_gradients", "skip_step")
-        return Finding("grad_spike", start, end, Severity.WARNING, message, evidence, (), remedies)
+        return Finding(
+            kind=GRAD_SPIKE,
+            step=episode["start"],
+            end_step=episode["last"],
+            severity=Severity.WARNING,
+            seen=f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x {_before(base, records)}) at "
+            f"step {peak_step}, {outcome}",
+            evidence=evidence,
+            remedies=kind_of(GRAD_SPIKE).remedies,
+            advice="clip the gradient norm near its usual level",
+        )
 
     def finish(self) -> list[Finding]:
         episode = self._tracker.close()

@@ -6,6 +6,7 @@ from itertools import pairwise
 from math import isfinite
 from typing import Any, ClassVar
 
+from stabilizer.core.kinds import DIVERGENCE, LOSS_SPIKE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS
 
@@ -14,8 +15,6 @@ from .base import check_at_least
 
 __all__ = ["LossSpike"]
 
-_SPIKE_REMEDIES = ("clip_gradients", "rollback")
-_DIVERGENCE_REMEDIES = ("rollback", "scale_lr", "clip_gradients")
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
 
 
@@ -184,16 +183,21 @@ class LossSpike:
         base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]
         ratio = _ratio(peak, base)
         how = "up until the end of the log" if back is None else f"back after {_steps(back)}"
-        message = (
-            f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
-            f"{how}: clip gradients (norm 1.0)"
-        )
         evidence = _evidence(episode)
         evidence["recovered"] = float(back is not None)
         if back is not None:
             evidence["recovery_steps"] = back
-        head = ("loss_spike", episode["start"], episode["last"], Severity.WARNING, message)
-        return Finding(*head, evidence, (), _SPIKE_REMEDIES)
+        return Finding(
+            kind=LOSS_SPIKE,
+            step=episode["start"],
+            end_step=episode["last"],
+            severity=Severity.WARNING,
+            seen=f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
+            f"{how}",
+            evidence=evidence,
+            remedies=kind_of(LOSS_SPIKE).remedies,
+            advice="clip gradients (norm 1.0)",
+        )
 
     def _divergence(self, episode: dict[str, Any], end_of_log: bool) -> Finding:
         base, start, level = episode["baseline"], episode["start"], episode["level"]
@@ -201,21 +205,28 @@ class LossSpike:
             span = "and stayed up until the end of the log"
         else:
             span = f"for {_steps(episode['last'] - start)} ({episode['records']} records)"
-        message = (
-            f"loss diverged at step {start}: {level:.4g} against a {base:.4g} baseline {span}: "
-            "roll back and lower the LR"
+        return Finding(
+            kind=DIVERGENCE,
+            step=start,
+            end_step=episode["last"],
+            severity=Severity.ERROR,
+            seen=f"loss diverged at step {start}: {level:.4g} against a {base:.4g} baseline {span}",
+            evidence=_evidence(episode),
+            remedies=kind_of(DIVERGENCE).remedies,
+            advice="roll back and lower the LR",
         )
-        head = ("divergence", start, episode["last"], Severity.ERROR, message)
-        return Finding(*head, _evidence(episode), (), _DIVERGENCE_REMEDIES)
 
     def _back(self, episode: dict[str, Any], back: int) -> Finding:
-        start, end = episode["start"], episode["last"]
-        message = (
-            f"loss back under its {episode['baseline']:.4g} baseline's band "
-            f"{_steps(back)} after it diverged at step {start}"
+        start = episode["start"]
+        return Finding(
+            kind=DIVERGENCE,
+            step=start,
+            end_step=episode["last"],
+            severity=Severity.INFO,
+            seen=f"loss back under its {episode['baseline']:.4g} baseline's band "
+            f"{_steps(back)} after it diverged at step {start}",
+            evidence={**_evidence(episode), "recovery_steps": float(back)},
         )
-        evidence = {**_evidence(episode), "recovery_steps": float(back)}
-        return Finding("divergence", start, end, Severity.INFO, message, evidence)
 
     def finish(self) -> list[Finding]:
         episode = self._tracker.close()

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from stabilizer.core import kinds
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import (
     GRAD_NORM,
@@ -13,7 +14,7 @@ from stabilizer.core.signals import (
     LOSS,
     LOSS_SCALE,
     NONFINITE_GRADS,
-    NONFINITE_UPDATE,
+    NONFINITE_UPDATE,  # the signal (1.0 when the update made finite weights non-finite)
     SKIPPED,
 )
 
@@ -22,6 +23,8 @@ from .base import check_at_least
 __all__ = ["NonFinite"]
 
 _FLOOR_LOSS = -math.log(1.1754943508222875e-38)  # -ln(FLT_MIN) = 87.3365: log(0) clamped
+_FP32 = "run LayerNorm/softmax in fp32"
+_MASTER = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
 
 
 class NonFinite:
@@ -113,12 +116,16 @@ class NonFinite:
         found = []
         if self._start is not None and self._length >= self.persistent_after:
             kind, what, _ = self._what()
-            message = (
-                f"{what} finite again at step {step} after {self._length} non-finite steps "
-                f"since step {self._start}"
+            finding = Finding(
+                kind=kind,
+                step=self._start,
+                end_step=self._last,
+                severity=Severity.INFO,
+                seen=f"{what} finite again at step {step} after {self._length} non-finite steps "
+                f"since step {self._start}",
+                evidence={"steps": float(self._length)},
             )
-            evidence = {"steps": float(self._length)}
-            found.append(Finding(kind, self._start, self._last, Severity.INFO, message, evidence))
+            found.append(finding)
         self._start, self._length, self._loss_seen = None, 0, False
         return found
 
@@ -127,50 +134,59 @@ class NonFinite:
         evidence = {"nonfinite_groups": float(len(location))}
         if loss is not None:
             evidence["loss"] = loss
-            what, kind = f"loss is {loss}", "nonfinite_loss"
+            what, kind = f"loss is {loss}", kinds.NONFINITE_LOSS
             if math.isfinite(loss):
                 what = (
                     f"loss is pinned at {loss:g} ({loss / _FLOOR_LOSS:.0f} x 87.3365 = "
                     "-ln(FLT_MIN): every probability underflowed to 0)"
                 )
         elif location == ("optimizer",):
-            what, kind = "the optimizer step made finite weights non-finite", "nonfinite_update"
+            what, kind = "the optimizer step made finite weights non-finite", kinds.NONFINITE_UPDATE
         else:
             where = f" in {', '.join(location)}" if location else ""
-            what, kind = f"gradients are non-finite{where}", "nonfinite_grad"
-        message = (
-            f"{what} at step {step}: skip the step; if it recurs, run LayerNorm/softmax in fp32"
+            what, kind = f"gradients are non-finite{where}", kinds.NONFINITE_GRAD
+        seen, advice = f"{what} at step {step}", "skip the step; if it recurs, " + _FP32
+        if kind == kinds.NONFINITE_UPDATE:
+            seen += " (in fp16, AdamW's eps underflows to 0)"
+            advice = "skip the step; " + _MASTER
+        return Finding(
+            kind=kind,
+            step=step,
+            end_step=step,
+            severity=Severity.ERROR,
+            seen=seen,
+            evidence=evidence,
+            location=location,
+            remedies=kinds.kind_of(kind).remedies,
+            advice=advice,
         )
-        remedies: tuple[str, ...] = ("skip_step", "upcast_to_fp32", "rollback")
-        if kind == "nonfinite_update":
-            message = (
-                f"{what} at step {step} (in fp16, AdamW's eps underflows to 0): skip the step; "
-                "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
-            )
-            remedies = ("skip_step", "mixed_precision")
-        return Finding(kind, step, step, Severity.ERROR, message, evidence, location, remedies)
 
     def _what(self) -> tuple[str, str, str]:
         """The open episode's kind, what went non-finite in it, and the advice."""
         if self._optimizer_only:
-            advice = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
-            return "nonfinite_update", "optimizer updates", advice
-        advice = "roll back and run LayerNorm/softmax in fp32"
+            return kinds.NONFINITE_UPDATE, "optimizer updates", _MASTER
+        advice = "roll back and " + _FP32
         if self._loss_seen:
-            return "nonfinite_loss", "loss", advice
-        return "nonfinite_grad", "gradients", advice
+            return kinds.NONFINITE_LOSS, "loss", advice
+        return kinds.NONFINITE_GRAD, "gradients", advice
 
     def _persistent(self, span: str, severity: Severity) -> Finding:
         assert self._start is not None
         kind, what, advice = self._what()
         verb = "persists" if what == "loss" else "persist"  # "gradients", "updates"
-        message = (
-            f"NaN/Inf {what} {verb} {span} since step {self._start}: the run is not recovering; "
-            f"{advice}"
-        )
+        # (skipping one more step is no use any more: the NaN persists)
         remedies = ("mixed_precision",) if self._optimizer_only else ("rollback", "upcast_to_fp32")
-        evidence = {"steps": float(self._length)}
-        return Finding(kind, self._start, self._last, severity, message, evidence, (), remedies)
+        return Finding(
+            kind=kind,
+            step=self._start,
+            end_step=self._last,
+            severity=severity,
+            seen=f"NaN/Inf {what} {verb} {span} since step {self._start}: the run is not "
+            "recovering",
+            evidence={"steps": float(self._length)},
+            remedies=remedies,
+            advice=advice,
+        )
 
     def finish(self) -> list[Finding]:
         found = []

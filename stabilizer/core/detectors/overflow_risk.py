@@ -6,6 +6,7 @@ import math
 from itertools import pairwise
 from typing import Any, ClassVar
 
+from stabilizer.core.kinds import OVERFLOW_RISK, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX
 
@@ -81,20 +82,16 @@ class OverflowRisk:
         self._open.add(module)
         share = f"{value / FP16_MAX:.0%} of the fp16 max" if math.isfinite(value) else "overflowed"
         trend = f", growing {growth:.1f}x per sample" if growing else ""
-        message = (
-            f"activations of {module} reach {value:.3g} ({share}){trend} at step {step}: "
-            "keep this module in fp32 or train in bf16"
-        )
-        evidence = {"absmax": value, "limit": self.limit, "growth": growth}
         return Finding(
-            "overflow_risk",
-            step,
-            step,
-            Severity.WARNING,
-            message,
-            evidence,
-            (module,),
-            ("upcast_to_fp32",),
+            kind=OVERFLOW_RISK,
+            step=step,
+            end_step=step,
+            severity=Severity.WARNING,
+            seen=f"activations of {module} reach {value:.3g} ({share}){trend} at step {step}",
+            evidence={"absmax": value, "limit": self.limit, "growth": growth},
+            location=(module,),
+            remedies=kind_of(OVERFLOW_RISK).remedies,
+            advice="keep this module in fp32 or train in bf16",
         )
 
     def finish(self) -> list[Finding]:

@@ -6,6 +6,7 @@ import math
 from collections import deque
 from typing import Any, ClassVar
 
+from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS, LR
 
@@ -106,17 +107,23 @@ class Stall:
         if chance is not None:
             where += f", chance level ln({self.vocab_size}) = {chance:.4g}"
         lr = "" if self._lr is None else f" while the LR is {self._lr:.3g}"
-        message = (
-            f"loss still {level:.4g} at step {step}, {where}{lr}: the run is not learning; "
-            "check the LR (far too high or too low), frozen parameters and the labels"
-        )
         evidence = {"start": start, "level": level, "steps": float(step - self._first_step)}
         if chance is not None:
             evidence["chance"] = chance
         if self._lr is not None:
             evidence["lr"] = self._lr
-        head = ("stall", self._first_step, step, Severity.WARNING, message, evidence)
-        return [Finding(*head, (), ("scale_lr",))]
+        finding = Finding(
+            kind=STALL,
+            step=self._first_step,
+            end_step=step,
+            severity=Severity.WARNING,
+            # (its advice stays in what was seen: the remedy says "the LR", not the rest)
+            seen=f"loss still {level:.4g} at step {step}, {where}{lr}: the run is not learning; "
+            "check the LR (far too high or too low), frozen parameters and the labels",
+            evidence=evidence,
+            remedies=kind_of(STALL).remedies,
+        )
+        return [finding]
 
     def finish(self) -> list[Finding]:
         return []
