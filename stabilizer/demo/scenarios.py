@@ -198,7 +198,10 @@ SCENARIOS: dict[str, Scenario] = {
             # this pre-LN model sat at the unigram entropy for all 200 steps on some seeds and
             # thread counts (its residual stream drowned the 0.02-scale embeddings).
             warmup_steps=50,
-            steps=200,
+            # 300 steps (#23): `depth_imbalance` has the evidence at step ~38 and `auto` swaps to
+            # pre-LN there; the swapped stack sits at the unigram entropy for ~120 more steps
+            # before it learns, so a 200-step run ended before it caught up with its twin.
+            steps=300,
         ),
         Scenario(
             "pre-ln-deep",
@@ -206,7 +209,7 @@ SCENARIOS: dict[str, Scenario] = {
             model=_DEEP,
             lr=1e-2,
             warmup_steps=50,  # see post-ln-deep
-            steps=200,
+            steps=300,
         ),
     )
 }

@@ -23,19 +23,21 @@ class DepthImbalance:
     """A band of blocks at one end of the stack whose gradients are orders of magnitude smaller.
 
     Requires: ``grad_norm/block_NN`` for at least `min_blocks` blocks.
-    Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records
-    (smoothed norms), or, sooner, once the raw norms of each of the last `extreme_patience`
-    records have held a band ≥ `extreme_ratio`× below the rest (a band a million times below the
-    rest on ten records in a row is no blip: a post-LN stack that starves that hard does not
-    recover, and the swap to pre-LN is worth most early).
+    Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records,
+    or, sooner, once the block at that end has had ≤ 1/`extreme_ratio` of the stack's largest
+    block norm on each of the last `extreme_patience` records (an end of the stack a million
+    times below its other end for ten records in a row is no blip: a post-LN stack that starves
+    that hard does not recover, and a swap to pre-LN is worth most early).
 
     This is how a deep post-LN stack fails to train (Xiong et al. 2020): gradients vanish towards
     one end. The band is the largest run of blocks from the input (or output) end whose norms all
     lie that far below the median of the remaining blocks (two at least). Norms are compared in
     log10, smoothed per block by an EMA (weight `alpha`), on every record that carries block norms
-    (`patience` counts those records, not steps); the extreme rule reads each record's own norms
-    (a block missing from a record counts at its EMA), since an EMA lags a gap that opens by
-    decades within tens of steps. A healthy pre-LN stack has larger gradients in
+    (`patience` counts those records, not steps). The extreme rule reads each record's own norms
+    (a block missing from a record counts at its EMA) against the largest, not the band against
+    the rest's median: post-LN's norms fall geometrically, ~0.6-1 decade a block, so the median
+    of the rest is itself starved and the EMA lags a gap that opens by decades within tens of
+    steps. A healthy pre-LN stack has larger gradients in
     early blocks than in late ones (NormFormer), typically a smooth 3-10× from first to last,
     far below `ratio`. One WARNING per side per episode, the starved groups as location,
     ``update_ratio/<group>`` as extra evidence, emitted after `patience` records; it ends when the
@@ -45,9 +47,9 @@ class DepthImbalance:
     Args:
         ratio: How many times smaller the band's norms must be than the rest's median.
         patience: Consecutive records the band must persist (not a blip).
-        extreme_ratio: A band this many times below the rest on each record's own norms is
-            reported sooner ...
-        extreme_patience: ... once this many consecutive records have shown one.
+        extreme_ratio: A band whose end block gets this many times less than the largest
+            block norm is reported sooner ...
+        extreme_patience: ... once this many consecutive records have shown it.
         alpha: EMA weight of the newest log norm (1 = no smoothing).
         min_blocks: Blocks needed before any decision.
     """
@@ -79,7 +81,7 @@ class DepthImbalance:
         self._order: list[str] = []  # the groups of `_ema` in depth order
         self._streak: dict[str, list[int]] = {}  # side -> [first step, records, last step]
         self._raw: dict[str, float] = {}  # block group -> log10 norm on the latest record
-        self._extreme: dict[str, int] = {}  # side -> consecutive records with an extreme band
+        self._extreme: dict[str, int] = {}  # side -> consecutive records with an extreme gap
         self._open: dict[str, Finding] = {}  # side -> the finding that reported its band
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -87,14 +89,14 @@ class DepthImbalance:
             return []
         ordered = self._order
         levels = [self._ema[group] for group in ordered]
-        raw = [self._raw.get(group, self._ema[group]) for group in ordered]
+        raw = [self._raw.get(group, self._ema[group]) for group in ordered]  # this record's
+        floor = max(raw) - self.extreme_gap
         findings: list[Finding] = []
-        for side, groups, side_levels, side_raw in (
-            ("input", ordered, levels, raw),
-            ("output", ordered[::-1], levels[::-1], raw[::-1]),
+        for side, groups, side_levels, end in (
+            ("input", ordered, levels, raw[0]),
+            ("output", ordered[::-1], levels[::-1], raw[-1]),
         ):
-            extreme = _band(side_raw, self.extreme_gap) > 0
-            self._extreme[side] = self._extreme.get(side, 0) + 1 if extreme else 0
+            self._extreme[side] = self._extreme.get(side, 0) + 1 if end <= floor else 0
             finding = self._check_side(record, side, groups, side_levels)
             if finding is not None:
                 findings.append(finding)
