@@ -20,9 +20,10 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
                     and keep overflowing: NaN at every step from then on.
 ``stall``           an LR 1000x too low: at step 300, where the stall check runs, the loss is
                     still where it started (``stall``).
-``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup): per-layer gradient norms
-                    separate by orders of magnitude and the loss stops falling at the unigram
-                    entropy (it did fall from its start: no ``stall``, a ``depth_imbalance``).
+``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup), 300 steps: per-layer
+                    gradient norms separate by orders of magnitude and the loss stops falling at
+                    the unigram entropy (it did fall from its start: no ``stall``, a
+                    ``depth_imbalance``); swapped to pre-LN early, it catches up with its twin.
 ``pre-ln-deep``     the same model, LR and warmup with pre-LN: it trains (post-ln-deep's control).
 ==================  ===========================================================================
 """
