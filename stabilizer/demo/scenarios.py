@@ -25,9 +25,10 @@ detectors and remedies, and what ``stabilizer demo --scenario NAME`` runs.
                     and keep overflowing: NaN at every step from then on.
 ``stall``           an LR 1000x too low: at step 300, where the stall check runs, the loss is
                     still where it started (``stall``).
-``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup): per-layer gradient norms
-                    separate by orders of magnitude and the loss stops falling at the unigram
-                    entropy (it did fall from its start: no ``stall``, a ``depth_imbalance``).
+``post-ln-deep``    post-LN, 12 layers, high LR (with a short warmup), 300 steps: per-layer
+                    gradient norms separate by orders of magnitude and the loss stops falling at
+                    the unigram entropy (it did fall from its start: no ``stall``, a
+                    ``depth_imbalance``); swapped to pre-LN early, it catches up with its twin.
 ``pre-ln-deep``     the same model, LR and warmup with pre-LN: it trains (post-ln-deep's control).
 ==================  ===========================================================================
 """
@@ -246,7 +247,10 @@ SCENARIOS: dict[str, Scenario] = {
             # this pre-LN model sat at the unigram entropy for all 200 steps on some seeds and
             # thread counts (its residual stream drowned the 0.02-scale embeddings).
             warmup_steps=50,
-            steps=200,
+            # 300 steps (#23): `depth_imbalance` has the evidence at step ~38 and `auto` swaps to
+            # pre-LN there; the swapped stack sits at the unigram entropy for ~120 more steps
+            # before it learns, so a 200-step run ended before it caught up with its twin.
+            steps=300,
         ),
         Scenario(
             "pre-ln-deep",
@@ -254,7 +258,7 @@ SCENARIOS: dict[str, Scenario] = {
             model=_DEEP,
             lr=1e-2,
             warmup_steps=50,  # see post-ln-deep
-            steps=200,
+            steps=300,
         ),
     )
 }

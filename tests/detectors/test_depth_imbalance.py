@@ -63,6 +63,44 @@ def test_an_extreme_band_is_reported_after_ten_records() -> None:
     assert feed(DepthImbalance(patience=3), _stack([1e-8] * 6 + [1.0] * 6, 20))[0].end_step == 2
 
 
+def test_the_extreme_rule_reads_the_band_s_most_starved_blocks_on_each_record() -> None:
+    # Deep post-LN (#23): blocks 0-2 get 1e-10x the gradient, 3-8 1e-3x, 9-11 the rest. The
+    # 100x band (0-8) is judged by its least starved block (1e3x below); the extreme rule sees
+    # blocks 0-2 a million times below the median of the others on each record.
+    norms = [1e-10] * 3 + [1e-3] * 6 + [1.0] * 3
+    [finding, _] = feed(DepthImbalance(), _stack(norms, 100))
+    assert (finding.step, finding.end_step) == (0, 9)
+    assert finding.location == tuple(f"block_{i:02d}" for i in range(9))  # the whole 100x band
+    assert finding.evidence["ratio"] == pytest.approx(1e3, rel=1.0)
+
+
+def test_the_extreme_rule_needs_ten_records_in_a_row() -> None:
+    # Block 0's gradient drops 1e8x for nine records every 40 (a rarely used input, a zeroed
+    # batch): the EMA band forms each time, but for less than `patience`, and nine raw records
+    # in a row are not ten.
+    stream = []
+    for k in range(10):
+        stream += _stack([1.0] * 12, 31, seed=2 * k)
+        stream += _stack([1e-8] + [1.0] * 11, 9, seed=2 * k + 1)
+    stream = [StepRecord(i, r.values) for i, r in enumerate(stream)]
+    assert feed(DepthImbalance(), stream) == []
+    assert feed(DepthImbalance(extreme_patience=9), stream) != []  # the stream can fire it
+
+
+def test_the_extreme_count_is_in_the_state() -> None:
+    stream = _stack([1e-8] * 6 + [1.0] * 6, 20)
+    detector = DepthImbalance()
+    for record in stream[:8]:
+        assert detector.update(record) == []
+    resumed = DepthImbalance()
+    resumed.load_state_dict(detector.state_dict())
+    assert feed(resumed, stream[8:])[0].end_step == 9  # 8 records before, 2 after the resume
+    old = {k: v for k, v in detector.state_dict().items() if k != "extreme"}  # before #23
+    resumed = DepthImbalance()
+    resumed.load_state_dict(old)
+    assert feed(resumed, stream[8:])[0].end_step == 17  # the count starts again
+
+
 def test_starved_output_band() -> None:
     [finding, _] = feed(DepthImbalance(patience=10), _stack([1.0] * 8 + [1e-3] * 4, 100))
     assert finding.location == ("block_08", "block_09", "block_10", "block_11")

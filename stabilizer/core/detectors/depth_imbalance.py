@@ -25,14 +25,20 @@ class DepthImbalance:
 
     Requires: ``grad_norm/block_NN`` for at least `min_blocks` blocks.
     Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records,
-    or ≥ `extreme_ratio`× below for `extreme_patience` records (a band a million times below the
-    rest for ten records is no blip: a post-LN stack that starves that hard does not recover).
+    or, sooner, once the block at that end has had ≤ 1/`extreme_ratio` of the stack's largest
+    block norm on each of the last `extreme_patience` records (an end of the stack a million
+    times below its other end for ten records in a row is no blip: a post-LN stack that starves
+    that hard does not recover, and a swap to pre-LN is worth most early).
 
     This is how a deep post-LN stack fails to train (Xiong et al. 2020): gradients vanish towards
     one end. The band is the largest run of blocks from the input (or output) end whose norms all
     lie that far below the median of the remaining blocks (two at least). Norms are compared in
     log10, smoothed per block by an EMA (weight `alpha`), on every record that carries block norms
-    (`patience` counts those records, not steps). A healthy pre-LN stack has larger gradients in
+    (`patience` counts those records, not steps). The extreme rule reads each record's own norms
+    (a block missing from a record counts at its EMA) against the largest, not the band against
+    the rest's median: post-LN's norms fall geometrically, ~0.6-1 decade a block, so the median
+    of the rest is itself starved and the EMA lags a gap that opens by decades within tens of
+    steps. A healthy pre-LN stack has larger gradients in
     early blocks than in late ones (NormFormer), typically a smooth 3-10× from first to last,
     far below `ratio`. One WARNING per side per episode, the starved groups as location,
     ``update_ratio/<group>`` as extra evidence, emitted after `patience` records; it ends when the
@@ -42,8 +48,9 @@ class DepthImbalance:
     Args:
         ratio: How many times smaller the band's norms must be than the rest's median.
         patience: Consecutive records the band must persist (not a blip).
-        extreme_ratio: A band this many times below the rest is reported sooner ...
-        extreme_patience: ... once it has persisted this many records.
+        extreme_ratio: A band whose end block gets this many times less than the largest
+            block norm is reported sooner ...
+        extreme_patience: ... once this many consecutive records have shown it.
         alpha: EMA weight of the newest log norm (1 = no smoothing).
         min_blocks: Blocks needed before any decision.
     """
@@ -69,10 +76,13 @@ class DepthImbalance:
             raise ValueError(f"`alpha` must be in (0, 1], got {alpha}")
         check_at_least("min_blocks", min_blocks, 4)
         self.ratio, self.gap, self.patience = ratio, math.log10(ratio), patience
+        self.extreme_gap = math.log10(extreme_ratio)
         self.alpha, self.min_blocks = alpha, min_blocks
         self._ema: dict[str, float] = {}  # block group -> EMA of log10 norm, as they appeared
         self._order: list[str] = []  # the groups of `_ema` in depth order
         self._streak: dict[str, list[int]] = {}  # side -> [first step, records, last step]
+        self._raw: dict[str, float] = {}  # block group -> log10 norm on the latest record
+        self._extreme: dict[str, int] = {}  # side -> consecutive records with an extreme gap
         self._open: dict[str, Finding] = {}  # side -> the finding that reported its band
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -80,11 +90,14 @@ class DepthImbalance:
             return []
         ordered = self._order
         levels = [self._ema[group] for group in ordered]
+        raw = [self._raw.get(group, self._ema[group]) for group in ordered]  # this record's
+        floor = max(raw) - self.extreme_gap
         findings: list[Finding] = []
-        for side, groups, side_levels in (
-            ("input", ordered, levels),
-            ("output", ordered[::-1], levels[::-1]),
+        for side, groups, side_levels, end in (
+            ("input", ordered, levels, raw[0]),
+            ("output", ordered[::-1], levels[::-1], raw[-1]),
         ):
+            self._extreme[side] = self._extreme.get(side, 0) + 1 if end <= floor else 0
             finding = self._check_side(record, side, groups, side_levels)
             if finding is not None:
                 findings.append(finding)
@@ -93,6 +106,7 @@ class DepthImbalance:
     def _smooth(self, values: Mapping[str, float]) -> bool:
         """Move each block's EMA towards the record's finite positive norm; whether any was."""
         updated = False
+        self._raw.clear()
         for key, value in values.items():
             if not key.startswith(_BLOCKS) or not 0.0 < value < math.inf:
                 continue
@@ -105,6 +119,7 @@ class DepthImbalance:
                 self._order = _depth_order(self._ema)
             else:
                 continue
+            self._raw[group] = level
             updated = True
         return updated
 
@@ -124,16 +139,14 @@ class DepthImbalance:
             return replace(opened, end_step=streak[2], severity=Severity.INFO, seen=seen, advice="")
         streak = self._streak.setdefault(side, [record.step, 0, record.step])
         streak[1], streak[2] = streak[1] + 1, record.step
-        if side in self._open or streak[1] < min(self.patience, self.extreme_patience):
+        extreme = self._extreme.get(side, 0) >= self.extreme_patience
+        if side in self._open or (streak[1] < self.patience and not extreme):
             return None
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
         ema = self._ema
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
-        extreme = ratio >= self.extreme_ratio
-        if streak[1] < (min(self.patience, self.extreme_patience) if extreme else self.patience):
-            return None
         first, last = block_index(band[0]), block_index(band[-1])
         evidence = {"band_min": exp10(min(levels)), "band_max": exp10(max(levels))}
         evidence.update(rest_median=exp10(rest_level), ratio=ratio, band_first=first or 0)
@@ -166,13 +179,15 @@ class DepthImbalance:
     def state_dict(self) -> dict[str, Any]:
         streak = {side: list(value) for side, value in self._streak.items()}
         opened = {side: finding.to_dict() for side, finding in self._open.items()}
-        return {"ema": dict(self._ema), "streak": streak, "open": opened}
+        extreme = dict(self._extreme)
+        return {"ema": dict(self._ema), "streak": streak, "open": opened, "extreme": extreme}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ema = {str(g): float(v) for g, v in state["ema"].items()}
         self._order = _depth_order(self._ema)
         self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
         self._open = {str(s): Finding.from_dict(data) for s, data in state["open"].items()}
+        self._extreme = {str(s): int(n) for s, n in state.get("extreme", {}).items()}
 
 
 def _blocks(side: str, opened: Finding | Mapping[str, float]) -> str:
