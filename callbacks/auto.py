@@ -21,7 +21,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from stabilizer.core.kinds import CONFIG_RISK, REMEDY_APPLIED, kind_of
+from stabilizer.core.kinds import CONFIG_RISK, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import low_precision
 from stabilizer.core.signals import LOSS, LR
@@ -33,7 +33,7 @@ from stabilizer.live.remedies import (
     swap_to_pre_ln,
     upcast_to_fp32,
 )
-from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
+from stabilizer.live.remedies.swap_to_pre_ln import SwapReport, has_post_ln
 
 from .ladder import NEXT, Ladder, Verdict, result_finding
 from .swap_checkpoint import add_param_group, watch_checkpoint_loads
@@ -234,6 +234,8 @@ class AutoRemedies:
         name = kind_of(f.kind).auto or _config_remedy(f)
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
+        if name == "swap_to_pre_ln" and f.kind == DEPTH_IMBALANCE:
+            return self._swap(pl_module, step, trainer, since=_last_clean(f))
         return self._remedy(trainer, pl_module, step, name)
 
     def _remedy(
@@ -259,18 +261,32 @@ class AutoRemedies:
         return self._swap(pl_module, step, trainer)
 
     def _swap(
-        self, pl_module: pl.LightningModule, step: int, trainer: pl.Trainer
+        self,
+        pl_module: pl.LightningModule,
+        step: int,
+        trainer: pl.Trainer,
+        since: int | None = None,
     ) -> _Applied | None:
-        if step >= self.swap_before:
+        """Swap to pre-LN and re-warm the LR; first, when a snapshot from before `since` (the
+        last step before the band) is held, restart from it: the weights the starved post-LN
+        steps trained are post-LN's, and pre-LN learns from them far slower than from the
+        weights before them (measured: docs/remedies.md, row 3)."""
+        if step >= self.swap_before or not has_post_ln(pl_module):
             return None  # the finding's advice stands: restart with pre-LN
+        snapshots = self._snapshots
+        restart = None
+        if since is not None and snapshots is not None and snapshots.can_restore(before=since):
+            restart = snapshots.restore(before=since)  # before the swap adds any parameter
         swap = swap_to_pre_ln(pl_module)
-        if not swap.changed:
-            return None
         if swap.new_parameters:
             add_param_group(trainer, list(swap.new_parameters))
         self.lr.warmup(self.warmup_steps)
         evidence = {"blocks": float(len(swap.blocks)), "warmup_steps": float(self.warmup_steps)}
-        message = f"{len(swap.blocks)} blocks now pre-LN; LR re-warmed over {self.warmup_steps}"
+        message = f"{len(swap.blocks)} blocks now pre-LN"
+        if restart is not None:
+            evidence["restored_step"] = float(restart)
+            message += f", restarted from step {restart}'s weights and optimizer state"
+        message += f"; LR re-warmed over {self.warmup_steps}"
         return _Applied("swap_to_pre_ln", message, evidence)
 
     def _rollback(self, trainer: pl.Trainer, step: int, since: int) -> _Applied | None:

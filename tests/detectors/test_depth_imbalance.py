@@ -26,7 +26,7 @@ def _stack(norms: list[float], n: int, sigma: float = 0.3, seed: int = 0) -> lis
     return stream
 
 
-STARVED_INPUT = [1e-4] * 6 + [1.0] * 6
+STARVED_INPUT = [1e-3] * 6 + [1.0] * 6
 
 
 def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() -> None:
@@ -35,10 +35,10 @@ def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() ->
     assert (finding.step, finding.end_step) == (0, 49)
     assert finding.location == tuple(f"block_{i:02d}" for i in range(6))
     assert finding.message.startswith(
-        "input side: blocks 0-5 get 9e-05x to 1e-04x the gradient of the rest (norms 9e-05 to "
-        "1e-04, the rest's median 1e+00) for 50 records"
+        "input side: blocks 0-5 get 9e-04x to 1e-03x the gradient of the rest (norms 9e-04 to "
+        "1e-03, the rest's median 1e+00) for 50 records"
     )
-    assert finding.evidence["ratio"] == pytest.approx(1e4, rel=1.0)
+    assert finding.evidence["ratio"] == pytest.approx(1e3, rel=1.0)
     assert (finding.evidence["band_first"], finding.evidence["band_last"]) == (0, 5)
     assert finding.evidence["blocks"] == 12
     assert finding.remedies == ("swap_to_pre_ln", "scale_lr")
@@ -46,8 +46,8 @@ def test_starved_input_band_is_one_warning_after_patience_closed_at_the_end() ->
     assert (closing.kind, closing.severity) == ("depth_imbalance", Severity.WARNING)
     assert (closing.step, closing.end_step) == (0, 299)
     assert closing.message == (
-        "input side: blocks 0-5 get 9e-05x to 1e-04x the gradient of the rest (norms 9e-05 to "
-        "1e-04, the rest's median 1e+00) from step 0 until the end of the log (300 records): "
+        "input side: blocks 0-5 get 9e-04x to 1e-03x the gradient of the rest (norms 9e-04 to "
+        "1e-03, the rest's median 1e+00) from step 0 until the end of the log (300 records): "
         "switch to pre-LN and keep LR warmup"
     )
     assert (closing.location, closing.evidence) == (finding.location, finding.evidence)
@@ -58,7 +58,7 @@ def test_an_extreme_band_is_reported_after_ten_records() -> None:
     [finding, _] = feed(DepthImbalance(), _stack([1e-8] * 6 + [1.0] * 6, 100))
     assert (finding.step, finding.end_step) == (0, 9)
     assert "for 10 records" in finding.message
-    # A band 1e-4x below waits for the whole patience, and the extreme rule never delays one.
+    # A band 1e-3x below waits for the whole patience, and the extreme rule never delays one.
     assert feed(DepthImbalance(), _stack(STARVED_INPUT, 100))[0].end_step == 49
     assert feed(DepthImbalance(patience=3), _stack([1e-8] * 6 + [1.0] * 6, 20))[0].end_step == 2
 
@@ -114,16 +114,33 @@ def test_geometric_post_ln_decay_is_caught() -> None:
     assert finding.message.startswith("input side")
 
 
+# Block norms of the reference GPT, 12 post-LN blocks at LR 3e-3 (a 50-step warmup), step 100 of
+# a run whose loss sat at the unigram entropy from step 40 on: ~0.4 decades a block, so no band
+# is 100x below the median of the blocks after it, while block 0 gets 2e-5x block 11's gradient.
+POST_LN_3E_3 = [1e-6, 1e-6, 2e-6, 3e-6, 5e-6, 1e-5, 3e-5, 9e-5, 3e-4, 9e-4, 4e-3, 4e-2]
+
+
+def test_a_geometric_decay_is_caught_by_the_end_to_end_ratio() -> None:
+    stream = _stack(POST_LN_3E_3, 300)
+    [finding, _] = feed(DepthImbalance(), stream)
+    assert (finding.step, finding.end_step) == (0, 9)
+    assert "for 10 records" in finding.message
+    # the band: the blocks from the input end 100x or more below the largest
+    assert finding.location == tuple(f"block_{i:02d}" for i in range(9))
+    assert feed(DepthImbalance(extreme_ratio=1e12), stream) == []  # the median rule misses it
+
+
 @pytest.mark.parametrize(
     "norms",
     [
         [10 ** (1 - i / 11) for i in range(12)],  # pre-LN: block 0 10x block 11
+        [10 ** (-2 * i / 11) for i in range(12)],  # a smooth 100x from one end to the other
         [3 ** (i / 11) for i in range(12)],  # late blocks 3x larger
         [1.0] * 48,
         [1.0] * 4 + [1e-4] * 4 + [1.0] * 4,  # a middle band is not an end of the stack
         [1e-4, 1e-4, 1.0],  # too few blocks
     ],
-    ids=["pre-ln-10x", "rising-3x", "flat-48", "middle-band", "three-blocks"],
+    ids=["pre-ln-10x", "falling-100x", "rising-3x", "flat-48", "middle-band", "three-blocks"],
 )
 def test_silent_on_healthy_stacks(norms: list[float]) -> None:
     assert feed(DepthImbalance(), _stack(norms, 1000, sigma=0.5)) == []

@@ -26,9 +26,10 @@ class DepthImbalance:
     Requires: ``grad_norm/block_NN`` for at least `min_blocks` blocks.
     Rule: a band of blocks at one end ≥ `ratio`× below the others' median for `patience` records,
     or, sooner, once the block at that end has had ≤ 1/`extreme_ratio` of the stack's largest
-    block norm on each of the last `extreme_patience` records (an end of the stack a million
-    times below its other end for ten records in a row is no blip: a post-LN stack that starves
-    that hard does not recover, and a swap to pre-LN is worth most early).
+    block norm on each of the last `extreme_patience` records (an end of the stack 1e4 times
+    below its other end for ten records in a row is no blip: a post-LN stack that starves that
+    hard does not recover, and a swap to pre-LN is worth most early); the band is then the
+    blocks from that end ≥ `ratio`× below the largest.
 
     This is how a deep post-LN stack fails to train (Xiong et al. 2020): gradients vanish towards
     one end. The band is the largest run of blocks from the input (or output) end whose norms all
@@ -36,20 +37,20 @@ class DepthImbalance:
     log10, smoothed per block by an EMA (weight `alpha`), on every record that carries block norms
     (`patience` counts those records, not steps). The extreme rule reads each record's own norms
     (a block missing from a record counts at its EMA) against the largest, not the band against
-    the rest's median: post-LN's norms fall geometrically, ~0.6-1 decade a block, so the median
-    of the rest is itself starved and the EMA lags a gap that opens by decades within tens of
-    steps. A healthy pre-LN stack has larger gradients in
-    early blocks than in late ones (NormFormer), typically a smooth 3-10× from first to last,
-    far below `ratio`. One WARNING per side per episode, the starved groups as location,
-    ``update_ratio/<group>`` as extra evidence, emitted after `patience` records; it ends when the
-    band does, with a closing finding of the same start: INFO when the band is gone, WARNING
-    "until the end of the log" when the stream ends first. Zero norms are ignored.
+    the rest's median: post-LN's norms fall geometrically, 0.4-1 decade a block, so the median
+    of the rest is itself starved (at 0.4 decades a block no band is ever 100x below it) and the
+    EMA lags a gap that opens by decades within tens of steps. A healthy pre-LN stack has larger
+    gradients in early blocks than in late ones (NormFormer), typically a smooth 3-10× from
+    first to last, far below `ratio`. One WARNING per side per episode, the starved groups as
+    location, ``update_ratio/<group>`` as extra evidence, emitted after `patience` records; it
+    ends when the band does, with a closing finding of the same start: INFO when the band is
+    gone, WARNING "until the end of the log" when the stream ends first. Zero norms are ignored.
 
     Args:
         ratio: How many times smaller the band's norms must be than the rest's median.
         patience: Consecutive records the band must persist (not a blip).
-        extreme_ratio: A band whose end block gets this many times less than the largest
-            block norm is reported sooner ...
+        extreme_ratio: An end block that gets this many times less than the largest block
+            norm is reported sooner ...
         extreme_patience: ... once this many consecutive records have shown it.
         alpha: EMA weight of the newest log norm (1 = no smoothing).
         min_blocks: Blocks needed before any decision.
@@ -64,7 +65,7 @@ class DepthImbalance:
         patience: int = 50,
         alpha: float = 0.1,
         min_blocks: int = 4,
-        extreme_ratio: float = 1e6,
+        extreme_ratio: float = 1e4,
         extreme_patience: int = 10,
     ) -> None:
         check_at_least("ratio", ratio, 2.0)
@@ -83,6 +84,7 @@ class DepthImbalance:
         self._streak: dict[str, list[int]] = {}  # side -> [first step, records, last step]
         self._raw: dict[str, float] = {}  # block group -> log10 norm on the latest record
         self._extreme: dict[str, int] = {}  # side -> consecutive records with an extreme gap
+        self._extreme_since: dict[str, int] = {}  # side -> the first step of those records
         self._open: dict[str, Finding] = {}  # side -> the finding that reported its band
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -98,6 +100,8 @@ class DepthImbalance:
             ("output", ordered[::-1], levels[::-1], raw[-1]),
         ):
             self._extreme[side] = self._extreme.get(side, 0) + 1 if end <= floor else 0
+            if self._extreme[side] == 1:
+                self._extreme_since[side] = record.step
             finding = self._check_side(record, side, groups, side_levels)
             if finding is not None:
                 findings.append(finding)
@@ -127,6 +131,9 @@ class DepthImbalance:
         self, record: StepRecord, side: str, groups: list[str], levels: list[float]
     ) -> Finding | None:
         size = _band(levels, self.gap)
+        extreme = self._extreme.get(side, 0)
+        if extreme >= self.extreme_patience or side in self._open:
+            size = max(size, _below_largest(levels, self.gap))
         if size == 0:
             streak, opened = self._streak.pop(side, None), self._open.pop(side, None)
             if streak is None or opened is None:
@@ -139,8 +146,10 @@ class DepthImbalance:
             return replace(opened, end_step=streak[2], severity=Severity.INFO, seen=seen, advice="")
         streak = self._streak.setdefault(side, [record.step, 0, record.step])
         streak[1], streak[2] = streak[1] + 1, record.step
-        extreme = self._extreme.get(side, 0) >= self.extreme_patience
-        if side in self._open or (streak[1] < self.patience and not extreme):
+        if extreme >= self.extreme_patience and side not in self._open:  # it began back then
+            streak[0] = min(streak[0], self._extreme_since.get(side, record.step))
+            streak[1] = max(streak[1], extreme)
+        if side in self._open or (streak[1] < self.patience and extreme < self.extreme_patience):
             return None
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
         ema = self._ema
@@ -179,8 +188,11 @@ class DepthImbalance:
     def state_dict(self) -> dict[str, Any]:
         streak = {side: list(value) for side, value in self._streak.items()}
         opened = {side: finding.to_dict() for side, finding in self._open.items()}
-        extreme = dict(self._extreme)
-        return {"ema": dict(self._ema), "streak": streak, "open": opened, "extreme": extreme}
+        extreme, since = dict(self._extreme), dict(self._extreme_since)
+        return {
+            "ema": dict(self._ema), "streak": streak, "open": opened, "extreme": extreme,
+            "extreme_since": since,
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ema = {str(g): float(v) for g, v in state["ema"].items()}
@@ -188,6 +200,8 @@ class DepthImbalance:
         self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
         self._open = {str(s): Finding.from_dict(data) for s, data in state["open"].items()}
         self._extreme = {str(s): int(n) for s, n in state.get("extreme", {}).items()}
+        since = state.get("extreme_since", {})
+        self._extreme_since = {str(s): int(n) for s, n in since.items()}
 
 
 def _blocks(side: str, opened: Finding | Mapping[str, float]) -> str:
@@ -221,6 +235,15 @@ def _band(levels: Sequence[float], gap: float) -> int:
         if top <= median(levels[size:]) - gap:
             best = size
     return best
+
+
+def _below_largest(levels: Sequence[float], gap: float) -> int:
+    """Size of the largest prefix whose levels all lie ≥ gap below the largest level (one block
+    at least is left out)."""
+    ceiling, size = max(levels) - gap, 0
+    while size < len(levels) - 1 and levels[size] <= ceiling:
+        size += 1
+    return size
 
 
 def _update_ratios(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-__all__ = ["SwapReport", "swap_to_pre_ln"]
+__all__ = ["SwapReport", "has_post_ln", "swap_to_pre_ln"]
 
 _LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 _STACKS = (nn.TransformerEncoder, nn.TransformerDecoder)
@@ -40,17 +40,26 @@ class SwapReport:
         return bool(self.blocks or self.added_norms)
 
 
+def has_post_ln(model: nn.Module) -> bool:
+    """Whether `model` holds a block or Transformer layer that `swap_to_pre_ln` would switch."""
+    return any(_post_ln(module) for module in model.modules())
+
+
+def _post_ln(module: nn.Module) -> bool:
+    if isinstance(module, _LAYERS):
+        return not module.norm_first
+    return getattr(module, "norm_position", None) == "post"  # the reference Block
+
+
 def _swap(module: nn.Module) -> bool:
     """Switch one block or Transformer layer to pre-LN; True when it was post-LN."""
+    if not _post_ln(module):
+        return False
     if isinstance(module, _LAYERS):
-        if module.norm_first:
-            return False
         module.norm_first = True
-        return True
-    if getattr(module, "norm_position", None) == "post":  # the reference Block, read each forward
+    else:  # the reference Block reads it each forward
         module.norm_position = "pre"  # type: ignore[assignment]
-        return True
-    return False
+    return True
 
 
 def _final_norm(stack: nn.TransformerEncoder | nn.TransformerDecoder) -> nn.LayerNorm:
