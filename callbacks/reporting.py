@@ -131,6 +131,8 @@ class Reporter:
             auto = self.auto
             if auto is not None and record is not None:
                 done = auto.after_step(trainer, module, step.step, found, record)
+                if auto.restarted:
+                    self.engine.restart()
                 self.emit(trainer, None, done)
                 if auto.exhausted() and self.protection is not None:
                     self.protection.stop(trainer, step, auto.stop_reason)

@@ -18,6 +18,7 @@ from stabilizer.callbacks.auto import AutoRemedies
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity
 from stabilizer.demo.model import Block
+from stabilizer.demo.scenarios import Scenario
 from stabilizer.live.remedies import FP32LayerNorm
 
 
@@ -150,3 +151,41 @@ def test_scenario_with_auto_ends_finite_and_learning(name: str, remedy: str) -> 
     assert remedy in [f.remedies[0] for f in applied(monitor)]
     losses = run.trainer.callback_metrics
     assert float(losses["val/loss"]) < 3.3  # learning: the unigram entropy of the corpus is 3.25
+
+
+class Starve(pl.Callback):
+    """From step 8 on, blocks 0-2 get 1e-8 of their gradient: a band starved as post-LN's is."""
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            return grad * 1e-8 if trainer.global_step >= 8 else grad
+
+        for name, p in pl_module.named_parameters():
+            if any(f"blocks.{i}." in name for i in range(3)):
+                p.register_hook(hook)
+
+
+def _post_ln(steps: int = 30) -> Scenario:
+    sc = replace(tiny("32-true"), steps=steps, warmup_steps=10)  # with warmup: no swap at step 0
+    return replace(sc, model=replace(sc.model, norm_position="post", n_layer=6))
+
+
+@pytest.mark.parametrize("rollback", [True, False], ids=["snapshots", "no-rollback"])
+def test_a_starved_band_restarts_from_the_snapshot_before_it_as_pre_ln(rollback: bool) -> None:
+    allow = None if rollback else ["swap_to_pre_ln"]
+    auto = AutoRemedies(snapshot_every=5, allow=allow)
+    monitor = StabilityMonitor(policy="auto", jsonl=False, auto=auto)
+    run = train(_post_ln(), monitor, Starve())
+    assert_intact(run)
+    bands = [f for f in monitor.findings if f.kind == "depth_imbalance"]
+    band = bands[0]
+    assert band.step == 8 and band.end_step == 17  # the extreme rule: ten records
+    (swap,) = [f for f in applied(monitor) if f.remedies == ("swap_to_pre_ln",)]
+    assert swap.step == 17
+    blocks = [m for m in run.module.modules() if isinstance(m, Block)]
+    assert len(blocks) == 6 and all(b.norm_position == "pre" for b in blocks)
+    if rollback:  # the newest snapshot from before step 8: step 5's weights, not the starved ones
+        assert swap.evidence["restored_step"] == 5.0
+        assert "restarted from step 5's weights and optimizer state" in swap.message
+    else:
+        assert "restored_step" not in swap.evidence and "restarted" not in swap.message

@@ -130,6 +130,15 @@ class Engine:
             found += self._run(detector, detector.finish)
         return self._emit(found)
 
+    def restart(self) -> None:
+        """Training restarted from earlier weights (``auto``'s restart as pre-LN): every detector
+        with a ``restart()`` method starts its baseline over, so that the loss of the earlier
+        weights is not measured against the level of the weights left behind."""
+        for detector in self._enabled():
+            method = getattr(detector, "restart", None)
+            if callable(method):
+                self._call(detector, method)
+
     def replay(self, records: Iterable[StepRecord]) -> list[Finding]:
         """Observe every record, then `finish`; return all findings of the stream."""
         found: list[Finding] = []

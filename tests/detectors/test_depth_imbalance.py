@@ -130,6 +130,17 @@ def test_a_geometric_decay_is_caught_by_the_end_to_end_ratio() -> None:
     assert feed(DepthImbalance(extreme_ratio=1e12), stream) == []  # the median rule misses it
 
 
+def test_an_extreme_band_began_when_its_end_first_fell_ratio_below() -> None:
+    # 20 records at 1e-3x (no extreme yet, too short for the patience), then 1e-6x: the band is
+    # called on the extreme rule and dated from the first 1e-3x record, where the starving began.
+    stream = _stack([1.0] * 12, 30) + _stack([1e-3] + [1.0] * 11, 20, seed=1)
+    stream += _stack([1e-6] + [1.0] * 11, 30, seed=2)
+    stream = [StepRecord(i, r.values) for i, r in enumerate(stream)]
+    [finding, _] = feed(DepthImbalance(), stream)
+    assert (finding.step, finding.end_step) == (30, 59)
+    assert "for 30 records" in finding.message
+
+
 @pytest.mark.parametrize(
     "norms",
     [

@@ -143,6 +143,12 @@ class SpikeTracker:
         self.window.clear()
         self.window.push(value)
 
+    def restart(self) -> None:
+        """Training went back to earlier weights: the baseline starts over from the next value
+        (an open episode stays open, judged against the baseline it froze)."""
+        if self.episode is None:
+            self.window.clear()
+
     def close(self) -> dict[str, Any] | None:
         """End of stream: the open episode, if any, now closed."""
         episode, self.episode = self.episode, None

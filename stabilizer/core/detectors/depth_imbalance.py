@@ -14,10 +14,12 @@ from stabilizer.core.signals import GRAD_NORM_PREFIX, UPDATE_RATIO_PREFIX, block
 from ._robust import exp10, median
 from .base import check_at_least
 
-__all__ = ["DepthImbalance"]
+__all__ = ["EXTREME_RATIO", "DepthImbalance"]
 
 _BLOCKS = GRAD_NORM_PREFIX + "block_"  # the keys of per-block norms
 _ADVICE = "switch to pre-LN and keep LR warmup"
+EXTREME_RATIO = 1e4
+"""An end of the stack this many times below its largest block norm is reported sooner."""
 
 
 class DepthImbalance:
@@ -29,7 +31,8 @@ class DepthImbalance:
     block norm on each of the last `extreme_patience` records (an end of the stack 1e4 times
     below its other end for ten records in a row is no blip: a post-LN stack that starves that
     hard does not recover, and a swap to pre-LN is worth most early); the band is then the
-    blocks from that end ≥ `ratio`× below the largest.
+    blocks from that end ≥ `ratio`× below the largest, and it began on the first of the records
+    in a row on which the end block was (when the starving began: a restart goes back before it).
 
     This is how a deep post-LN stack fails to train (Xiong et al. 2020): gradients vanish towards
     one end. The band is the largest run of blocks from the input (or output) end whose norms all
@@ -50,7 +53,7 @@ class DepthImbalance:
         ratio: How many times smaller the band's norms must be than the rest's median.
         patience: Consecutive records the band must persist (not a blip).
         extreme_ratio: An end block that gets this many times less than the largest block
-            norm is reported sooner ...
+            norm is reported sooner (default: `EXTREME_RATIO`, or `ratio` if larger) ...
         extreme_patience: ... once this many consecutive records have shown it.
         alpha: EMA weight of the newest log norm (1 = no smoothing).
         min_blocks: Blocks needed before any decision.
@@ -65,11 +68,12 @@ class DepthImbalance:
         patience: int = 50,
         alpha: float = 0.1,
         min_blocks: int = 4,
-        extreme_ratio: float = 1e4,
+        extreme_ratio: float | None = None,
         extreme_patience: int = 10,
     ) -> None:
         check_at_least("ratio", ratio, 2.0)
         check_at_least("patience", patience, 1)
+        extreme_ratio = max(EXTREME_RATIO, ratio) if extreme_ratio is None else extreme_ratio
         check_at_least("extreme_ratio", extreme_ratio, ratio)
         check_at_least("extreme_patience", extreme_patience, 1)
         self.extreme_ratio, self.extreme_patience = extreme_ratio, extreme_patience
@@ -84,7 +88,8 @@ class DepthImbalance:
         self._streak: dict[str, list[int]] = {}  # side -> [first step, records, last step]
         self._raw: dict[str, float] = {}  # block group -> log10 norm on the latest record
         self._extreme: dict[str, int] = {}  # side -> consecutive records with an extreme gap
-        self._extreme_since: dict[str, int] = {}  # side -> the first step of those records
+        self._onset: dict[str, list[int]] = {}  # side -> [first step, records] of its end
+        # block at >= `ratio`x below the largest: when the starving began
         self._open: dict[str, Finding] = {}  # side -> the finding that reported its band
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -100,8 +105,10 @@ class DepthImbalance:
             ("output", ordered[::-1], levels[::-1], raw[-1]),
         ):
             self._extreme[side] = self._extreme.get(side, 0) + 1 if end <= floor else 0
-            if self._extreme[side] == 1:
-                self._extreme_since[side] = record.step
+            if end <= max(raw) - self.gap:
+                self._onset.setdefault(side, [record.step, 0])[1] += 1
+            else:
+                self._onset.pop(side, None)
             finding = self._check_side(record, side, groups, side_levels)
             if finding is not None:
                 findings.append(finding)
@@ -147,8 +154,8 @@ class DepthImbalance:
         streak = self._streak.setdefault(side, [record.step, 0, record.step])
         streak[1], streak[2] = streak[1] + 1, record.step
         if extreme >= self.extreme_patience and side not in self._open:  # it began back then
-            streak[0] = min(streak[0], self._extreme_since.get(side, record.step))
-            streak[1] = max(streak[1], extreme)
+            onset, records = self._onset.get(side, [record.step, extreme])
+            streak[0], streak[1] = min(streak[0], onset), max(streak[1], records)
         if side in self._open or (streak[1] < self.patience and extreme < self.extreme_patience):
             return None
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
@@ -188,10 +195,10 @@ class DepthImbalance:
     def state_dict(self) -> dict[str, Any]:
         streak = {side: list(value) for side, value in self._streak.items()}
         opened = {side: finding.to_dict() for side, finding in self._open.items()}
-        extreme, since = dict(self._extreme), dict(self._extreme_since)
+        extreme, onset = dict(self._extreme), {s: list(v) for s, v in self._onset.items()}
         return {
             "ema": dict(self._ema), "streak": streak, "open": opened, "extreme": extreme,
-            "extreme_since": since,
+            "onset": onset,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -200,8 +207,8 @@ class DepthImbalance:
         self._streak = {str(s): [int(v) for v in value] for s, value in state["streak"].items()}
         self._open = {str(s): Finding.from_dict(data) for s, data in state["open"].items()}
         self._extreme = {str(s): int(n) for s, n in state.get("extreme", {}).items()}
-        since = state.get("extreme_since", {})
-        self._extreme_since = {str(s): int(n) for s, n in since.items()}
+        onset = state.get("onset", {})
+        self._onset = {str(s): [int(v) for v in value] for s, value in onset.items()}
 
 
 def _blocks(side: str, opened: Finding | Mapping[str, float]) -> str:

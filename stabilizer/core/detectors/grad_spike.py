@@ -191,6 +191,10 @@ class GradSpike:
         episode = self._tracker.close()
         return [] if episode is None else [self._spike(episode, "up until the end of the log")]
 
+    def restart(self) -> None:
+        """Training restarted from earlier weights: its baseline starts over (`Engine.restart`)."""
+        self._tracker.restart()
+
     def state_dict(self) -> dict[str, Any]:
         return {**self._tracker.state(), **self._clips.state()}
 

@@ -238,6 +238,10 @@ class LossSpike:
             return []  # after a single record, only a jump that stays up says something
         return [self._spike(episode, back=None)]
 
+    def restart(self) -> None:
+        """Training restarted from earlier weights: its baseline starts over (`Engine.restart`)."""
+        self._tracker.restart()
+
     def state_dict(self) -> dict[str, Any]:
         return {**self._tracker.state(), "zero": self._zero}
 
