@@ -269,16 +269,19 @@ class AutoRemedies:
         trainer: pl.Trainer,
         since: int | None = None,
     ) -> _Applied | None:
-        """Swap to pre-LN and re-warm the LR; first, when a snapshot from before `since` (the
-        last step before the band) is held, restart from it: the weights the starved post-LN
-        steps trained are post-LN's, and pre-LN learns from them far slower than from the
-        weights before them (measured: docs/remedies.md, row 3)."""
+        """Swap to pre-LN and re-warm the LR; first, when the oldest snapshot held is from
+        before `since` (the last step before the band), restart from it: pre-LN learns from
+        the weights of a stuck post-LN run far slower than from earlier ones (measured on
+        post-ln-deep: a swap in place at step 29 ended 1.20x its twin, a restart from step 50
+        1.13x, from step 0 1.01x; docs/remedies.md, row 3)."""
         if step >= self.swap_before or not has_post_ln(pl_module):
             return None  # the finding's advice stands: restart with pre-LN
-        snapshots = self._snapshots
-        restart = None
-        if since is not None and snapshots is not None and snapshots.can_restore(before=since):
-            restart = snapshots.restore(before=since)  # before the swap adds any parameter
+        snapshots, restart = self._snapshots, None
+        oldest = snapshots.steps[0] if snapshots is not None and snapshots.steps else None
+        if oldest is not None and since is not None and oldest < since:
+            assert snapshots is not None
+            if snapshots.can_restore(before=oldest + 1):  # (not when no restore is left)
+                restart = snapshots.restore(before=oldest + 1)  # before the swap adds a param
         swap = swap_to_pre_ln(pl_module)
         if swap.new_parameters:
             add_param_group(trainer, list(swap.new_parameters))

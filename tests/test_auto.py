@@ -170,10 +170,19 @@ def _post_ln(steps: int = 30) -> Scenario:
     return replace(sc, model=replace(sc.model, norm_position="post", n_layer=6))
 
 
-@pytest.mark.parametrize("rollback", [True, False], ids=["snapshots", "no-rollback"])
-def test_a_starved_band_restarts_from_the_snapshot_before_it_as_pre_ln(rollback: bool) -> None:
-    allow = None if rollback else ["swap_to_pre_ln"]
-    auto = AutoRemedies(snapshot_every=5, allow=allow)
+@pytest.mark.parametrize(
+    ("allow", "keep", "restored"),
+    [
+        (None, 4, 0),  # snapshots of steps 0, 5, 10, 15: the oldest, as far back as held
+        (None, 2, None),  # 10 and 15: none from before the band, the swap is made in place
+        (["swap_to_pre_ln"], 4, None),  # no rollback allowed: no snapshots
+    ],
+    ids=["oldest-snapshot", "none-before-the-band", "no-rollback"],
+)
+def test_a_starved_band_restarts_from_the_oldest_snapshot_as_pre_ln(
+    allow: list[str] | None, keep: int, restored: int | None
+) -> None:
+    auto = AutoRemedies(snapshot_every=5, keep_snapshots=keep, allow=allow)
     monitor = StabilityMonitor(policy="auto", jsonl=False, auto=auto)
     run = train(_post_ln(), monitor, Starve())
     assert_intact(run)
@@ -184,8 +193,8 @@ def test_a_starved_band_restarts_from_the_snapshot_before_it_as_pre_ln(rollback:
     assert swap.step == 17
     blocks = [m for m in run.module.modules() if isinstance(m, Block)]
     assert len(blocks) == 6 and all(b.norm_position == "pre" for b in blocks)
-    if rollback:  # the newest snapshot from before step 8: step 5's weights, not the starved ones
-        assert swap.evidence["restored_step"] == 5.0
-        assert "restarted from step 5's weights and optimizer state" in swap.message
+    if restored is not None:
+        assert swap.evidence["restored_step"] == restored
+        assert f"restarted from step {restored}'s weights and optimizer state" in swap.message
     else:
         assert "restored_step" not in swap.evidence and "restarted" not in swap.message

@@ -243,3 +243,34 @@ def test_detection_core_imports_neither_torch_nor_lightning() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _losses(values: list[float], start: int = 0) -> list[StepRecord]:
+    return [StepRecord(start + i, {"loss": v, "grad_norm": 1.0}) for i, v in enumerate(values)]
+
+
+# 100 steps at a 3.3 plateau, then the loss of earlier weights: 5.5, falling back to 3.0 over
+# 40 steps (a restart from the step-0 snapshot, as `auto`'s swap to pre-LN does).
+_PLATEAU = [3.3 + 0.02 * math.sin(i) for i in range(100)]
+_RESTARTED = [5.5 - 2.5 * i / 40 for i in range(41)]
+
+
+def test_a_restart_starts_the_loss_baseline_over() -> None:
+    unaware = Engine()
+    found = unaware.replay(_losses(_PLATEAU) + _losses(_RESTARTED, 100))
+    assert "divergence" in {f.kind for f in found}  # measured against the plateau it left
+    engine = Engine()
+    for record in _losses(_PLATEAU):
+        engine.observe(record)
+    engine.restart()
+    found = [f for r in _losses(_RESTARTED, 100) for f in engine.observe(r)] + engine.finish()
+    assert found == []
+
+
+def test_a_restart_keeps_an_open_spike_open() -> None:
+    engine = Engine()
+    for record in _losses([*_PLATEAU, 9.0, 9.0]):
+        engine.observe(record)
+    engine.restart()  # the spike's episode is open: it is judged against its frozen baseline
+    found = [f for r in _losses([3.3] * 5, 102) for f in engine.observe(r)]
+    assert [(f.kind, f.step) for f in found] == [("loss_spike", 100)]
