@@ -108,7 +108,6 @@ class AutoRemedies:
         self._step_lr = math.nan
         self._lr_high = -math.inf  # the highest LR the steps have used
         self.stop_reason = "no rollback left"
-        self.restarted = False  # the last step's swap restarted from a snapshot
 
     def watch(self, pl_module: pl.LightningModule) -> None:
         """Before a checkpoint loads: re-apply a swap to pre-LN that it records."""
@@ -144,7 +143,6 @@ class AutoRemedies:
     ) -> list[Finding]:
         """Apply what the step's findings call for; returns the ``remedy_applied`` findings and
         the ``remedy_result`` findings of the remedies whose verdict is due."""
-        self.restarted = False
         if any(f.severity >= Severity.WARNING for f in found):
             self._last_trouble = step
         loss = record.values.get(LOSS, math.nan) if record is not None else math.nan
@@ -289,7 +287,6 @@ class AutoRemedies:
         evidence = {"blocks": float(len(swap.blocks)), "warmup_steps": float(self.warmup_steps)}
         message = f"{len(swap.blocks)} blocks now pre-LN"
         if restart is not None:
-            self.restarted = True
             evidence["restored_step"] = float(restart)
             message += f", restarted from step {restart}'s weights and optimizer state"
         message += f"; LR re-warmed over {self.warmup_steps}"

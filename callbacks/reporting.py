@@ -13,7 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from stabilizer.core.engine import Engine
+from stabilizer.core.engine import Engine, is_restart
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 
@@ -131,7 +131,7 @@ class Reporter:
             auto = self.auto
             if auto is not None and record is not None:
                 done = auto.after_step(trainer, module, step.step, found, record)
-                if auto.restarted:
+                if any(map(is_restart, done)):
                     self.engine.restart()
                 self.emit(trainer, None, done)
                 if auto.exhausted() and self.protection is not None:

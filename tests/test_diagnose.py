@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from stabilizer import cli
 from stabilizer.cli import main
 from stabilizer.core.detectors import LossSpike
-from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.replay.readers import READERS, LogReadError
 from stabilizer.report import session
 
@@ -503,3 +503,31 @@ def test_a_readme_is_no_training_log() -> None:
     result = run(Path(__file__).resolve().parents[1] / "README.md")
     assert result.exit_code == 2
     assert "no training" in result.stderr and "episode" not in result.stdout
+
+
+def _restarted_log(path: Path, with_finding: bool) -> Path:
+    """A stability.jsonl: 100 steps at a 3.3 plateau, auto's restart from the step-0 snapshot as
+    pre-LN (its remedy_applied finding), then the initial weights' loss falling from 5.5."""
+    lines = [{"type": "run", "policy": "auto", "groups": []}]
+    losses = [3.3 + 0.02 * math.sin(i) for i in range(100)] + [5.5 - 0.06 * i for i in range(41)]
+    for step, loss in enumerate(losses):
+        lines.append({"type": "step", "step": step, "values": {"loss": loss, "grad_norm": 1.0}})
+        if step == 99 and with_finding:
+            swap = Finding(
+                "remedy_applied", 99, 99, Severity.INFO, "swap_to_pre_ln after depth_imbalance",
+                {"blocks": 12.0, "restored_step": 0.0}, remedies=("swap_to_pre_ln",),
+            )  # fmt: skip
+            lines.append({"type": "finding", **swap.to_dict()})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_replay_starts_its_baselines_over_where_the_monitor_restarted(tmp_path: Path) -> None:
+    from stabilizer.replay.diagnose import diagnose
+
+    kinds = {
+        i.finding.kind for i in diagnose(str(_restarted_log(tmp_path / "a.jsonl", False))).findings
+    }
+    assert "divergence" in kinds  # the loss of the initial weights against the plateau's
+    found = diagnose(str(_restarted_log(tmp_path / "b.jsonl", True))).findings
+    assert [i.finding.kind for i in found] == ["remedy_applied"]

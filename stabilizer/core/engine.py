@@ -14,9 +14,10 @@ from typing import Any
 from stabilizer.core.detectors.base import check_at_least
 
 from .detectors import Detector, default_detectors
+from .kinds import REMEDY_APPLIED
 from .records import Finding, StepRecord
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "is_restart"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,17 @@ def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list
         if grouped and key.endswith("/") and any(name.startswith(key) for name in grouped):
             return True
     return False
+
+
+def is_restart(finding: Finding) -> bool:
+    """Whether `finding` says that training restarted from an earlier snapshot: ``auto``'s swap
+    to pre-LN from its oldest snapshot (a ``remedy_applied`` with ``restored_step``). The live
+    monitor and a replay of its log both call `Engine.restart` after it."""
+    return (
+        finding.kind == REMEDY_APPLIED
+        and finding.remedies[:1] == ("swap_to_pre_ln",)
+        and "restored_step" in finding.evidence
+    )
 
 
 def _order(finding: Finding) -> tuple[Any, ...]:

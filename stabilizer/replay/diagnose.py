@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from stabilizer.core.engine import Engine
+from stabilizer.core.engine import Engine, is_restart
 from stabilizer.core.episode import Episodes
 from stabilizer.core.kinds import LIVE_ONLY
 from stabilizer.core.records import Finding, Severity, StepRecord
@@ -171,9 +171,7 @@ class _Replay:
         header (the first one is kept: a resumed run writes the same facts again), or one of
         the monitor's own findings (kept for `keep_live`)."""
         if isinstance(item, Finding):
-            self.seen += 1
-            if item.kind in LIVE_KINDS and self.seen <= MAX_FINDINGS:
-                self.stored.append(item)
+            self._live(item)
             return
         if isinstance(item, RunHeader):
             if self.diagnosis.run is None:
@@ -196,6 +194,15 @@ class _Replay:
         self.diagnosis.history.add(record.step, segment.index, record.values)
         for sink in self.sinks:
             sink.record(record)
+
+    def _live(self, finding: Finding) -> None:
+        """One of the monitor's own findings: kept; after a restart from a snapshot, the
+        engine's baselines start over, as the live engine's did."""
+        if is_restart(finding):
+            self.engine.restart()
+        self.seen += 1
+        if finding.kind in LIVE_KINDS and self.seen <= MAX_FINDINGS:
+            self.stored.append(finding)
 
     def _capped(self, record: StepRecord) -> StepRecord:
         """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once), for
