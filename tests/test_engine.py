@@ -245,7 +245,7 @@ def test_detection_core_imports_neither_torch_nor_lightning() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def _losses(values: list[float], start: int = 0) -> list[StepRecord]:
+def _curve(values: list[float], start: int = 0) -> list[StepRecord]:
     return [StepRecord(start + i, {"loss": v, "grad_norm": 1.0}) for i, v in enumerate(values)]
 
 
@@ -257,20 +257,20 @@ _RESTARTED = [5.5 - 2.5 * i / 40 for i in range(41)]
 
 def test_a_restart_starts_the_loss_baseline_over() -> None:
     unaware = Engine()
-    found = unaware.replay(_losses(_PLATEAU) + _losses(_RESTARTED, 100))
+    found = unaware.replay(_curve(_PLATEAU) + _curve(_RESTARTED, 100))
     assert "divergence" in {f.kind for f in found}  # measured against the plateau it left
     engine = Engine()
-    for record in _losses(_PLATEAU):
+    for record in _curve(_PLATEAU):
         engine.observe(record)
     engine.restart()
-    found = [f for r in _losses(_RESTARTED, 100) for f in engine.observe(r)] + engine.finish()
+    found = [f for r in _curve(_RESTARTED, 100) for f in engine.observe(r)] + engine.finish()
     assert found == []
 
 
 def test_a_restart_keeps_an_open_spike_open() -> None:
     engine = Engine()
-    for record in _losses([*_PLATEAU, 9.0, 9.0]):
+    for record in _curve([*_PLATEAU, 9.0, 9.0]):
         engine.observe(record)
     engine.restart()  # the spike's episode is open: it is judged against its frozen baseline
-    found = [f for r in _losses([3.3] * 5, 102) for f in engine.observe(r)]
+    found = [f for r in _curve([3.3] * 5, 102) for f in engine.observe(r)]
     assert [(f.kind, f.step) for f in found] == [("loss_spike", 100)]
