@@ -271,7 +271,8 @@ class AutoRemedies:
         before `since` (the last step before the band), restart from it: pre-LN learns from
         the weights of a stuck post-LN run far slower than from earlier ones (measured on
         post-ln-deep: a swap in place at step 29 ended 1.20x its twin, a restart from step 50
-        1.13x, from step 0 1.01x; docs/remedies.md, row 3)."""
+        1.13x, from step 0 0.90-1.04x over 5 seeds; docs/remedies.md, row 3). The restart uses
+        one of the `max_rollbacks`."""
         if step >= self.swap_before or not has_post_ln(pl_module):
             return None  # the finding's advice stands: restart with pre-LN
         snapshots, restart = self._snapshots, None
