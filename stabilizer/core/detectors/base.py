@@ -29,6 +29,10 @@ __all__ = ["Detector", "check_at_least", "check_fraction"]
 class Detector(Protocol):
     """A streaming detector of one instability.
 
+    A detector that keeps a baseline of the loss or the gradients may also define ``restart()``
+    (no arguments): training went back to earlier weights, the baseline starts over
+    (`Engine.restart`; `LossSpike`, `GradSpike`).
+
     Attributes:
         name: The snake_case name: registry key, CLI value, log tag segment.
         requires: The signal keys the detector reads, of which a record needs at least one; a key
