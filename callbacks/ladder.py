@@ -4,7 +4,9 @@ Each applied remedy is watched for `CHECK_STEPS` steps (``AutoRemedies(check_ste
 *did not work* when, in that window, the failure it is for comes back: a finding of one of its
 `FAILS` kinds (at WARNING or above; ``divergence`` at ERROR) that starts after the remedy, or,
 for ``swap_to_pre_ln``, a ``depth_imbalance`` band still open at the window's end. Otherwise it
-*worked*. Either way a ``remedy_result`` finding says so with the loss before and after; a
+*worked*; for ``swap_to_pre_ln`` only if the loss also fell (the median of the last `LEVEL`
+losses below its median when the swap was made: the failure it answers is a stack that does not
+learn). Either way a ``remedy_result`` finding says so with the loss before and after; a
 remedy that did not work is followed by the next remedy for that finding (`NEXT`), and when
 none is left by a CRITICAL ``remedy_result`` that says what was tried and what to do, and a
 clean stop.
@@ -13,6 +15,8 @@ clean stop.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +26,7 @@ from stabilizer.core.records import Finding, Severity
 __all__ = [
     "CHECK_STEPS",
     "FAILS",
+    "LEVEL",
     "NEXT",
     "Ladder",
     "Verdict",
@@ -32,6 +37,9 @@ __all__ = [
 
 CHECK_STEPS = 50
 """Steps a remedy is watched for before it is said to have worked."""
+
+LEVEL = 10
+"""Losses whose median is the loss level a swap to pre-LN must have lowered by its verdict."""
 
 FAILS: dict[str, tuple[str, ...]] = {
     remedy: tuple(kind.name for kind in TABLE if remedy in kind.refutes)
@@ -68,6 +76,7 @@ class Watch:
     until: int  # the verdict is due at this step
     loss: float  # the loss when it was applied
     open_bands: set[int] = field(default_factory=set)  # depth_imbalance episodes still open
+    level: float = math.nan  # the median of the last `LEVEL` losses when it was applied
 
 
 @dataclass
@@ -78,6 +87,7 @@ class Verdict:
     worked: bool
     loss: float
     because: Finding | None = None
+    why: str = ""  # why it did not work, when no finding came back
 
 
 class Ladder:
@@ -93,16 +103,21 @@ class Ladder:
         self.check_steps = check_steps
         self.watches: list[Watch] = []
         self.tried: list[str] = []  # remedies applied, in order
+        self._recent: deque[float] = deque(maxlen=LEVEL)  # the last finite losses
 
     def watch(self, remedy: str, cause: Finding, step: int, loss: float) -> None:
         """Start watching `remedy`, applied after `step` for `cause`."""
         self.tried.append(remedy)
         self.watches = [w for w in self.watches if w.remedy != remedy]  # the newest counts
         bands = {cause.step} if cause.kind == DEPTH_IMBALANCE else set()
-        self.watches.append(Watch(remedy, cause.kind, step, step + self.check_steps, loss, bands))
+        watch = Watch(remedy, cause.kind, step, step + self.check_steps, loss, bands)
+        watch.level = self._level()
+        self.watches.append(watch)
 
     def check(self, step: int, found: Sequence[Finding], loss: float) -> list[Verdict]:
         """The verdicts due at `step`, given the step's findings and loss."""
+        if math.isfinite(loss):
+            self._recent.append(loss)
         verdicts, kept = [], []
         for w in self.watches:
             _track_bands(w, found)
@@ -110,12 +125,23 @@ class Ladder:
             if back is not None:
                 verdicts.append(Verdict(w, False, loss, back))
             elif step >= w.until:
-                worked = not w.open_bands and math.isfinite(loss)
-                verdicts.append(Verdict(w, worked, loss))
+                verdicts.append(self._at_the_end(w, loss))
             else:
                 kept.append(w)
         self.watches = kept
         return verdicts
+
+    def _level(self) -> float:
+        return statistics.median(self._recent) if self._recent else math.nan
+
+    def _at_the_end(self, w: Watch, loss: float) -> Verdict:
+        if w.open_bands:
+            return Verdict(w, False, loss, why="the band of starved blocks is still there")
+        level = self._level()
+        if w.remedy == "swap_to_pre_ln" and level >= w.level:  # (NaN: no level to compare)
+            why = f"the loss did not fall (median of the last {LEVEL}: "
+            return Verdict(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
+        return Verdict(w, math.isfinite(loss), loss, why="the loss is not finite")
 
     def state_dict(self) -> dict[str, object]:
         return {"tried": list(self.tried)}
@@ -162,7 +188,7 @@ def result_finding(
         why = (
             f"{verdict.because.kind} at step {verdict.because.step}"
             if verdict.because is not None
-            else "the band of starved blocks is still there"
+            else verdict.why
         )
         seen = f"{head} did not work: {why}; {numbers}"
         if next_remedy is not None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stabilizer.callbacks.auto import AutoRemedies
-from stabilizer.callbacks.ladder import Ladder
+from stabilizer.callbacks.ladder import Ladder, result_finding
 from stabilizer.core.records import Finding, Severity, StepRecord
 
 
@@ -152,6 +152,28 @@ def test_a_swap_works_once_the_band_of_starved_blocks_closes() -> None:
     assert ladder.check(44, [closed], 3.0) == []
     (verdict,) = ladder.check(47, [], 2.9)
     assert verdict.worked and verdict.loss == 2.9
+
+
+def test_a_swap_after_which_the_loss_does_not_fall_did_not_work() -> None:
+    # The band closed, but the stack still does not learn: the loss level (median of the last
+    # 10) is where it was at the swap. A loss that fell, the same band, worked.
+    for after, worked in ((3.25, False), (2.9, True)):
+        ladder = Ladder(check_steps=10)
+        for step in range(27, 37):
+            assert ladder.check(step, [], 3.2 + 0.01 * (step % 2)) == []
+        band = Finding("depth_imbalance", 27, 37, Severity.WARNING, "band", {})
+        ladder.watch("swap_to_pre_ln", band, 37, 3.2)
+        closed = Finding("depth_imbalance", 27, 40, Severity.INFO, "back within 100x", {})
+        assert ladder.check(40, [closed], after) == []
+        for step in range(41, 47):
+            assert ladder.check(step, [], after) == []
+        (verdict,) = ladder.check(47, [], after)
+        assert verdict.worked is worked
+        if not worked:
+            seen = result_finding(47, verdict, None, ["swap_to_pre_ln"]).message
+            assert (
+                "did not work: the loss did not fall (median of the last 10: 3.205 -> 3.25)" in seen
+            )
 
 
 def test_a_nonfinite_loss_at_the_window_end_is_no_success() -> None:
