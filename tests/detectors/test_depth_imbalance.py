@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
@@ -125,6 +126,11 @@ def test_a_geometric_decay_is_caught_by_the_end_to_end_ratio() -> None:
     [finding, _] = feed(DepthImbalance(), stream)
     assert (finding.step, finding.end_step) == (0, 9)
     assert "for 10 records" in finding.message
+    # what the extreme rule read, on the record that called it: block 0 against the largest
+    assert 1e-6 < finding.evidence["end_share"] <= 1e-4
+    assert re.search(
+        r"; block 0 at \de-0[56]x the largest block's\) for 10 records", finding.message
+    )
     # the band: the blocks from the input end 100x or more below the largest
     assert finding.location == tuple(f"block_{i:02d}" for i in range(9))
     assert feed(DepthImbalance(extreme_ratio=1e12), stream) == []  # the median rule misses it

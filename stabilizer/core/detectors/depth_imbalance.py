@@ -160,6 +160,7 @@ class DepthImbalance:
             return None
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
         ema = self._ema
+        raw = [self._raw.get(g, ema[g]) for g in groups]  # this record's, from the end on
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
@@ -168,6 +169,8 @@ class DepthImbalance:
         evidence.update(rest_median=exp10(rest_level), ratio=ratio, band_first=first or 0)
         evidence.update(band_last=last or 0, blocks=len(groups))
         evidence.update(_update_ratios(record.values, band, rest))
+        if extreme >= self.extreme_patience:  # what the extreme rule read
+            evidence["end_share"] = exp10(raw[0] - max(raw))
         self._open[side] = Finding(
             kind=DEPTH_IMBALANCE,
             step=streak[0],
@@ -224,6 +227,9 @@ def _blocks(side: str, opened: Finding | Mapping[str, float]) -> str:
         share, norms = f"{low / rest:.0e}x to {share}", f"{low:.0e} to {norms}"
     where = f"{side} side: blocks {first}-{last}"
     norms += f", the rest's median {rest:.0e}"
+    if "end_share" in evidence:  # called on the extreme rule: the end against the largest
+        end = first if side == "input" else last
+        norms += f"; block {end} at {evidence['end_share']:.0e}x the largest block's"
     return f"{where} get {share} the gradient of the rest (norms {norms})"
 
 
