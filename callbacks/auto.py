@@ -275,12 +275,10 @@ class AutoRemedies:
         one of the `max_rollbacks`."""
         if step >= self.swap_before or not has_post_ln(pl_module):
             return None  # the finding's advice stands: restart with pre-LN
-        snapshots, restart = self._snapshots, None
-        oldest = snapshots.steps[0] if snapshots is not None and snapshots.steps else None
-        if oldest is not None and since is not None and oldest < since:
-            assert snapshots is not None
-            if snapshots.can_restore(before=oldest + 1):  # (not when no restore is left)
-                restart = snapshots.restore(before=oldest + 1)  # before the swap adds a param
+        snapshots, oldest = self._snapshots, self._oldest_before(since)
+        restart = None  # (restored before the swap adds any parameter)
+        if snapshots is not None and oldest is not None:
+            restart = snapshots.restore(before=oldest + 1)
         swap = swap_to_pre_ln(pl_module)
         if swap.new_parameters:
             add_param_group(trainer, list(swap.new_parameters))
@@ -292,6 +290,14 @@ class AutoRemedies:
             message += f", restarted from step {restart}'s weights and optimizer state"
         message += f"; LR re-warmed over {self.warmup_steps}"
         return _Applied("swap_to_pre_ln", message, evidence)
+
+    def _oldest_before(self, since: int | None) -> int | None:
+        """The oldest snapshot's step when it is from before `since` and can be restored."""
+        snapshots = self._snapshots
+        if snapshots is None or since is None or not snapshots.steps:
+            return None
+        oldest = snapshots.steps[0]
+        return oldest if oldest < since and snapshots.can_restore(before=oldest + 1) else None
 
     def _rollback(self, trainer: pl.Trainer, step: int, since: int) -> _Applied | None:
         if self._snapshots is None or not self._snapshots.can_restore(before=since):

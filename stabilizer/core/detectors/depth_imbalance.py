@@ -98,18 +98,18 @@ class DepthImbalance:
         ordered = self._order
         levels = [self._ema[group] for group in ordered]
         raw = [self._raw.get(group, self._ema[group]) for group in ordered]  # this record's
-        floor = max(raw) - self.extreme_gap
+        top = max(raw)
         findings: list[Finding] = []
         for side, groups, side_levels, end in (
-            ("input", ordered, levels, raw[0]),
-            ("output", ordered[::-1], levels[::-1], raw[-1]),
-        ):
-            self._extreme[side] = self._extreme.get(side, 0) + 1 if end <= floor else 0
-            if end <= max(raw) - self.gap:
+            ("input", ordered, levels, raw[0] - top),
+            ("output", ordered[::-1], levels[::-1], raw[-1] - top),
+        ):  # `end`: the end block's log10 norm against the largest, on this record
+            self._extreme[side] = self._extreme.get(side, 0) + 1 if end <= -self.extreme_gap else 0
+            if end <= -self.gap:
                 self._onset.setdefault(side, [record.step, 0])[1] += 1
             else:
                 self._onset.pop(side, None)
-            finding = self._check_side(record, side, groups, side_levels)
+            finding = self._check_side(record, side, groups, side_levels, end)
             if finding is not None:
                 findings.append(finding)
         return findings
@@ -135,7 +135,7 @@ class DepthImbalance:
         return updated
 
     def _check_side(
-        self, record: StepRecord, side: str, groups: list[str], levels: list[float]
+        self, record: StepRecord, side: str, groups: list[str], levels: list[float], end: float
     ) -> Finding | None:
         size = _band(levels, self.gap)
         extreme = self._extreme.get(side, 0)
@@ -160,7 +160,6 @@ class DepthImbalance:
             return None
         band, rest = groups[:size] if side == "input" else groups[size - 1 :: -1], groups[size:]
         ema = self._ema
-        raw = [self._raw.get(g, ema[g]) for g in groups]  # this record's, from the end on
         levels = [ema[g] for g in band]
         rest_level = median([ema[g] for g in rest])
         ratio = exp10(rest_level - max(levels))
@@ -170,7 +169,7 @@ class DepthImbalance:
         evidence.update(band_last=last or 0, blocks=len(groups))
         evidence.update(_update_ratios(record.values, band, rest))
         if extreme >= self.extreme_patience:  # what the extreme rule read
-            evidence["end_share"] = exp10(raw[0] - max(raw))
+            evidence["end_share"] = exp10(end)
         self._open[side] = Finding(
             kind=DEPTH_IMBALANCE,
             step=streak[0],
