@@ -5,26 +5,28 @@ Which remedy answers which kind is the kinds table's (`Kind.auto`, `Kind.rollbac
 functions of `stabilizer.live.remedies`. This module decides *when*, applies each remedy once
 (never twice in a loop; a rollback at most ``max_rollbacks`` times, and a rollback cuts a surged
 LR back: an LR at least twice the highest used up to its snapshot, or the scheduler's initial
-LR if higher, so that a warmup's end is no surge), lets a ``config_risk`` warning apply its own
-remedy, and reports every application as a ``remedy_applied`` finding with the numbers before
-and after. Every remedy is then watched (`Ladder`): a ``remedy_result`` finding says whether it
-worked.
+LR if higher, so that a warmup's end is no surge), and reports every application as a
+``remedy_applied`` finding with the numbers before and after. It acts only on a failure seen in
+the run's own numbers: the preflight's ``config_risk`` findings are advice, never a remedy.
+Every remedy is then watched (`Ladder`): a ``remedy_result`` finding says whether it worked.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
+from torch import nn
 
-from stabilizer.core.kinds import CONFIG_RISK, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
+from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import low_precision
-from stabilizer.core.signals import LOSS, LR
+from stabilizer.core.signals import GRAD_NORM, LOSS, LR
 from stabilizer.live.remedies import (
     LRMultiplier,
     SkipWindow,
@@ -33,16 +35,27 @@ from stabilizer.live.remedies import (
     swap_to_pre_ln,
     upcast_to_fp32,
 )
-from stabilizer.live.remedies.swap_to_pre_ln import SwapReport, has_post_ln
+from stabilizer.live.remedies.swap_to_pre_ln import has_post_ln
 
 from .ladder import NEXT, Ladder, Verdict, result_finding
-from .swap_checkpoint import add_param_group, watch_checkpoint_loads
+from .swap_checkpoint import add_param_group
 
-__all__ = ["REMEDY_NAMES", "AutoRemedies"]
+__all__ = ["CLIP_MARGIN", "REMEDY_NAMES", "REWRITES", "AutoRemedies", "from_scratch"]
 
 log = logging.getLogger("stabilizer")
 
 REMEDY_NAMES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
+
+REWRITES = ("upcast_to_fp32", "swap_to_pre_ln")
+"""Remedies that change what the model computes: applied to a model trained from scratch, or to
+any model when `AutoRemedies(allow=...)` names them."""
+
+CLIP_MARGIN = 1.5
+"""Where a run's healthy gradient norms sit above 1.0, clipping starts at this many times their
+90th percentile: clipping at 1.0 would clip every healthy step (a change of optimizer, not a
+remedy), so the threshold comes from the run's own norms."""
+
+HEALTHY_NORMS = 200  # the healthy steps' gradient norms kept for the threshold
 
 SURGE = 2.0  # a rollback cuts the LR when it is at least this many times the snapshot's
 
@@ -58,7 +71,9 @@ class AutoRemedies:
     """Applies the remedies of the table above to a running Lightning fit.
 
     Args:
-        allow: Remedy names that may be applied (default: all of `REMEDY_NAMES`).
+        allow: Remedy names that may be applied (default: all of `REMEDY_NAMES`, the model
+            rewrites of `REWRITES` only on a model trained from scratch: no frozen parameter,
+            no pretrained weights; naming a rewrite here allows it on any model).
         snapshot_every: Steps between rollback snapshots (taken only after a snapshot interval
             without any finding of WARNING or above).
         keep_snapshots: Snapshots held; a rollback goes to the newest one from before the
@@ -92,6 +107,7 @@ class AutoRemedies:
             names = ", ".join(REMEDY_NAMES)
             raise ValueError(f"`allow` must name remedies among {names}, got {sorted(unknown)}")
         self.allow = allowed
+        self.explicit = frozenset(allow) if allow is not None else frozenset[str]()
         self.snapshot_every, self.max_rollbacks = snapshot_every, max_rollbacks
         self.keep_snapshots = keep_snapshots
         self.skip_batches, self.swap_before = skip_batches, swap_before
@@ -102,23 +118,15 @@ class AutoRemedies:
         self._snapshots: Snapshots | None = None
         self._last_trouble = -(10**9)  # step of the last finding at WARNING or above
         self._exhausted = False
-        self._restored: SwapReport | None = None  # a swap re-applied from a checkpoint
         self.ladder = Ladder(check_steps)
         self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the highest LR used up to it
         self._step_lr = math.nan
         self._lr_high = -math.inf  # the highest LR the steps have used
+        self._norms: deque[float] = deque(maxlen=HEALTHY_NORMS)  # healthy steps' gradient norms
         self.stop_reason = "no rollback left"
-
-    def watch(self, pl_module: pl.LightningModule) -> None:
-        """Before a checkpoint loads: re-apply a swap to pre-LN that it records."""
-        watch_checkpoint_loads(pl_module, lambda report: setattr(self, "_restored", report))
 
     def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         optimizer = trainer.optimizers[0]
-        if self._restored is not None and self._restored.new_parameters:
-            # as the swap did in the checkpoint's run: its optimizer state has this group
-            add_param_group(trainer, list(self._restored.new_parameters))
-            self._restored = None
         self.lr.attach(optimizer)
         if "rollback" in self.allow:
             self._snapshots = Snapshots(
@@ -145,6 +153,8 @@ class AutoRemedies:
         the ``remedy_result`` findings of the remedies whose verdict is due."""
         if any(f.severity >= Severity.WARNING for f in found):
             self._last_trouble = step
+        elif record is not None and math.isfinite(record.values.get(GRAD_NORM, math.nan)):
+            self._norms.append(record.values[GRAD_NORM])
         loss = record.values.get(LOSS, math.nan) if record is not None else math.nan
         # the LR this step's update used (the scheduler has already set the next one)
         self._step_lr = record.values.get(LR, math.nan) if record is not None else math.nan
@@ -190,7 +200,7 @@ class AutoRemedies:
     ) -> list[Finding]:
         """The ``remedy_result`` of `verdict`, and the next remedy when it did not work."""
         because = verdict.because
-        if verdict.worked:
+        if verdict.worked or not verdict.failed:  # (not better, not failing: left alone)
             return [result_finding(step, verdict, None, self.ladder.tried)]
         nxt = answered.get(id(because)) if because is not None else None
         extra: list[Finding] = []
@@ -231,9 +241,13 @@ class AutoRemedies:
     ) -> _Applied | None:
         if self._wants_rollback(f):
             return self._rollback(trainer, step, _last_clean(f))
-        name = kind_of(f.kind).auto or _config_remedy(f)
+        if f.kind == CLIP_SATURATION and self.applied.get("clip_gradients"):
+            return self._raise_clip(trainer)  # the saturation is auto's own: no LR cut for it
+        name = kind_of(f.kind).auto
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
+        if name in REWRITES and name not in self.explicit and not from_scratch(pl_module):
+            return None  # a pretrained or partly frozen model is not rewritten unasked
         if name == "swap_to_pre_ln" and f.kind == DEPTH_IMBALANCE:
             return self._swap(pl_module, step, trainer, since=_last_clean(f))
         return self._remedy(trainer, pl_module, step, name)
@@ -242,11 +256,13 @@ class AutoRemedies:
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, name: str
     ) -> _Applied | None:
         if name == "clip_gradients":
-            report = enable_gradient_clipping(trainer, 1.0)
+            threshold, why = self._clip_threshold()
+            report = enable_gradient_clipping(trainer, threshold)
             if not report.changed:
                 return None
             before = report.before if report.before is not None else float("inf")
-            return _Applied(name, "gradient clipping at norm 1.0", {"before": before, "after": 1.0})
+            message = f"gradient clipping at norm {threshold:.3g} ({why})"
+            return _Applied(name, message, {"before": before, "after": threshold})
         if name == "scale_lr":
             change = self.lr.scale(0.5)
             return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
@@ -259,6 +275,32 @@ class AutoRemedies:
             count = {"norms": float(len(up.norms)), "attention": float(len(up.attention))}
             return _Applied(name, "norms and attention softmax now in fp32", count)
         return self._swap(pl_module, step, trainer)
+
+    def _clip_threshold(self) -> tuple[float, str]:
+        """The article's 1.0 where the run's healthy norms sit below it; else `CLIP_MARGIN`
+        times their 90th percentile. And why, in words."""
+        norms = sorted(self._norms)
+        if len(norms) < 10:
+            return 1.0, "the article's rule; too few healthy steps to read the run's own norms"
+        p90 = norms[int(0.9 * (len(norms) - 1))]
+        if p90 <= 1.0:
+            return 1.0, f"the article's rule: the run's healthy norms sit below it, p90 {p90:.3g}"
+        threshold = CLIP_MARGIN * p90
+        return threshold, (
+            f"{CLIP_MARGIN:g}x the run's healthy p90 of {p90:.3g}: at the article's 1.0 it would "
+            "clip every healthy step"
+        )
+
+    def _raise_clip(self, trainer: pl.Trainer) -> _Applied | None:
+        """Clipping that auto switched on saturates: the run's norms grew past the threshold.
+        Raise it to fit them (never an LR cut for a saturation auto caused)."""
+        threshold, why = self._clip_threshold()
+        before = trainer.gradient_clip_val
+        if before is None or threshold <= float(before) or len(self._norms) < 10:
+            return None
+        trainer.gradient_clip_val = threshold
+        message = f"clipping threshold raised from {float(before):.3g} to {threshold:.3g} ({why})"
+        return _Applied("clip_gradients", message, {"before": float(before), "after": threshold})
 
     def _swap(
         self,
@@ -340,6 +382,18 @@ class AutoRemedies:
             self.ladder.load_state_dict(ladder)
 
 
+def from_scratch(module: nn.Module) -> bool:
+    """Whether `module` is trained from scratch: every parameter trainable, and no sign of
+    pretrained weights (a Hugging Face model loaded with ``from_pretrained`` keeps the name it
+    came from in ``config._name_or_path``; one built from a config has none)."""
+    if any(not p.requires_grad for p in module.parameters()):
+        return False
+    for m in module.modules():
+        if getattr(getattr(m, "config", None), "_name_or_path", ""):
+            return False
+    return True
+
+
 def _cause(verdict: Verdict) -> Finding:
     w = verdict.watch
     return Finding(
@@ -361,13 +415,6 @@ def _last_clean(f: Finding) -> int:
     measured before step s's update, so a loss first up at s was caused by an update of step
     s - 1 or earlier (or by the batch of s itself), and a snapshot from s - 1 already holds it."""
     return f.step - 1
-
-
-def _config_remedy(f: Finding) -> str | None:
-    """The remedy a preflight warning names (none for the info that clipping is off)."""
-    if f.kind != CONFIG_RISK or f.severity < Severity.WARNING:
-        return None
-    return next((r for r in f.remedies if r in ("swap_to_pre_ln", "upcast_to_fp32")), None)
 
 
 def _finding(step: int, cause: Finding, applied: _Applied) -> Finding:

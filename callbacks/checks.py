@@ -18,6 +18,7 @@ import torch
 
 from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
 from stabilizer.core.records import Finding, Severity
+from stabilizer.live.held import HeldNonFinite
 from stabilizer.live.preflight import (
     causal_by_design,
     causal_self_check,
@@ -212,6 +213,7 @@ def root_cause(
     step: int,
     strict: bool = False,
     quiet: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+    held: HeldNonFinite | None = None,
 ) -> Finding | None:
     """Replay the failing step's micro-batches (same weights, same batches, same RNG) in a
     sandbox and name the module; the first micro-batch that reproduces the fault is reported.
@@ -232,7 +234,7 @@ def root_cause(
                 rng = micro[index].rng
                 where = locate_nonfinite(
                     pl_module, run, rng_state=rng, loss_scale=loss_scale,
-                    inputs=micro[index].batch,
+                    inputs=micro[index].batch, held=held,
                 )  # fmt: skip
                 if where.reproduced:
                     break

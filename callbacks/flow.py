@@ -131,13 +131,16 @@ class StepFlow:
         if self.inert or (prot is not None and prot.evaluating_again(optimizer)):
             return
         with self.cost.part("measure"):  # the numbers go to the host without waiting
-            loss, buffers = self.live.step_loss(), prot.buffers_nonfinite if prot else None
-            step = self.measure(trainer, optimizer, loss, buffers, prot is not None)
+            loss, weights = self.live.step_loss(), prot.weights_check if prot else None
+            step = self.measure(trainer, optimizer, loss, weights)
         self.reporter.pending(trainer, pl_module)  # the last step's, while the device works
         # As the step will use it: after the remedies so far.
         factor = self.auto.lr.factor if self.auto is not None else 1.0
         step.note(trainer, optimizer, factor, prot is not None)
         step.found, self._extra = self._extra, []
+        step.optimizer_index = next(
+            (i for i, opt in enumerate(trainer.optimizers) if opt is optimizer), 0
+        )
         self.live.add(optimizer, step)
         if prot is not None:
             with self.cost.part("guard"):

@@ -165,14 +165,12 @@ class StepGuard:
             self._inert = before
 
     def uninstall(self) -> None:
-        """Put each ``step`` back; a guard that others wrapped since passes straight through."""
+        """Put each ``step`` back. A guard that others wrapped since passes straight through
+        from now on, and is taken out as soon as it is on top again (a second monitor's guard
+        above it, uninstalled in either order)."""
         self._generation += 1
-        for opt, previous in self._guarded.values():
-            if getattr(opt.__dict__.get("step"), "_stabilizer_guard", None) is self:
-                if previous is None:
-                    opt.__dict__.pop("step", None)
-                else:
-                    opt.step = previous  # type: ignore[method-assign]
+        for opt, _ in self._guarded.values():
+            _unwind(opt)
         self._guarded.clear()
 
     def _wrap(self, opt: torch.optim.Optimizer) -> None:
@@ -193,6 +191,8 @@ class StepGuard:
         # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks.
         step.__dict__.update(getattr(getattr(inner, "__func__", inner), "__dict__", {}))
         step._stabilizer_guard = self  # type: ignore[attr-defined]
+        step._stabilizer_generation = generation  # type: ignore[attr-defined]
+        step._stabilizer_previous = previous  # type: ignore[attr-defined]
         opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
         self._guarded[id(opt)] = (opt, previous)
 
@@ -227,7 +227,11 @@ class StepGuard:
         closure: Callable[[], Any] | None,
         kwargs: dict[str, Any],
     ) -> Any:
-        """An optimizer that runs its closure itself: step on a copy, check, put back if bad."""
+        """An optimizer that runs its closure itself: step on a copy, check, put back if bad.
+
+        It steps first (the closure is evaluated inside); then the weights go back to the copy
+        while the judge decides (a root-cause replay must see the weights the step started
+        from), and the step's result is put in again only when it may stand."""
         losses: list[Any] = []
 
         def evaluate() -> Any:
@@ -242,19 +246,38 @@ class StepGuard:
             result = inner(evaluate, **kwargs)
         finally:
             self.evaluating = None
-        verdict = self._judge(opt)  # on the first evaluation's numbers
         finite = all_finite(held_tensors(opt) + [x for x in losses if isinstance(x, torch.Tensor)])
+        after = _snapshot(opt) if finite else None
+        _restore(opt, saved)
+        verdict = self._judge(opt)  # on the first evaluation's numbers
         if verdict.skip:
-            _restore(opt, saved)
             self.skipped += 1
-        elif not finite:
-            self._revert(opt, saved)
+        elif after is None:
+            self.reverted += 1
+            self._on_reverted(opt)
+        else:
+            _restore(opt, after)
         return result
 
     def _revert(self, opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
         _restore(opt, saved)
         self.reverted += 1
         self._on_reverted(opt)
+
+
+def _unwind(opt: torch.optim.Optimizer) -> None:
+    """Take every uninstalled guard off the top of ``opt.step`` (down to a live wrapper, one
+    that is not a guard's, or the class's own ``step``)."""
+    while True:
+        func = getattr(opt.__dict__.get("step"), "__func__", None)
+        guard = getattr(func, "_stabilizer_guard", None)
+        if guard is None or guard._generation == getattr(func, "_stabilizer_generation", None):
+            return
+        previous = getattr(func, "_stabilizer_previous", None)
+        if previous is None:
+            opt.__dict__.pop("step", None)
+        else:
+            opt.step = previous  # type: ignore[method-assign]
 
 
 def _params(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -278,11 +301,15 @@ def _snapshot(opt: torch.optim.Optimizer) -> _Snapshot:
 
 
 def _restore(opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
-    """Parameters and state back in place (same tensor objects); state the step created goes."""
+    """Parameters and state back in place (same tensor objects where they still exist); state
+    the step created goes, state it dropped comes back."""
     params, state = saved
     with torch.no_grad():
-        for p, copy in zip(_params(opt), params, strict=True):
-            p.copy_(copy)
+        for p, value in zip(_params(opt), params, strict=True):
+            p.copy_(value)
+        for p, kept in state.items():
+            if p not in opt.state:
+                opt.state[p] = copy.deepcopy(kept)
         for p in list(opt.state):
             if p not in state:
                 del opt.state[p]
@@ -292,4 +319,4 @@ def _restore(opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
                 if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
                     current.copy_(value)
                 else:
-                    opt.state[p][key] = value
+                    opt.state[p][key] = copy.deepcopy(value)

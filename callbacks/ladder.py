@@ -3,13 +3,16 @@
 Each applied remedy is watched for `CHECK_STEPS` steps (``AutoRemedies(check_steps=...)``). It
 *did not work* when, in that window, the failure it is for comes back: a finding of one of its
 `FAILS` kinds (at WARNING or above; ``divergence`` at ERROR) that starts after the remedy, or,
-for ``swap_to_pre_ln``, a ``depth_imbalance`` band still open at the window's end. Otherwise it
-*worked*; for ``swap_to_pre_ln`` only if the loss also fell (the median of the last `LEVEL`
-losses below its median when the swap was made: the failure it answers is a stack that does not
-learn). Either way a ``remedy_result`` finding says so with the loss before and after; a
-remedy that did not work is followed by the next remedy for that finding (`NEXT`), and when
-none is left by a CRITICAL ``remedy_result`` that says what was tried and what to do, and a
-clean stop.
+for ``swap_to_pre_ln``, a ``depth_imbalance`` band still open at the window's end or a loss that
+did not fall (the median of the last `LEVEL` losses not below its median when the swap was made:
+the failure it answers is a stack that does not learn). It *worked* only when the numbers say the
+run is better off: the loss is finite and its level at the window's end (the median of the last
+`LEVEL` losses) is not above its level before the trouble began (the median of the `LEVEL`
+finite losses before the finding's first step) by more than `WORSE` of it. A run whose failure
+did not come back but whose loss stayed above that level is *not better*: said so, with the
+numbers, and left alone (no further remedy, no stop: nothing failed again). A remedy that did not
+work is followed by the next remedy for that finding (`NEXT`), and when none is left by a
+CRITICAL ``remedy_result`` that says what was tried and what to do, and a clean stop.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ CHECK_STEPS = 50
 """Steps a remedy is watched for before it is said to have worked."""
 
 LEVEL = 10
-"""Losses whose median is the loss level a swap to pre-LN must have lowered by its verdict."""
+"""Losses whose median is a loss level (before the trouble, at a swap, at a verdict)."""
+
+WORSE = 0.05
+"""A level more than this share above the one before the trouble is no better (the share of the
+level's size: a negative NLL loss is compared on its magnitude)."""
 
 FAILS: dict[str, tuple[str, ...]] = {
     remedy: tuple(kind.name for kind in TABLE if remedy in kind.refutes)
@@ -77,6 +84,7 @@ class Watch:
     loss: float  # the loss when it was applied
     open_bands: set[int] = field(default_factory=set)  # depth_imbalance episodes still open
     level: float = math.nan  # the median of the last `LEVEL` losses when it was applied
+    before: float = math.nan  # the loss level before the trouble it answers began
 
 
 @dataclass
@@ -88,6 +96,7 @@ class Verdict:
     loss: float
     because: Finding | None = None
     why: str = ""  # why it did not work, when no finding came back
+    failed: bool = True  # (when it did not work) the failure is back: the next remedy is due
 
 
 class Ladder:
@@ -104,6 +113,7 @@ class Ladder:
         self.watches: list[Watch] = []
         self.tried: list[str] = []  # remedies applied, in order
         self._recent: deque[float] = deque(maxlen=LEVEL)  # the last finite losses
+        self._history: deque[tuple[int, float]] = deque(maxlen=1000)  # (step, finite loss)
 
     def watch(self, remedy: str, cause: Finding, step: int, loss: float) -> None:
         """Start watching `remedy`, applied after `step` for `cause`."""
@@ -112,12 +122,15 @@ class Ladder:
         bands = {cause.step} if cause.kind == DEPTH_IMBALANCE else set()
         watch = Watch(remedy, cause.kind, step, step + self.check_steps, loss, bands)
         watch.level = self._level()
+        earlier = [x for s, x in self._history if s < cause.step][-LEVEL:]
+        watch.before = statistics.median(earlier) if earlier else math.nan
         self.watches.append(watch)
 
     def check(self, step: int, found: Sequence[Finding], loss: float) -> list[Verdict]:
         """The verdicts due at `step`, given the step's findings and loss."""
         if math.isfinite(loss):
             self._recent.append(loss)
+            self._history.append((step, loss))
         verdicts, kept = [], []
         for w in self.watches:
             _track_bands(w, found)
@@ -141,7 +154,15 @@ class Ladder:
         if w.remedy == "swap_to_pre_ln" and level >= w.level:  # (NaN: no level to compare)
             why = f"the loss did not fall (median of the last {LEVEL}: "
             return Verdict(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
-        return Verdict(w, math.isfinite(loss), loss, why="the loss is not finite")
+        if not math.isfinite(loss):
+            return Verdict(w, False, loss, why="the loss is not finite")
+        if level > w.before + WORSE * abs(w.before):  # (NaN: nothing to compare with)
+            why = (
+                f"the run is not better: its loss level is {_num(level)}, it was "
+                f"{_num(w.before)} before the trouble (median of {LEVEL} losses)"
+            )
+            return Verdict(w, False, loss, why=why, failed=False)
+        return Verdict(w, True, loss)
 
     def state_dict(self) -> dict[str, object]:
         return {"tried": list(self.tried)}
@@ -178,7 +199,7 @@ def result_finding(
     stop, when the remedy did not work); `tried`: the remedies applied so far."""
     w = verdict.watch
     evidence = {"loss_before": w.loss, "loss_after": verdict.loss, "applied_step": float(w.step)}
-    evidence["worked"] = float(verdict.worked)
+    evidence.update(worked=float(verdict.worked), level_before_trouble=w.before)
     head = f"{w.remedy} (after {w.cause}, step {w.step})"
     numbers = f"loss {_num(w.loss)} -> {_num(verdict.loss)}"
     severity, remedies = Severity.INFO, [w.remedy]
@@ -191,7 +212,10 @@ def result_finding(
             else verdict.why
         )
         seen = f"{head} did not work: {why}; {numbers}"
-        if next_remedy is not None:
+        if not verdict.failed:
+            severity = Severity.WARNING
+            seen += "; the failure did not come back: nothing more applied"
+        elif next_remedy is not None:
             severity, remedies = Severity.WARNING, [w.remedy, next_remedy]
             seen += f"; next: {next_remedy}"
         else:

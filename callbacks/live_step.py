@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from stabilizer.live.rootcause import RngState
+from stabilizer.live.tensors import wide_dtype
 
 from .measured import Measured
 
@@ -65,7 +66,7 @@ class LiveStep:
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """A backward is about to run on `loss` (divided by the accumulation, under it)."""
-        loss = loss.detach().float()
+        loss = loss.detach().to(wide_dtype(loss.device))  # a finite 1e300 (64-true) stays finite
         self._since_step.append(loss)
         if self.micro:
             self.micro[-1].losses.append(loss)

@@ -1,12 +1,13 @@
 """One optimizer step as the monitor measures it: numbers on the device, one copy to the host.
 
 `measure` runs in ``on_before_optimizer_step``, after the backward: it stacks the gradient
-norms, the loss, the loss scale, a fast test for non-finite values among the parameters and
-optimizer state the step would update (the check that the previous steps left them finite: all
-of them on an accelerator, an eighth in turn on the CPU, `weights_share`) and the buffers, and
-(on sampled steps) the activation maxima into one tensor on the device, reduces it across ranks,
-and starts its copy to the host (`HostCopy`): nothing in it waits for the device. The result is
-a `stabilizer.callbacks.measured.Measured`. `Probes` are the run's probes; `Measurer` measures
+norms, the loss, the loss scale, the protection's check of the weights (a fast test for values
+that turned non-finite among the parameters, optimizer state and buffers: see
+`stabilizer.callbacks.protection.Protection.weights_check`) and (on sampled steps) the activation
+maxima into one tensor on the device, in float64 where the device has it (a finite 1e300 loss of
+a ``64-true`` run stays finite), reduces it across ranks, and starts its copy to the host
+(`HostCopy`): nothing in it waits for the device. The result is a
+`stabilizer.callbacks.measured.Measured`. `Probes` are the run's probes; `Measurer` measures
 each step with them, a step it cannot measure being a failed one.
 """
 
@@ -22,16 +23,16 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
-from stabilizer.live.tensors import count_suspect
+from stabilizer.live.tensors import wide_dtype
 
-from .guard import held_tensors
 from .measured import Measured
 
-__all__ = ["CPU_SHARES", "Measurer", "Probes", "measure", "weights_share"]
+__all__ = ["Measurer", "Probes", "WeightsCheck", "measure"]
 
 log = logging.getLogger("stabilizer")
 
-CPU_SHARES = 8  # on the CPU each step checks an eighth of the weights' tensors, in turn
+WeightsCheck = Callable[[torch.optim.Optimizer, int, torch.device], torch.Tensor]
+"""``(optimizer, step, device) -> count``: the protection's check of the weights before a step."""
 
 
 class Probes:
@@ -63,15 +64,12 @@ class Probes:
         trainer: pl.Trainer,
         optimizer: torch.optim.Optimizer,
         loss: torch.Tensor | None,
-        buffers: torch.Tensor | None,
-        guarded: bool,
+        weights: WeightsCheck | None,
     ) -> Measured:
-        """The step of `optimizer`: `measure` with this run's probes (`guarded`: the weights'
-        check too, and `buffers`, the buffers' count)."""
+        """The step of `optimizer`: `measure` with this run's probes (`weights`: the
+        protection's check of the weights, when it guards)."""
         grads = self.grads_of(trainer, optimizer)
-        if not guarded:
-            return measure(trainer, grads, self.acts, loss)
-        return measure(trainer, grads, self.acts, loss, optimizer, buffers)
+        return measure(trainer, grads, self.acts, loss, optimizer, weights)
 
     def sample(self, step: int, every: int) -> None:
         """Sample the activations during this step's forward, every `every` steps (0: never)."""
@@ -91,7 +89,7 @@ class Probes:
             return self.grads
         probe = self._each.get(id(optimizer))
         if probe is None:
-            probe = GradProbe(self.module, [optimizer], self.grouping, only_optimizers=True)
+            probe = GradProbe(self.module, [optimizer], self.grouping)
             self._each[id(optimizer)] = probe
         return probe
 
@@ -115,14 +113,13 @@ class Measurer:
         trainer: pl.Trainer,
         optimizer: torch.optim.Optimizer,
         loss: torch.Tensor | None,
-        buffers: torch.Tensor | None,
-        guarded: bool,
+        weights: WeightsCheck | None,
     ) -> Measured:
         """`Probes.measure`, or the failed step."""
         try:
             if self.probes is None:
                 raise RuntimeError("the gradient probe could not be built at fit start")
-            return self.probes.measure(trainer, optimizer, loss, buffers, guarded)
+            return self.probes.measure(trainer, optimizer, loss, weights)
         except Exception as e:
             if self.strict:
                 raise
@@ -137,30 +134,28 @@ def measure(
     grads: GradProbe,
     acts: ActivationProbe | None,
     loss: torch.Tensor | None,
-    optimizer: torch.optim.Optimizer | None = None,
-    buffers_nonfinite: torch.Tensor | None = None,
+    optimizer: torch.optim.Optimizer,
+    weights: WeightsCheck | None = None,
 ) -> Measured:
     """The step's numbers, stacked on the device and sent to the host without waiting.
 
-    With an `optimizer`, the numbers also count the non-finite tensors among its parameters and
-    state (the check that the last update left them finite: one more reduction in the same
-    copy), plus `buffers_nonfinite`, the buffers' count taken before this step's forward.
+    With `weights` (the protection's check), the numbers also count the tensors among the
+    parameters, optimizer state and buffers that turned non-finite before this step (one more
+    reduction in the same copy).
     """
     norms = grads()
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     scale = getattr(scaler, "_scale", None) if scaler is not None else None
-    if optimizer is not None:
-        share = weights_share(held_tensors(optimizer), trainer.global_step, norms.device)
-        weights = count_suspect(share, norms.device).reshape(1)
-        if buffers_nonfinite is not None:
-            weights = weights + buffers_nonfinite.to(weights.device)
+    if weights is not None:
+        checked = weights(optimizer, trainer.global_step, norms.device).reshape(1)
     else:
-        weights = torch.zeros(1, device=norms.device)
-    parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), weights]
+        checked = torch.zeros(1, device=norms.device)
+    parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), checked]
     sampled = acts.detach() if acts is not None else None
     if sampled is not None:
         parts.append(sampled if sampled.device == norms.device else sampled.to(norms.device))
-    vec = torch.cat(parts)
+    wide = wide_dtype(norms.device)
+    vec = torch.cat([part.to(wide) for part in parts])
     if trainer.world_size > 1:  # every rank must feed the engine the same numbers
         vec = _reduce(trainer.strategy, vec, len(norms))
     act_keys = list(acts.keys) if acts is not None and sampled is not None else []
@@ -173,25 +168,13 @@ def measure(
         scaler is not None,
         has_loss=loss is not None,
         probe=grads,
-        optimizer=optimizer,
-        buffers_bad=buffers_nonfinite,
     )
-
-
-def weights_share(held: list[torch.Tensor], step: int, device: torch.device) -> list[torch.Tensor]:
-    """The tensors whose last update this step's measurement checks: all of them on an
-    accelerator (the pass is memory-bound and small against a step), every `CPU_SHARES`-th on
-    the CPU, in turn, so each is checked within `CPU_SHARES` steps (the pass over the weights
-    and both Adam moments cost ~2% of a small model's step there)."""
-    if device.type != "cpu":
-        return held
-    return held[step % CPU_SHARES :: CPU_SHARES]
 
 
 def _scalar(value: torch.Tensor | None, like: torch.Tensor, default: float) -> torch.Tensor:
     if value is None:
         return torch.full((1,), default, device=like.device)
-    value = value.detach().float().reshape(1)
+    value = value.detach().reshape(1)
     return value if value.device == like.device else value.to(like.device)
 
 

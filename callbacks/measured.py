@@ -9,6 +9,7 @@ record's values of it once they are needed, which on a GPU is a step later (see
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +32,8 @@ from stabilizer.core.signals import (
     SKIPPED,
 )
 from stabilizer.live.probes import GradProbe, HostCopy
-from stabilizer.live.tensors import count_nonfinite
 
-from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED, held_tensors
+from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED
 
 __all__ = ["Measured", "lr_key"]
 
@@ -84,8 +84,9 @@ class Measured:
     replayed: bool = False  # its root cause was looked for
     found: list[Finding] = field(default_factory=list)  # the monitor's own findings of the step
     probe: GradProbe | None = None  # the probe that measured it (whether its gradients changed)
-    optimizer: torch.optim.Optimizer | None = None  # whose parameters and state are checked
-    buffers_bad: torch.Tensor | None = None  # the buffers' exact count (device)
+    optimizer_index: int = 0  # its optimizer's place in the Trainer's (each its own stream)
+    # the protection's exact count of the weights that turned non-finite (a sync), if it guards
+    recount: Callable[[], float] | None = None
     _confirmed: float | None = None  # `weights_nonfinite`, counted exactly
 
     @classmethod
@@ -139,8 +140,8 @@ class Measured:
 
     @property
     def weights_nonfinite(self) -> float:
-        """How many of the parameters, optimizer state and buffers held a NaN/Inf: 0 when the
-        device's fast test of this step's share of them (`weights_share`, `count_suspect`) is
+        """How many of the parameters, optimizer state and buffers turned NaN/Inf: 0 when the
+        device's fast test of this step's share of them (`Protection.weights_check`) is
         negative, else counted exactly over all of them (a sync, once). `check_all` counts all
         of them whatever the test said."""
         if self.numbers is None:
@@ -154,10 +155,7 @@ class Measured:
     def check_all(self) -> None:
         """Count the non-finite tensors exactly, over all of them as they are now (a sync): for
         a skipped step, whose "weights intact" is then a fact checked in full."""
-        held = held_tensors(self.optimizer) if self.optimizer is not None else []
-        buffers = float(self.buffers_bad) if self.buffers_bad is not None else 0.0
-        devices = {t.device for t in held}
-        self._confirmed = buffers + sum(float(count_nonfinite(held, d)) for d in devices)
+        self._confirmed = self.recount() if self.recount is not None else 0.0
 
     @property
     def overflow(self) -> bool:
@@ -184,7 +182,7 @@ class Measured:
         """The step record's values; None when the step could not be measured."""
         if self.numbers is None:
             return None
-        host = self.numbers.read()
+        host = [_f32(v) for v in self.numbers.read()]  # as TensorBoard keeps them (replay parity)
         n = len(self.grad_keys)
         values = dict(zip(self.grad_keys, host[:n], strict=True))
         for key in self.gradless:  # no gradient is not a zero gradient
@@ -209,6 +207,14 @@ class Measured:
         if self.reverted:
             values[NONFINITE_UPDATE] = 1.0
         return values
+
+
+def _f32(value: float) -> float:
+    """`value` rounded to float32, where float32 holds it (a finite 1e300 stays finite)."""
+    return float(np.float32(value)) if abs(value) <= _F32_MAX else value
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _lr(lr: Any) -> float:

@@ -10,7 +10,9 @@ outputs (`outputs`), the one-off checks (`checks`), the remedies (`auto`) and it
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import copy
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ from stabilizer.core.detectors.base import Detector
 from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding
 from stabilizer.live.preflight import preflight_switches
-from stabilizer.outputs.notify import Notifier
+from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
+from stabilizer.outputs.notify import Notifier, as_notifier
 
 from .auto import AutoRemedies
 from .checks import Preflight
@@ -35,10 +38,29 @@ from .measure import Measurer, Probes
 from .outputs import LiveOutputs
 from .protection import Protection
 from .reporting import Reporter
+from .swap_checkpoint import SWAPPED, add_param_group, pre_ln_hparams, watch_checkpoint_loads
 
 __all__ = ["StabilityMonitor"]
 
 _POLICIES = ("protect", "observe", "auto")
+SWAP = "swap_to_pre_ln"
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The monitor's arguments, as given: each fit builds its parts from a copy of them."""
+
+    detectors: list[Detector] | None
+    activation_every: int
+    heatmap_every: int
+    jsonl: str | Path | bool
+    guard_optimizer: bool | None
+    stop_after: int | None
+    root_cause: bool
+    preflight: Mapping[str, bool]
+    auto: AutoRemedies | None
+    notify: Notifier | None
+    cost_budget: float | None
 
 
 class StabilityMonitor(pl.Callback):
@@ -105,33 +127,56 @@ class StabilityMonitor(pl.Callback):
     ) -> None:
         _check_arguments(policy, activation_every, heatmap_every, stop_after, cost_budget)
         self.policy, self.grouping, self.strict = policy, grouping, strict
-        preflight_ = Preflight(preflight_switches(preflight), strict)
-        self.cost = CostMeter(cost_budget)
+        self._settings = _Settings(
+            list(detectors) if detectors is not None else None, activation_every,
+            heatmap_every, jsonl, guard_optimizer, stop_after, root_cause,
+            preflight_switches(preflight), auto, as_notifier(notify), cost_budget,
+        )  # fmt: skip
+        self._fitted = False  # a fit has started: the next one builds the parts anew
+        self._build()
+
+    def _build(self) -> None:
+        """The monitor's parts, fresh: each fit starts clean (a checkpoint is how state carries
+        over: `load_state_dict` runs after this). The detectors, the remedies' settings and the
+        notifier given to the monitor are copied, so that a second fit finds them as given."""
+        cfg, policy, strict = copy.deepcopy(self._settings), self.policy, self.strict
+        self.cost = CostMeter(cfg.cost_budget)
         self.outputs = LiveOutputs(
-            Console(policy), jsonl, notify, heatmap_every, strict, self.cost.part
+            Console(policy), cfg.jsonl, cfg.notify, cfg.heatmap_every, strict, self.cost.part
         )
-        self.auto = (auto or AutoRemedies()) if policy == "auto" else None
+        self.auto = (cfg.auto or AutoRemedies()) if policy == "auto" else None
         self.live = LiveStep(keep_batches=False)  # the batch in flight
         self.protection = None if policy == "observe" else Protection(
-            self.live, verify=guard_optimizer, stop_after=stop_after, root_cause=root_cause,
-            max_root_causes=self.MAX_ROOT_CAUSES,
+            self.live, verify=cfg.guard_optimizer, stop_after=cfg.stop_after,
+            root_cause=cfg.root_cause, max_root_causes=self.MAX_ROOT_CAUSES,
             lr_factor=lambda: self.auto.lr.factor if self.auto is not None else 1.0,
             stepping_past=lambda s: self.auto is not None and self.auto.skip.active(s),
             inert=lambda: self.flow.quiet(), strict=strict, part=self.cost.part,
         )  # fmt: skip
-        self.engine = Engine(list(detectors) if detectors is not None else default_detectors())
+        detectors = cfg.detectors
+
+        def make_engine() -> Engine:  # one per optimizer, each from the detectors as given
+            given = copy.deepcopy(detectors) if detectors is not None else None
+            return Engine(given if given is not None else default_detectors())
+
         self.reporter = Reporter(
-            self.engine, self.outputs, self.cost, self.auto, self.protection, strict
+            make_engine, self.outputs, self.cost, self.auto, self.protection, strict
         )
         self.flow = StepFlow(
-            self.live, Measurer(strict), self.reporter, self.cost, preflight_, self.protection,
-            self.auto, activation_every,
+            self.live, Measurer(strict), self.reporter, self.cost,
+            Preflight(cfg.preflight, strict), self.protection, self.auto, cfg.activation_every,
         )  # fmt: skip
         self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
+        self._swap: SwapReport | None = None  # a swap to pre-LN re-applied from a checkpoint
 
     @property
     def state_key(self) -> str:
         return self._generate_state_key(policy=self.policy)
+
+    @property
+    def engine(self) -> Engine:
+        """The detection engine (of the first optimizer's steps)."""
+        return self.reporter.engine
 
     @property
     def probes(self) -> Probes | None:
@@ -161,11 +206,35 @@ class StabilityMonitor(pl.Callback):
     # --- Lightning hooks: each delegates ------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.auto is not None:  # before Trainer(ckpt_path=...) restores the weights
-            self.auto.watch(pl_module)
+        if stage == "fit" and self._fitted:  # a monitor given to a second fit: a clean start
+            self._build()
+        # Before Trainer(ckpt_path=...) restores the weights: a model the checkpoint records
+        # as swapped to pre-LN is swapped again, whatever this run's policy.
+        watch_checkpoint_loads(pl_module, self._restored)
+
+    def _restored(self, report: SwapReport) -> None:
+        self._swap = report
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # A module whose hyperparameters say its norm placement is built as the model it
+        # became by a plain `load_from_checkpoint`.
+        hparams = checkpoint.get("hyper_parameters")
+        if self._swapped and isinstance(hparams, MutableMapping):
+            checkpoint["hyper_parameters"] = copy.deepcopy(hparams)
+            pre_ln_hparams(checkpoint["hyper_parameters"])
+
+    @property
+    def _swapped(self) -> bool:
+        """Whether the model was swapped to pre-LN (in this run, or a run it resumed)."""
+        return self._swap is not None or bool(self.auto and self.auto.applied.get(SWAP))
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fit = trainer, pl_module
+        self._fit, self._fitted = (trainer, pl_module), True
+        if self._swap is not None and self._swap.new_parameters and trainer.optimizers:
+            # as the swap did in the checkpoint's run: its optimizer state has this group
+            add_param_group(trainer, list(self._swap.new_parameters))
         self.flow.fit_start(trainer, pl_module, self, self.grouping)
         groups = self.probes.grads.groups if self.probes is not None else None
         self.reporter.safely(
@@ -216,7 +285,8 @@ class StabilityMonitor(pl.Callback):
         if self._fit is not None:  # a checkpoint holds every step up to it, as on the CPU
             self.reporter.pending(*self._fit)
         path = self.outputs.default_path
-        return self.reporter.state_dict() | {"jsonl": str(path) if path is not None else None}
+        state = {"jsonl": str(path) if path is not None else None, SWAPPED: self._swapped}
+        return self.reporter.state_dict() | state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reporter.load_state_dict(state_dict)

@@ -6,10 +6,13 @@
   the gradients since (no user code runs after the monitor's hook, their tensors and torch's
   version counters are unchanged, or only Lightning's own clipping of finite gradients ran);
   otherwise the gradients are counted again, once.
-- Every measurement also counts the non-finite tensors among the parameters, optimizer state
-  and buffers (the check that the last update left them finite, read with the step's one host
-  read); a step that finds them non-finite is skipped and reported as critical: the weights are
-  not intact, and the run stops (``auto`` rolls back instead).
+- Every measurement also counts the tensors among the parameters, optimizer state and buffers
+  that turned non-finite (`weights_check`: the check that nothing since the last step, the
+  update or code outside it, made a finite value NaN/Inf; read with the step's one host read);
+  a step that finds one is skipped and reported as critical: the weights are not intact, and the
+  run stops (``auto`` rolls back instead). What a model holds as NaN/Inf by design when a tensor
+  is first seen (a ``-inf`` causal mask, observers' ``+-inf``) is said once and never judged
+  (`stabilizer.live.held.HeldNonFinite`).
 - A skipped step's buffers are put back (`BufferWatch`); the first bad step of an episode is
   replayed to name its cause (`root_cause`), with no optimizer able to step inside.
 """
@@ -24,21 +27,37 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch import nn
 
+from stabilizer.core.kinds import NONFINITE_HELD
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import GRAD_NORM, NONFINITE_GRADS
-from stabilizer.live.buffers import BufferWatch
+from stabilizer.live.buffers import BufferWatch, registrations
+from stabilizer.live.held import Held, HeldNonFinite
 from stabilizer.live.rootcause import capture_rng
-from stabilizer.live.tensors import all_finite, count_nonfinite, optimizer_state_tensors
+from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_state_tensors
 
 from .checks import root_cause
-from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, StepGuard, Verdict, decide, risky_arithmetic
+from .guard import (
+    BAD_LR,
+    BAD_WEIGHTS,
+    UNCHECKED,
+    StepGuard,
+    Verdict,
+    decide,
+    held_tensors,
+    risky_arithmetic,
+)
 from .live_step import LiveStep
 from .measured import Measured
 
-__all__ = ["Protection", "user_code_after"]
+__all__ = ["CPU_SHARES", "Protection", "user_code_after"]
 
 log = logging.getLogger("stabilizer")
+
+CPU_SHARES = 8
+"""On the CPU each step checks an eighth of the parameters, in turn (and all of the optimizer
+state, which nothing else would show before it reached the weights)."""
 
 
 def user_code_after(trainer: pl.Trainer, pl_module: pl.LightningModule, me: pl.Callback) -> bool:
@@ -92,7 +111,7 @@ class Protection:
         self._lr_factor, self._stepping_past, self._inert = lr_factor, stepping_past, inert
         self._part = part or (lambda name: nullcontext())
         self.guard = StepGuard(self._timed_judge, self._reverted)
-        self.bad_in_a_row = 0  # consecutive bad steps
+        self.bad_runs: dict[int, int] = {}  # optimizer index -> its consecutive bad steps
         self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
         self.root_causes = 0
         self.intact: bool | None = None  # the last check of the weights: None before any
@@ -100,18 +119,23 @@ class Protection:
         self._user_after = False
         self._buffers: BufferWatch | None = None
         self.buffers_nonfinite: torch.Tensor | None = None  # the buffers' check of this step
+        self.held = HeldNonFinite()  # what the model holds as NaN/Inf by design
+        self._learned: tuple[int, ...] | None = None  # what `_learn` last saw
+        self._notes: list[Finding] = []  # tensors found holding NaN/Inf: said with the next step
         self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """The counters a checkpoint keeps (in the monitor's state)."""
         return {
-            "bad_in_a_row": self.bad_in_a_row, "skipped_steps": self.skipped_steps,
+            "bad_in_a_row": self.bad_in_a_row, "bad_runs": dict(self.bad_runs),
+            "skipped_steps": self.skipped_steps,
             "root_causes": self.root_causes, "skipped": self.guard.skipped,
             "reverted": self.guard.reverted,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.bad_in_a_row = int(state.get("bad_in_a_row", 0))
+        runs = state.get("bad_runs") or {0: state.get("bad_in_a_row", 0)}
+        self.bad_runs = {int(k): int(v) for k, v in runs.items()}
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.root_causes = int(state.get("root_causes", 0))
         self.guard.skipped = int(state.get("skipped", 0))
@@ -132,11 +156,74 @@ class Protection:
         rng = capture_rng() if self.live.keep_batches else None
         if self.live.begin(batch, index, rng) and self._buffers is not None and self._fit:
             self._buffers.begin()
+            module = self._fit[1]
+            self._learn(trainer, module)
             # Before the forward: the check covers what earlier steps left (a skipped step's
             # own forward is undone by `BufferWatch`). A device count: read with the step.
-            module = self._fit[1]
             device = next((p.device for p in module.parameters()), torch.device("cpu"))
-            self.buffers_nonfinite = count_nonfinite(self._buffers.buffers, device)
+            noted = self._buffers.buffers
+            whole, partial = self.held.split([b for _, b in noted], [k for k, _ in noted])
+            count = count_nonfinite(whole, device)
+            self.buffers_nonfinite = count + self.held.count_new(partial, device)
+
+    def _learn(self, trainer: pl.Trainer, module: nn.Module) -> None:
+        """Learn what each parameter and buffer holds when first seen (and the optimizer state
+        at the first batch, a resumed run's): where it is NaN/Inf already, that is by design,
+        said once, never judged. Looked at again only when a module registered something or a
+        param group changed (cheap otherwise)."""
+        optimizers = trainer.optimizers
+        sizes = tuple(len(g["params"]) for opt in optimizers for g in opt.param_groups)
+        seen = (registrations(), *sizes)
+        if seen == self._learned:
+            return
+        first, self._learned = self._learned is None, seen
+        named: list[tuple[Any, str, torch.Tensor]] = [
+            (id(p), f"parameter {name}", p) for name, p in module.named_parameters()
+        ]
+        for prefix, owner in module.named_modules():
+            named += [
+                ((id(owner), name), f"buffer {prefix + '.' if prefix else ''}{name}", b)
+                for name, b in owner._buffers.items()
+                if b is not None
+            ]
+        for i, opt in enumerate(optimizers):
+            named += [(id(p), f"optimizer {i}'s tensor", p) for g in opt.param_groups
+                      for p in g["params"]]  # fmt: skip
+            if first:
+                state = optimizer_state_tensors(opt)
+                named += [(id(t), f"optimizer {i}'s state", t) for t in state]
+        step = trainer.global_step
+        self._notes += [_held_finding(h, step, first) for h in self.held.learn(named)]
+
+    def weights_check(
+        self, optimizer: torch.optim.Optimizer, step: int, device: torch.device
+    ) -> torch.Tensor:
+        """The fast test before `optimizer` steps (a device scalar, nothing waits): above 0 when
+        a value turned non-finite among its parameters and state, or among the buffers before
+        this step's forward. Every state tensor is tested every step (a NaN written into Adam's
+        moments outside the step shows in no loss or gradient before it reaches the weights);
+        the parameters too on an accelerator, a `CPU_SHARES`-th in turn on the CPU (a NaN
+        parameter also makes the next loss NaN, and that step is then checked in full)."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if device.type == "cpu":
+            params = params[step % CPU_SHARES :: CPU_SHARES]
+        whole, partial = self.held.split([*params, *optimizer_state_tensors(optimizer)])
+        count = count_suspect(whole, device) + self.held.count_new(partial, device)
+        if self.buffers_nonfinite is not None:
+            count = count + self.buffers_nonfinite.to(device)
+        return count
+
+    def _count_changed(
+        self, optimizer: torch.optim.Optimizer, buffers: torch.Tensor | None
+    ) -> float:
+        """How many of the optimizer's parameters and state, and of the buffers before this
+        step, turned non-finite: exact, over all of them (a sync)."""
+        whole, partial = self.held.split(held_tensors(optimizer))
+        devices = {t.device for t in whole} | {t.device for t, _ in partial}
+        count = sum(float(count_nonfinite(whole, d)) for d in devices)
+        if partial:
+            count += float(self.held.count_new(partial, partial[0][0].device))
+        return count + (float(buffers) if buffers is not None else 0.0)
 
     def evaluating_again(self, optimizer: torch.optim.Optimizer) -> bool:
         """A closure evaluated again inside one step (LBFGS): that step was measured once; the
@@ -152,6 +239,10 @@ class Protection:
         guarded yet (replaced inside this batch) is guarded from its next step on; this one is
         judged here, the latest point left, and a skip drops its gradients (torch optimizers
         pass over parameters without one)."""
+        buffers = self.buffers_nonfinite
+        step.recount = lambda: self._count_changed(optimizer, buffers)
+        step.found += self._notes  # tensors found holding NaN/Inf by design: said once
+        self._notes = []
         if step.scaled and step.bad:
             # Under a grad scaler a NaN loss makes NaN gradients: the scaler, not the guard,
             # skips the step, so the replay runs here, before it (this reads the numbers now).
@@ -173,14 +264,13 @@ class Protection:
             if step.skipped and step.numbers is not None:
                 step.check_all()  # after any restore: what "weights intact" beside it says
             self._weights_checked(trainer, step)
-            if step.bad and self.bad_in_a_row == 0:
+            if step.bad and self._bad_before(step) == 0:
                 self._first_bad(step)
             self._count(trainer, step)
 
     def finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Finding]:
         """The last check of the weights, after the last step (one host sync, once)."""
-        tensors = list(_held(trainer.optimizers, pl_module))
-        self.intact = all_finite(tensors)
+        self.intact = not self._changed(trainer, pl_module)
         if self.intact or self._reported_bad_weights:
             return []
         self._reported_bad_weights = True
@@ -266,9 +356,24 @@ class Protection:
         elif not step.weights_bad:
             self._reported_bad_weights = False
 
+    def _changed(self, trainer: pl.Trainer, module: nn.Module) -> bool:
+        """Whether any parameter, optimizer state or buffer turned non-finite (a sync)."""
+        parts = list(_named_held(trainer.optimizers, module))
+        plain = [t for _, ts, keys in parts if keys is None for t in ts]
+        keys = [k for _, _, ks in parts if ks is not None for k in ks]
+        buffers = [t for _, ts, ks in parts if ks is not None for t in ts]
+        return self.held.changed(plain) or self.held.changed(buffers, keys)
+
+    def _first_nonfinite(self, trainer: pl.Trainer, module: nn.Module) -> str:
+        """The first tensor that turned non-finite (a failing step only: a sync per tensor)."""
+        for name, tensors, keys in _named_held(trainer.optimizers, module):
+            if self.held.changed(tensors, keys):
+                return name
+        return "another optimizer's tensors"
+
     def _bad_weights_finding(self, trainer: pl.Trainer, step: int, *, after: bool) -> Finding:
         fit = self._fit
-        first = _first_nonfinite(trainer, fit[1]) if fit is not None else "?"
+        first = self._first_nonfinite(trainer, fit[1]) if fit is not None else "?"
         when = "after the last step" if after else f"before step {step}"
         message = (
             f"non-finite values in the weights {when} ({first}): an update that was let through, "
@@ -293,7 +398,7 @@ class Protection:
         micro = self.live.micro
         if (
             step.replayed
-            or self.bad_in_a_row
+            or self._bad_before(step)
             or step.reason in (UNCHECKED, BAD_LR, BAD_WEIGHTS)
             or step.weights_bad
             or not self.live.keep_batches
@@ -308,7 +413,7 @@ class Protection:
         with self._part("replay"):
             found = root_cause(
                 trainer, pl_module, micro, step.loss_scale, self.guard, step.step, self.strict,
-                self._inert,
+                self._inert, self.held,
             )  # fmt: skip
         if found is not None:
             step.found.append(found)
@@ -316,12 +421,23 @@ class Protection:
     def _count(self, trainer: pl.Trainer, step: Measured) -> None:
         """Skips and bad steps in a row: every rank counts the same, so every rank stops."""
         self.skipped_steps += int(step.skipped)
-        self.bad_in_a_row = self.bad_in_a_row + 1 if step.bad or step.reverted else 0
+        bad = self._bad_before(step) + 1 if step.bad or step.reverted else 0
+        self.bad_runs[step.optimizer_index] = bad
         if step.weights_bad:
             self.stop(trainer, step, "the weights are not finite")
-        elif self.stop_after is not None and self.bad_in_a_row >= self.stop_after:
+        elif self.stop_after is not None and bad >= self.stop_after:
             why = "unchecked" if step.numbers is None else "non-finite"
-            self.stop(trainer, step, f"{self.bad_in_a_row} {why} steps in a row")
+            of = f" of optimizer {step.optimizer_index + 1}" if step.optimizer_index else ""
+            self.stop(trainer, step, f"{bad} {why} steps{of} in a row")
+
+    @property
+    def bad_in_a_row(self) -> int:
+        """The longest current run of bad steps (each optimizer counts its own steps)."""
+        return max(self.bad_runs.values(), default=0)
+
+    def _bad_before(self, step: Measured) -> int:
+        """Bad steps in a row of `step`'s optimizer before it."""
+        return self.bad_runs.get(step.optimizer_index, 0)
 
     def stop(self, trainer: pl.Trainer, step: Measured | None, why: str) -> None:
         """Stop gracefully, saying what was checked of the weights."""
@@ -339,28 +455,33 @@ class Protection:
             log.error("stabilizer: stopping at step %d: %s (%s)%s", at, why, state, where)
 
 
-def _held(
-    optimizers: Sequence[torch.optim.Optimizer], module: torch.nn.Module
-) -> Iterator[torch.Tensor]:
-    """Parameters, optimizer state and buffers: what the protection keeps finite."""
-    yield from module.parameters()
-    for opt in optimizers:
-        yield from optimizer_state_tensors(opt)
-    yield from module.buffers()
-
-
-def _first_nonfinite(trainer: pl.Trainer, module: torch.nn.Module) -> str:
-    """The first non-finite tensor's name (a failing step only: one sync per tensor)."""
+def _named_held(
+    optimizers: Sequence[torch.optim.Optimizer], module: nn.Module
+) -> Iterator[tuple[str, list[torch.Tensor], list[Any] | None]]:
+    """Parameters, optimizer state and buffers, what the protection keeps finite: ``(name,
+    tensors, keys)`` (buffers are keyed by module and name, the rest by identity)."""
     for name, p in module.named_parameters():
-        if not all_finite([p]):
-            return f"parameter {name}"
-    for i, opt in enumerate(trainer.optimizers):
-        if not all_finite(optimizer_state_tensors(opt)):
-            return f"optimizer {i}'s state"
-    for name, b in module.named_buffers():
-        if not all_finite([b]):
-            return f"buffer {name}"
-    return "another optimizer's tensors"
+        yield f"parameter {name}", [p], None
+    for i, opt in enumerate(optimizers):
+        yield f"optimizer {i}'s state", list(optimizer_state_tensors(opt)), None
+        yield f"optimizer {i}'s tensors", [p for g in opt.param_groups for p in g["params"]], None
+    for prefix, owner in module.named_modules():
+        for name, b in owner._buffers.items():
+            if b is not None:
+                full = f"{prefix}.{name}" if prefix else name
+                yield f"buffer {full}", [b], [(id(owner), name)]
+
+
+def _held_finding(held: Held, step: int, first: bool) -> Finding:
+    """The note that a tensor held NaN/Inf when first seen: by design, not judged."""
+    when = "before training" if first else f"when first seen at step {step}"
+    message = (
+        f"{held.name} holds {held.count} of {held.total} values as {held.sample} {when}: "
+        "held by design (a mask, an observer, an unused tensor), not judged; a value that "
+        "turns non-finite from now on is"
+    )
+    evidence = {"nonfinite_values": float(held.count), "values": float(held.total)}
+    return Finding(NONFINITE_HELD, step, step, Severity.INFO, message, evidence)
 
 
 def _bad_lr_finding(step: Measured) -> Finding:

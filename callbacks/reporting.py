@@ -1,5 +1,11 @@
 """`Reporter`: a measured step becomes a record, the engine's findings and the outputs' lines.
 
+Each optimizer is its own stream: with several (manual optimization: a GAN's two losses), the
+steps of the first feed the engine and the outputs under the usual keys, and those of optimizer
+k (from 2) feed an engine of their own, their record's keys prefixed ``opt<k>/`` and their
+findings' text ``optimizer k: ...`` (two losses of different levels in one stream would be a
+"spike" at every other step).
+
 On the CPU a step is reported at its own batch end. From an accelerator its numbers are read a
 step later, once the device has later work queued (`defer`), so that no step waits for Python.
 An error in reporting stops the reports, with one warning, never the training or the protection.
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -28,11 +35,16 @@ __all__ = ["Reporter"]
 log = logging.getLogger("stabilizer")
 
 
+def _of_optimizer(i: int, found: list[Finding]) -> list[Finding]:
+    """Findings of optimizer `i`'s stream, said as such (the first optimizer's as they are)."""
+    return [replace(f, seen=f"optimizer {i + 1}: {f.seen}") for f in found] if i else found
+
+
 class Reporter:
     """Reports the monitor's steps, now or one step late.
 
     Args:
-        engine: The detection engine.
+        make_engine: Makes a fresh detection engine (one per optimizer).
         outputs: Where records and findings go.
         cost: The monitor's cost meter (reporting is a part of it; it warns over budget).
         auto: The remedies of policy ``auto`` (they answer each step's findings), or None.
@@ -42,14 +54,15 @@ class Reporter:
 
     def __init__(
         self,
-        engine: Engine,
+        make_engine: Callable[[], Engine],
         outputs: LiveOutputs,
         cost: CostMeter,
         auto: AutoRemedies | None,
         protection: Protection | None,
         strict: bool,
     ) -> None:
-        self.engine, self.outputs, self.cost = engine, outputs, cost
+        self.make_engine, self.outputs, self.cost = make_engine, outputs, cost
+        self.engines = [make_engine()]  # one per optimizer, by its index in the Trainer's
         self.auto, self.protection, self.strict = auto, protection, strict
         self.findings: list[Finding] = []
         self.defer: bool | None = None  # None: by the device (CUDA: yes); tests force it
@@ -84,13 +97,15 @@ class Reporter:
 
     def finish(self, trainer: pl.Trainer, skipped: int, intact: bool | None) -> None:
         """The engine's last findings, then the run's end to every output."""
-        self.emit(trainer, None, self.engine.finish())
+        for i, engine in enumerate(self.engines):
+            self.emit(trainer, None, _of_optimizer(i, engine.finish()))
         self.outputs.close(RunEnd(trainer.global_step, skipped, intact, self.cost.cost()))
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the engine, the findings, the remedies, the protection."""
         state: dict[str, Any] = {
-            "engine": self.engine.state_dict(),
+            "engine": self.engines[0].state_dict(),
+            "engines": [engine.state_dict() for engine in self.engines[1:]],
             "findings": [f.to_dict() for f in self.findings],
             "auto": self.auto.state_dict() if self.auto is not None else None,
         }
@@ -98,12 +113,25 @@ class Reporter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Back to a checkpoint's `state_dict`."""
-        self.engine.load_state_dict(state["engine"])
+        self.engines[0].load_state_dict(state["engine"])
+        for engine_state in state.get("engines", []):
+            self.engines.append(self.make_engine())
+            self.engines[-1].load_state_dict(engine_state)
         self.findings = [Finding.from_dict(f) for f in state["findings"]]
         if self.auto is not None and state.get("auto"):
             self.auto.load_state_dict(state["auto"])
         if self.protection is not None:
             self.protection.load_state_dict(state)
+
+    @property
+    def engine(self) -> Engine:
+        """The first optimizer's engine (the only one, with one optimizer)."""
+        return self.engines[0]
+
+    def _engine(self, i: int) -> Engine:
+        while len(self.engines) <= i:
+            self.engines.append(self.make_engine())
+        return self.engines[i]
 
     def safely(self, fn: Callable[..., None], *args: Any) -> None:
         """Run one piece of reporting; an error stops the reports (one warning), not the run."""
@@ -124,15 +152,19 @@ class Reporter:
 
     def _report(self, trainer: pl.Trainer, module: pl.LightningModule, step: Measured) -> None:
         with self.cost.part("report"):
-            values = step.values()
+            values, i = step.values(), step.optimizer_index
             record = StepRecord(step.step, values) if values is not None else None
-            found = (self.engine.observe(record) if record is not None else []) + step.found
+            found = _of_optimizer(i, self._engine(i).observe(record) if record else []) + step.found
+            if record is not None and i:
+                prefixed = {f"opt{i + 1}/{k}": v for k, v in record.values.items()}
+                record = StepRecord(record.step, prefixed)
             self.emit(trainer, record, found)
             auto = self.auto
             if auto is not None and record is not None:
                 done = auto.after_step(trainer, module, step.step, found, record)
                 if any(map(is_restart, done)):
-                    self.engine.restart()
+                    for engine in self.engines:
+                        engine.restart()
                 self.emit(trainer, None, done)
                 if auto.exhausted() and self.protection is not None:
                     self.protection.stop(trainer, step, auto.stop_reason)

@@ -3,23 +3,31 @@
 ``swap_to_pre_ln`` changes the model: the blocks' norm placement (not in the state dict) and,
 for an ``nn.TransformerEncoder``/``Decoder`` without a final norm, a new ``<stack>.norm``
 (``Unexpected key(s) in state_dict: "encoder.norm.weight"`` when loaded into a fresh model).
-The monitor's state in the checkpoint records that the swap was applied (``auto.applied``);
-`restore_pre_ln` reads that record and applies the same swap to a fresh model before its
-weights load:
+The monitor's state in the checkpoint records that the model was swapped
+(``swapped_to_pre_ln``, whatever the policy of the run that saved it); a fresh model gets the
+same swap before its weights load:
 
-- ``Trainer(callbacks=[StabilityMonitor(policy="auto")]).fit(model, ckpt_path=...)``: the
-  monitor does it (`watch_checkpoint_loads`), and adds the new norm's parameters to the
-  optimizer as the original run did, so that the optimizer state loads too;
-- ``MyModule.load_from_checkpoint(path)``: Lightning calls the module's ``on_load_checkpoint``
-  first; call `restore_pre_ln` there (the reference ``LitGPT`` does)::
+- ``Trainer(callbacks=[StabilityMonitor(...)]).fit(model, ckpt_path=...)`` under any policy
+  (and ``validate``/``test``/``predict`` with the monitor): the monitor does it
+  (`watch_checkpoint_loads`), and adds the new norm's parameters to the optimizer as the
+  original run did, so that the optimizer state loads too;
+- ``MyModule.load_from_checkpoint(path)``, where the module's hyperparameters say its norm
+  placement (``norm_first=False``, ``norm_position="post"``, at the top or in a config dict):
+  the checkpoint's hyperparameters are saved as pre-LN (`pre_ln_hparams`), so the module is
+  built as the model it became;
+- any other module: Lightning calls its ``on_load_checkpoint`` first; call `restore_pre_ln`
+  there (the reference ``LitGPT`` does)::
 
       def on_load_checkpoint(self, checkpoint):
           restore_pre_ln(self, checkpoint)
+
+  Without it, a swap that added a norm fails to load with the message above (never a silent
+  post-LN model); one that added none loads as post-LN: see docs/remedies.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -28,7 +36,19 @@ from torch import nn
 from stabilizer.live.remedies import swap_to_pre_ln
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 
-__all__ = ["add_param_group", "restore_pre_ln", "swapped_in", "watch_checkpoint_loads"]
+__all__ = [
+    "SWAPPED",
+    "add_param_group",
+    "pre_ln_hparams",
+    "restore_pre_ln",
+    "swapped_in",
+    "watch_checkpoint_loads",
+]
+
+SWAPPED = "swapped_to_pre_ln"
+"""The key, in the monitor's checkpoint state, that records a model swapped to pre-LN."""
+
+_SWITCHES = {"norm_first": (False, True), "norm_position": ("post", "pre")}
 
 
 def add_param_group(trainer: pl.Trainer, params: list[nn.Parameter]) -> None:
@@ -58,14 +78,33 @@ def add_param_group(trainer: pl.Trainer, params: list[nn.Parameter]) -> None:
 
 
 def swapped_in(checkpoint: Mapping[str, Any]) -> bool:
-    """Whether the checkpoint's run had its model swapped to pre-LN by the ``auto`` policy."""
+    """Whether the checkpoint's model had been swapped to pre-LN by the ``auto`` policy (in
+    its run, or in a run it was resumed from)."""
     states = checkpoint.get("callbacks")
     for state in states.values() if isinstance(states, Mapping) else ():
-        auto = state.get("auto") if isinstance(state, Mapping) else None
+        if not isinstance(state, Mapping):
+            continue
+        auto = state.get("auto")
         applied = auto.get("applied") if isinstance(auto, Mapping) else None
-        if isinstance(applied, Mapping) and float(applied.get("swap_to_pre_ln", 0)) > 0:
+        if state.get(SWAPPED) or (
+            isinstance(applied, Mapping) and float(applied.get("swap_to_pre_ln", 0)) > 0
+        ):
             return True
     return False
+
+
+def pre_ln_hparams(hparams: MutableMapping[str, Any]) -> bool:
+    """Say pre-LN in the hyperparameters that say the norm placement (``norm_first=False`` ->
+    True, ``norm_position="post"`` -> ``"pre"``, at the top or in nested dicts, as
+    ``save_hyperparameters`` keeps a config); True when one was found. In place."""
+    found = False
+    for key, value in hparams.items():
+        if key in _SWITCHES and value == _SWITCHES[key][0]:
+            hparams[key] = _SWITCHES[key][1]
+            found = True
+        elif isinstance(value, MutableMapping):
+            found = pre_ln_hparams(value) or found
+    return found
 
 
 def restore_pre_ln(model: nn.Module, checkpoint: Mapping[str, Any]) -> SwapReport:

@@ -1,9 +1,11 @@
-"""A checkpoint written after `auto` swapped the model to pre-LN loads back (and resumes)."""
+"""A checkpoint written after `auto` swapped the model to pre-LN loads back (and resumes):
+under every policy, and with a plain `load_from_checkpoint` where the module's hyperparameters
+say its norm placement."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import pytest
@@ -15,11 +17,36 @@ from torch.utils.data import DataLoader, TensorDataset
 from stabilizer.callbacks import StabilityMonitor
 from stabilizer.callbacks.demo.lit_gpt import LitGPT
 from stabilizer.callbacks.swap_checkpoint import restore_pre_ln, swapped_in
+from stabilizer.core.detectors import default_detectors
+from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.demo.model import GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 VOCAB, SEQ = 32, 8
+
+
+class Starved:
+    """A detector that reports starved blocks at step 1: what makes `auto` swap to pre-LN (a
+    real band takes a deep post-LN stack hundreds of steps; the swap's checkpoint is the point).
+    """
+
+    name: ClassVar[str] = "starved"
+    requires: ClassVar[tuple[str, ...]] = ("loss",)
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        if record.step != 1:
+            return []
+        return [Finding("depth_imbalance", 1, 1, Severity.WARNING, "blocks starved", {})]
+
+    def finish(self) -> list[Finding]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
 
 
 class PostLNEncoderLM(pl.LightningModule):
@@ -56,7 +83,22 @@ class RestoringEncoderLM(PostLNEncoderLM):
         restore_pre_ln(self, checkpoint)
 
 
+class SwitchedEncoderLM(PostLNEncoderLM):
+    """A module whose hyperparameters say its norm placement (and that gives a pre-LN stack its
+    final norm): a plain `load_from_checkpoint` builds it as the model it became."""
+
+    def __init__(self, norm_first: bool = False) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        layer = nn.TransformerEncoderLayer(
+            16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first
+        )
+        final = nn.LayerNorm(16) if norm_first else None
+        self.encoder = nn.TransformerEncoder(layer, 4, norm=final, enable_nested_tensor=False)
+
+
 def _trainer(tmp_path: Path, steps: int, policy: str = "auto") -> pl.Trainer:
+    detectors = [*default_detectors(), Starved()] if policy == "auto" else None
     return pl.Trainer(
         accelerator="cpu",
         max_steps=steps,
@@ -66,7 +108,7 @@ def _trainer(tmp_path: Path, steps: int, policy: str = "auto") -> pl.Trainer:
         enable_model_summary=False,
         gradient_clip_val=1.0,
         callbacks=[
-            StabilityMonitor(policy=policy, jsonl=False),
+            StabilityMonitor(policy=policy, jsonl=False, detectors=detectors),
             ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True),
         ],
     )
@@ -79,7 +121,7 @@ def _data() -> DataLoader[tuple[Tensor, ...]]:
 
 @pytest.fixture
 def swapped_run(tmp_path: Path) -> tuple[PostLNEncoderLM, Path]:
-    """A user's post-LN module trained 4 steps under `auto`: swapped at step 0, checkpointed."""
+    """A user's post-LN module trained 4 steps under `auto`: swapped at step 1, checkpointed."""
     torch.manual_seed(0)
     model = PostLNEncoderLM()
     _trainer(tmp_path, steps=4).fit(model, _data())
@@ -89,19 +131,36 @@ def swapped_run(tmp_path: Path) -> tuple[PostLNEncoderLM, Path]:
     return model, path
 
 
+@pytest.mark.parametrize("policy", ["auto", "protect", "observe"])
 def test_trainer_resumes_from_the_checkpoint_of_a_swapped_model(
-    swapped_run: tuple[PostLNEncoderLM, Path], tmp_path: Path
+    swapped_run: tuple[PostLNEncoderLM, Path], tmp_path: Path, policy: str
 ) -> None:
-    """The regression: the fresh module had no ``encoder.norm`` ("Unexpected key(s) ...")."""
+    """The regression: the fresh module had no ``encoder.norm`` ("Unexpected key(s) ..."), and
+    only `auto` could resume it."""
     _, path = swapped_run
     fresh = PostLNEncoderLM()
-    trainer = _trainer(tmp_path / "resumed", steps=6)
+    trainer = _trainer(tmp_path / "resumed", steps=6, policy=policy)
     trainer.fit(fresh, _data(), ckpt_path=str(path))
     assert trainer.global_step == 6
     assert fresh.encoder.norm is not None and fresh.encoder.layers[0].norm_first
     optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
     assert all(id(p) in optimized for p in fresh.parameters())  # the new norm trains too
     assert len(trainer.optimizers[0].param_groups) == 2  # as in the run that swapped
+    # The resumed run's own checkpoint still records the swap, whatever its policy.
+    assert swapped_in(torch.load(tmp_path / "resumed" / "ckpt" / "last.ckpt", weights_only=True))
+
+
+def test_plain_load_from_checkpoint_builds_the_model_it_became(tmp_path: Path) -> None:
+    # No line added to the module: its hyperparameters (norm_first) are saved as pre-LN.
+    torch.manual_seed(0)
+    model = SwitchedEncoderLM()
+    _trainer(tmp_path, steps=4).fit(model, _data())
+    assert model.encoder.layers[0].norm_first and model.encoder.norm is not None
+    loaded = SwitchedEncoderLM.load_from_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    assert loaded.hparams["norm_first"] is True
+    ids = torch.randint(0, VOCAB, (2, SEQ))
+    model.eval(), loaded.eval()
+    torch.testing.assert_close(loaded(ids), model(ids))
 
 
 def test_load_from_checkpoint_with_the_one_line(swapped_run: tuple[PostLNEncoderLM, Path]) -> None:

@@ -188,16 +188,14 @@ def test_safe_config_has_no_risks() -> None:
     ids=["gpt-post-0", "gpt-post-100", "gpt-post-unknown", "gpt-pre-0", "enc-post-0", "enc-pre-0"],
 )
 def test_post_ln_without_warmup(model: Any, warmup_steps: int | None, fires: bool) -> None:
-    findings = only(
-        config_risks(model(), **{**SAFE, "warmup_steps": warmup_steps}), "swap_to_pre_ln"
-    )
+    findings = only(config_risks(model(), **{**SAFE, "warmup_steps": warmup_steps}), "lr_warmup")
     assert len(findings) == int(fires)
     if fires:
         [f] = findings
         assert (f.kind, f.severity, f.remedies) == (
             "config_risk",
-            Severity.WARNING,
-            ("swap_to_pre_ln", "lr_warmup"),
+            Severity.INFO,  # advice: configuration alone is no failure (#31)
+            ("lr_warmup", "swap_to_pre_ln"),
         )
         assert f.evidence["post_ln_blocks"] == 2
         assert f.location in (("blocks.0", "blocks.1"), ("encoder.layers.0", "encoder.layers.1"))
@@ -226,7 +224,7 @@ def test_fp16_norms_and_softmax(
         assert findings == []
         return
     [f] = findings
-    assert f.severity == Severity.WARNING
+    assert f.severity == Severity.INFO  # advice (#31)
     assert (f.evidence["fp16_norms"], f.evidence["fp16_softmax"]) == expected
     assert "blocks.0.ln_1" in f.location and "ln_f" in f.location
     assert ("blocks.1.attn" in f.location) == (expected[1] > 0)
@@ -292,6 +290,14 @@ def test_findings_serialise() -> None:
     assert [Finding.from_dict(f.to_dict()) for f in findings] == findings
 
 
+def test_a_frozen_post_ln_stack_gets_no_warmup_advice() -> None:
+    # A pretrained post-LN encoder fine-tuned with its blocks frozen: nothing to warm up.
+    model = EncoderLM(causal=True, norm_first=False)
+    for p in model.encoder.parameters():
+        p.requires_grad_(False)
+    assert only(config_risks(model, **{**SAFE, "warmup_steps": 0}), "lr_warmup") == []
+
+
 # -- switching checks off one by one -------------------------------------------------------------
 
 RISKY: dict[str, Any] = {
@@ -302,7 +308,7 @@ RISKY: dict[str, Any] = {
     "max_positions": 12,
 }
 RULE_REMEDY = {  # each rule's finding, told apart by its first remedy (None: the positions rule)
-    "post_ln_warmup": "swap_to_pre_ln",
+    "post_ln_warmup": "lr_warmup",
     "fp16_norms": "upcast_to_fp32",
     "clipping": "clip_gradients",
     "positions": None,

@@ -57,17 +57,33 @@ def test_sandbox_names_a_parameter_written_in_place() -> None:
     assert box.changed == ["lin.bias"]
 
 
-def test_buffer_watch_restores_running_statistics_and_learns_what_changes() -> None:
-    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+class LateStatistic(nn.Module):
+    """A running statistic refreshed in place only from its fourth call on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("stat", torch.zeros(2))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls >= 4:
+            with torch.no_grad():
+                self.stat.mul_(0.5).add_(x.mean(0))
+        return x
+
+
+def test_buffer_watch_restores_every_buffer_whenever_it_first_changes() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), LateStatistic())
     model.register_buffer("fixed", torch.ones(3))
     watch = BufferWatch(model)
-    for _ in range(BufferWatch.LEARN_STEPS):  # learning: everything is copied and compared
+    for _ in range(4):  # the late statistic changes for the first time at the fourth step
         watch.begin()
         model(torch.randn(4, 2))
         watch.end(restore=False)
     before = [b.clone() for b in model.buffers()]
     watch.begin()
-    model(torch.full((4, 2), float("nan")))  # a NaN batch: BatchNorm's statistics go NaN
+    model(torch.full((4, 2), float("nan")))  # a NaN batch: every statistic goes NaN
     watch.end(restore=True)
     assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True))
 
@@ -82,7 +98,7 @@ def test_buffer_watch_sees_modules_and_buffers_registered_mid_run() -> None:
     model.append(nn.BatchNorm1d(2))  # a submodule with buffers, added mid-run
     model[0].register_buffer("scale", torch.ones(1))  # a buffer on a module that had none
     watch.begin()
-    assert {id(b) for b in watch.buffers} == {id(b) for b in model.buffers()}
+    assert {id(b) for _, b in watch.buffers} == {id(b) for b in model.buffers()}
     model(torch.full((4, 2), float("nan")))
     watch.end(restore=True)
     assert all(bool(torch.isfinite(b.float()).all()) for b in model.buffers())

@@ -31,6 +31,7 @@ __all__ = [
     "LIVE_ONLY",
     "LOSS_SPIKE",
     "NONFINITE_GRAD",
+    "NONFINITE_HELD",
     "NONFINITE_LOSS",
     "NONFINITE_UPDATE",
     "OVERFLOW_RISK",
@@ -48,6 +49,7 @@ __all__ = [
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD = "nonfinite_grad"
 NONFINITE_UPDATE = "nonfinite_update"
+NONFINITE_HELD = "nonfinite_held"
 LOSS_SPIKE = "loss_spike"
 DIVERGENCE = "divergence"
 GRAD_SPIKE = "grad_spike"
@@ -297,6 +299,15 @@ TABLE: tuple[Kind, ...] = (
         live_only=True,
         action=True,
         noun="remedy result",
+    ),
+    Kind(
+        NONFINITE_HELD,
+        "NaN/Inf held by design",
+        "the model holds NaN/Inf on purpose (a -inf attention mask, quantization observers' "
+        "+-inf, a running maximum that starts at -inf, an unused uninitialised parameter): "
+        "noted when first seen, never judged; only a value that turns non-finite is",
+        live_only=True,
+        setup_up_to=Severity.INFO,
     ),
     Kind(
         GUARD_ERROR,

@@ -227,11 +227,12 @@ def config_risks(
 
     Rules (each ``config_risk``), by check name:
 
-    - ``post_ln_warmup``: post-LN blocks (any module with ``norm_position == "post"``, as the
-      reference ``Block``, or PyTorch encoder/decoder layers with ``norm_first=False``) and
-      ``warmup_steps == 0``: warning;
+    - ``post_ln_warmup``: trainable post-LN blocks (any module with ``norm_position == "post"``,
+      as the reference ``Block``, or PyTorch encoder/decoder layers with ``norm_first=False``)
+      and ``warmup_steps == 0``: info (advice: the configuration alone is no failure, and a
+      pretrained post-LN model fine-tuned without warmup is common and healthy);
     - ``fp16_norms``: LayerNorm or attention softmax in fp16 (``precision == "16-true"`` or fp16
-      parameters): warning;
+      parameters): info (advice);
     - ``clipping``: no gradient clipping (``gradient_clip_val`` None or 0): info;
     - ``positions``: ``seq_len > max_positions``: critical.
 
@@ -295,18 +296,22 @@ def _post_ln_without_warmup(model: nn.Module, warmup_steps: int | None, step: in
     post = tuple(
         name
         for name, m in model.named_modules()
-        if getattr(m, "norm_position", None) == "post"  # the reference Block, and alike
-        or (isinstance(m, _ENCODER_LAYERS) and not m.norm_first)
+        if (
+            getattr(m, "norm_position", None) == "post"  # the reference Block, and alike
+            or (isinstance(m, _ENCODER_LAYERS) and not m.norm_first)
+        )
+        and any(p.requires_grad for p in m.parameters())  # a frozen block is not trained
     )
     if not post:
         return []
     message = (
-        f"{len(post)} post-LN blocks and no learning-rate warmup: post-LN gradients near the "
-        "output are large at initialisation, so early steps often diverge"
+        f"{len(post)} trainable post-LN blocks and no learning-rate warmup: trained from "
+        "scratch, post-LN gradients near the output are large at initialisation and early "
+        "steps can diverge; a warmup (or pre-LN) avoids it"
     )
     evidence = {"post_ln_blocks": len(post), "warmup_steps": 0}
-    remedies = ("swap_to_pre_ln", "lr_warmup")
-    return [_finding(CONFIG_RISK, step, Severity.WARNING, message, evidence, post, remedies)]
+    remedies = ("lr_warmup", "swap_to_pre_ln")
+    return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, post, remedies)]
 
 
 def _fp16_norms(model: nn.Module, precision: str, step: int) -> list[Finding]:
@@ -327,7 +332,7 @@ def _fp16_norms(model: nn.Module, precision: str, step: int) -> list[Finding]:
     evidence = {"fp16_norms": len(norms), "fp16_softmax": len(softmax)}
     location = (*norms, *softmax)
     remedies = ("upcast_to_fp32",)
-    return [_finding(CONFIG_RISK, step, Severity.WARNING, message, evidence, location, remedies)]
+    return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, location, remedies)]
 
 
 def _fp16(module: nn.Module, true_fp16: bool) -> bool:

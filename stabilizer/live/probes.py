@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 class GradProbe:
     """Total and per-depth-group L2 gradient norms, plus the count of non-finite gradients.
 
-    Watches every tensor an optimizer will update (each param group's params: module parameters
-    or not) and every trainable parameter of the module; each step, those that have a ``.grad``.
+    Watches every tensor the optimizers will update (each param group's params: module
+    parameters or not); each step, those that have a ``.grad``. A trainable parameter no
+    optimizer holds (a teacher network, a head excluded from the optimizer) is not watched: its
+    gradient never reaches the weights, so a NaN there skips nothing. Without optimizers (a
+    probe built on a bare module) every trainable parameter is watched.
     The watched set is derived again whenever a param group is added or a parameter's
     ``requires_grad`` changes (a cheap check per call), so a backbone unfrozen mid-run is watched
     from its first gradient on.
@@ -52,8 +55,6 @@ class GradProbe:
         module: The model; its trainable parameters are watched and named.
         optimizers: The optimizers whose param groups are watched.
         grouping: ``name -> group`` to override the naming conventions.
-        only_optimizers: Watch only the optimizers' tensors, not every trainable parameter
-            (one probe per optimizer, when a run has several).
     """
 
     def __init__(
@@ -61,10 +62,8 @@ class GradProbe:
         module: nn.Module,
         optimizers: Sequence[torch.optim.Optimizer] = (),
         grouping: Callable[[str], str] | None = None,
-        only_optimizers: bool = False,
     ) -> None:
         self._module, self._optimizers, self._grouping = module, list(optimizers), grouping
-        self._only_optimizers = only_optimizers
         self._marks: list[tuple[nn.Parameter, Tensor | None, int]] = []
         self.exact = False  # the fast path failed once: per-tensor norms from then on
         self._index: tuple[tuple[int, ...], Tensor] | None = None  # group indices, on the device
@@ -72,7 +71,7 @@ class GradProbe:
         self._build()
 
     def __call__(self) -> Tensor:
-        """``(2 + n_groups,)`` float32 on the gradients' device, ordered as :attr:`keys`.
+        """``(2 + n_groups,)`` float64 on the gradients' device, ordered as :attr:`keys`.
 
         Norms never overflow, so a finite gradient never has a non-finite norm (see
         `stabilizer.live.tensors.l2_norms`): ``nonfinite_grads`` counts exactly the tensors
@@ -100,7 +99,7 @@ class GradProbe:
         sq.index_add_(0, self._group_index(tuple(index), device), norms.square())
         nonfinite = (~torch.isfinite(norms)).sum().double()
         out = torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
-        return out.float()
+        return out
 
     def untouched(self) -> bool:
         """Whether every watched gradient is the tensor the last call measured, unchanged since.
@@ -129,7 +128,7 @@ class GradProbe:
         named = [
             (n, p)
             for n, p in module_named
-            if id(p) in in_optimizer or (p.requires_grad and not self._only_optimizers)
+            if id(p) in in_optimizer or (p.requires_grad and not self._optimizers)
         ]
         known = {id(p) for p in self._module_params}
         extra = {id(p): p for p in stepped if id(p) not in known}  # not a module parameter

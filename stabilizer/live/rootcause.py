@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from .held import HeldNonFinite
 from .tensors import all_finite
 
 __all__ = [
@@ -156,6 +157,7 @@ def locate_nonfinite(
     rng_state: RngState | None = None,
     loss_scale: float = 1.0,
     inputs: Any = None,
+    held: HeldNonFinite | None = None,
 ) -> Localization:
     """Replay a failing step under hooks and name the module where NaN/Inf first appeared.
 
@@ -180,6 +182,8 @@ def locate_nonfinite(
         loss_scale: Multiplies the loss before ``backward``, as a ``GradScaler`` would, so an fp16
             gradient overflow is reproduced.
         inputs: The failing batch (tensors, nested in tuples, lists or dicts); checked first.
+        held: What the model held as NaN/Inf by design (`stabilizer.live.held`): a weight
+            non-finite only there is no cause.
 
     Returns:
         The localization; ``reproduced`` is False when the replay stayed finite.
@@ -194,6 +198,8 @@ def locate_nonfinite(
         return Localization("input", None, elapsed_s=time.perf_counter() - start)
     named_params = list(model.named_parameters())
     bad_weights = _all_nonfinite(named_params, lambda p: p)
+    if held:
+        bad_weights = [n for n, p in named_params if n in bad_weights and held.changed([p])]
     saved_grads = [(p, p.grad) for _, p in named_params]  # references: the replay makes new ones
     after = capture_rng()
     try:
@@ -329,13 +335,15 @@ class _Recorder:
                 )
         if not self.input_finite:
             return replace(found, phase="input", reproduced=True)
+        if not (self.forward_finite and math.isfinite(self.loss)):
+            # A non-finite loss makes every gradient so (a step that backpropagates itself,
+            # under manual optimization, has done it already): the loss is the cause.
+            return replace(found, phase="loss", reproduced=True)
         if bad_grad is not None:
             owner = _owner(bad_grad)
             return replace(
                 found, phase="backward", module=owner, parameter=bad_grad, reproduced=True
             )
-        if not (self.forward_finite and math.isfinite(self.loss)):
-            return replace(found, phase="loss", reproduced=True)
         return found
 
 

@@ -3,7 +3,10 @@
 Inside the sandbox the caller may run forwards and backwards of the model; when it ends, the
 parameters' gradients (the same tensor objects), ``requires_grad`` flags, every buffer (values
 and objects: BatchNorm's running statistics), the modules' own attributes (``self.calls += 1``,
-``training``) and every random state (torch, CUDA, numpy, Python) are as they were before.
+``training``), the containers, random generators and iterators they hold
+(`stabilizer.live.user_state.UserState`: a list a step appends to, a ``torch.Generator``, an
+iterator drawn with ``next``) and every global random state (torch, CUDA, numpy, Python) are as
+they were before.
 Parameters are not copied (they would cost a model's worth of memory): a parameter that the code
 inside wrote in place is named in `Sandboxed.changed`, so that the caller can say so. Keeping the
 optimizers from stepping is the caller's part (the guard's ``inert`` mode). Torch only.
@@ -20,6 +23,7 @@ import torch
 from torch import nn
 
 from .rng import get_rng_state, set_rng_state
+from .user_state import UserState
 
 __all__ = ["Sandboxed", "sandbox"]
 
@@ -47,6 +51,7 @@ def sandbox(model: nn.Module) -> Iterator[Sandboxed]:
     buffers = [
         (b, b.detach().clone()) for m in modules for b in m._buffers.values() if b is not None
     ]
+    user = UserState.capture(modules)  # (iterators get stand-ins: `attrs` holds the originals)
     for _, p in params:
         p.grad = None  # a backward inside would accumulate into the caller's gradients
     try:
@@ -56,6 +61,7 @@ def sandbox(model: nn.Module) -> Iterator[Sandboxed]:
             for m, saved, saved_buffers in attrs:
                 _restore_dict(m.__dict__, saved)
                 _restore_dict(m._buffers, saved_buffers)
+            user.restore()
             for b, copy in buffers:
                 b.copy_(copy)
             for p, grad, flag, _ in grads:

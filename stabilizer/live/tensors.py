@@ -23,11 +23,18 @@ __all__ = [
     "l2_norms",
     "optimizer_state_tensors",
     "stored_values",
+    "wide_dtype",
 ]
 
 CPU_READ = "stabilizer::cpu_read"  # the profiler's name for the CPU path's read of its norms
 _SMALL = 4096  # elements: tensors this small are flattened into one for `count_suspect`
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """float64 where the device computes it (Apple's MPS does not): a step's numbers carried in
+    float32 would turn a finite 1e39 (a 64-true run's loss, a huge gradient norm) into Inf."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def stored_values(t: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from stabilizer.callbacks.auto import AutoRemedies
+from stabilizer.callbacks.auto import AutoRemedies, from_scratch
 from stabilizer.callbacks.ladder import Ladder, result_finding
 from stabilizer.core.records import Finding, Severity, StepRecord
 
@@ -26,8 +26,8 @@ def _trainer(lr: float = 1e-3) -> tuple[pl.Trainer, torch.nn.Module]:
     return trainer, module
 
 
-def _record(step: int, loss: float = 2.0, lr: float = 1e-3) -> StepRecord:
-    return StepRecord(step, {"loss": loss, "lr": lr})
+def _record(step: int, loss: float = 2.0, lr: float = 1e-3, norm: float = 0.5) -> StepRecord:
+    return StepRecord(step, {"loss": loss, "lr": lr, "grad_norm": norm})
 
 
 def _spike(step: int) -> Finding:
@@ -64,8 +64,10 @@ def test_a_remedy_whose_failure_stays_away_worked_after_the_window() -> None:
     (result,) = _results(out)
     assert result.step == 185 and result.severity == Severity.INFO
     assert result.remedies == ("clip_gradients",)
-    assert result.evidence == {"loss_before": 2.5, "loss_after": 2.5, "applied_step": 155.0,
-                               "worked": 1.0}  # fmt: skip
+    evidence = dict(result.evidence)
+    assert math.isnan(evidence.pop("level_before_trouble"))  # no loss before the spike
+    assert evidence == {"loss_before": 2.5, "loss_after": 2.5, "applied_step": 155.0,
+                        "worked": 1.0}  # fmt: skip
     assert "worked: no loss_spike back in 30 steps" in result.message
 
 
@@ -204,3 +206,103 @@ def test_the_end_of_a_warmup_is_no_surge(scheduled: bool) -> None:
     assert rollback.evidence["restored_step"] == 10.0
     assert ("LR cut" in rollback.message) is not scheduled
     assert auto.lr.factor == pytest.approx(1.0 if scheduled else 1e-3 / 0.3)
+
+
+# --- #31: the verdict tells the truth; thresholds fit the run; no self-inflicted LR cut -------
+
+
+def test_a_remedy_after_which_the_loss_stays_above_its_level_is_not_better() -> None:
+    # The spike's remedy, then the loss settles at 2.9 where it was 1.6 before the trouble: the
+    # failure did not come back, but the run is not better. Said so, with the numbers, and left
+    # alone (no next remedy, no stop).
+    trainer, module = _trainer()
+    auto = AutoRemedies(allow=["clip_gradients", "scale_lr"], check_steps=30)
+    out = _run(auto, trainer, module, range(120, 150), {}, loss=1.6)
+    out += _run(auto, trainer, module, range(150, 190), {155: [_spike(150)]}, loss=2.9)
+    (result,) = _results(out)
+    assert result.evidence["worked"] == 0.0 and result.severity == Severity.WARNING
+    assert result.evidence["level_before_trouble"] == 1.6
+    assert "not better" in result.message and "2.9" in result.message and "1.6" in result.message
+    assert result.remedies == ("clip_gradients",) and not auto.exhausted()
+    assert [f.remedies[0] for f in out if f.kind == "remedy_applied"] == ["clip_gradients"]
+
+
+def test_a_remedy_after_which_the_loss_is_back_at_its_level_worked() -> None:
+    trainer, module = _trainer()
+    auto = AutoRemedies(allow=["clip_gradients"], check_steps=30)
+    out = _run(auto, trainer, module, range(120, 150), {}, loss=1.6)
+    out += _run(auto, trainer, module, range(150, 190), {155: [_spike(150)]}, loss=1.55)
+    (result,) = _results(out)
+    assert result.evidence["worked"] == 1.0 and result.severity == Severity.INFO
+
+
+@pytest.mark.parametrize(
+    ("norm", "threshold"), [(0.5, 1.0), (4.0, 6.0)], ids=["below-1", "above-1"]
+)
+def test_the_clip_threshold_fits_the_runs_healthy_norms(norm: float, threshold: float) -> None:
+    # The article's 1.0 where healthy norms sit below it; where they sit above (a Gaussian NLL
+    # head, warm restarts), 1.5x their 90th percentile: 1.0 would clip every healthy step.
+    trainer, module = _trainer()
+    auto = AutoRemedies(allow=["clip_gradients"])
+    out = _run(auto, trainer, module, range(0, 60), {}, norm=norm)
+    out += _run(auto, trainer, module, range(60, 62), {60: [_spike(60)]}, norm=norm)
+    (applied,) = [f for f in out if f.kind == "remedy_applied"]
+    assert trainer.gradient_clip_val == pytest.approx(threshold)
+    assert applied.evidence["after"] == pytest.approx(threshold)
+    assert ("healthy p90" in applied.message) == (norm > 1)
+
+
+def _saturated(step: int) -> Finding:
+    return Finding("clip_saturation", step, step, Severity.WARNING, "most steps clipped", {})
+
+
+def test_a_saturation_of_autos_own_clipping_raises_the_threshold_never_cuts_the_lr() -> None:
+    trainer, module = _trainer()
+    auto = AutoRemedies(check_steps=30)
+    out = _run(auto, trainer, module, range(0, 60), {60: [_spike(59)]}, norm=0.5)
+    out += _run(auto, trainer, module, range(60, 61), {60: [_spike(59)]}, norm=0.5)
+    assert trainer.gradient_clip_val == 1.0
+    out += _run(auto, trainer, module, range(61, 160), {150: [_saturated(120)]}, norm=3.0)
+    applied = [f for f in out if f.kind == "remedy_applied"]
+    assert [f.remedies[0] for f in applied] == ["clip_gradients", "clip_gradients"]
+    assert "raised" in applied[1].message and trainer.gradient_clip_val == pytest.approx(4.5)
+    assert auto.lr.factor == 1.0
+
+
+class _Hub(torch.nn.Module):
+    """A model as `from_pretrained` leaves it: its config names where it came from."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.config = type("Config", (), {"_name_or_path": name})()
+        self.lin = torch.nn.Linear(2, 2)
+
+
+def test_from_scratch_is_a_fully_trainable_model_with_no_pretrained_weights() -> None:
+    assert from_scratch(torch.nn.Linear(2, 2))
+    assert from_scratch(_Hub(""))  # built from a config
+    assert not from_scratch(_Hub("gpt2"))  # loaded with from_pretrained
+    frozen = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    frozen[0].requires_grad_(False)
+    assert not from_scratch(frozen)
+
+
+def _nan(step: int) -> Finding:
+    return Finding("nonfinite_loss", step, step, Severity.ERROR, "loss is nan", {})
+
+
+@pytest.mark.parametrize("allow", [None, ["upcast_to_fp32"]], ids=["default", "named"])
+def test_a_frozen_model_is_rewritten_only_when_the_user_names_the_rewrite(
+    allow: list[str] | None,
+) -> None:
+    trainer = pl.Trainer(
+        accelerator="cpu", precision="16-true", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False,
+    )  # fmt: skip
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)).half()
+    module[0].requires_grad_(False)  # a frozen pretrained body, a trained norm
+    trainer.optimizers = [torch.optim.AdamW(module[1].parameters(), lr=1e-3)]
+    auto = AutoRemedies(allow=allow)
+    out = _run(auto, trainer, module, range(4, 6), {5: [_nan(5)]})
+    applied = [f.remedies[0] for f in out if f.kind == "remedy_applied"]
+    assert applied == ([] if allow is None else ["upcast_to_fp32"])
