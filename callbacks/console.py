@@ -27,9 +27,9 @@ from stabilizer.core.episode import Episodes
 from stabilizer.core.groups import depth_group
 from stabilizer.core.kinds import REMEDY_APPLIED, Kind, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.run import Cost, RunEnd, low_precision
+from stabilizer.core.run import Cost, RunEnd
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
-from stabilizer.outputs.wording import applicable_remedies, observation
+from stabilizer.outputs.wording import observation
 
 from .cost import over_budget_advice
 
@@ -92,7 +92,6 @@ class Console:
     def __init__(self, policy: str, fold_steps: int = FOLD_STEPS) -> None:
         self.policy, self.fold_steps = policy, fold_steps
         self.enabled = False
-        self.low_precision: bool | None = None
         self.jsonl: Path | None = None
         self.counts: Counter[Severity] = Counter()
         self.skipped = 0  # steps whose update was skipped (guard or grad scaler)
@@ -117,7 +116,6 @@ class Console:
         if not self.enabled:
             return
         show_info()
-        self.low_precision = low_precision(str(trainer.precision))
         self.jsonl = jsonl
         parts = [f"on, policy {self.policy}"]
         parts.append(f"{len(groups)} depth groups: {compact_groups(groups)}")
@@ -182,19 +180,16 @@ class Console:
         return "; ".join(parts)
 
     def line(self, finding: Finding, record: StepRecord | None = None) -> str:
-        """One finding as printed: span, severity, kind, where, what, what became of the step."""
+        """One finding as printed: span, severity, kind, where, what, what became of the step,
+        and its remedies (advised already: `stabilizer.core.advice`)."""
         kind = kind_of(finding.kind)
-        skipped = kind.scaler_skips or (kind.nan and _skipped(record))
         where = f" [{', '.join(finding.location)}]" if finding.location else ""
         text = f"{_span(finding)} {finding.severity.name.lower()} {finding.kind}{where}: "
         text += observation(finding)
         if _of_the_step(kind) and record is not None:
             text += "; " + _fate(record, self.policy)
-        remedies = applicable_remedies(
-            finding.remedies, skipped=skipped, low_precision=self.low_precision
-        )
-        if remedies and not kind.action:
-            text += f" -> try: {', '.join(remedies)}"
+        if finding.remedies and not kind.action:
+            text += f" -> try: {', '.join(finding.remedies)}"
         return text
 
     def update_line(self, finding: Finding) -> str:

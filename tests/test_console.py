@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stabilizer.callbacks.console import Console, compact_groups
 from stabilizer.callbacks.cost import CAUSES
 from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.core.advice import LiveFacts
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunEnd
 from stabilizer.replay.diagnose import diagnose
@@ -152,9 +153,13 @@ def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
 
 
 def test_no_claim_about_the_weights_without_their_check(printed: list[str]) -> None:
-    console = _console()
-    console.write(StepRecord(0, {"skipped": 1.0}), [_nan(0)])  # skipped, weights not checked
-    console.write(StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}), [_nan(8)])
+    console, facts = _console(), LiveFacts("bf16-mixed")
+    for record in (
+        StepRecord(0, {"skipped": 1.0}),  # skipped, weights not checked
+        StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}),
+    ):
+        facts.see(record.step, record.values)
+        console.write(record, facts.advise([_nan(record.step)]))
     console.close(RunEnd(10, skipped=2, intact=False))
     assert printed[0].endswith("step skipped -> try: upcast_to_fp32, rollback")
     assert "NOT intact" in printed[-1] and "weights intact" not in " ".join(printed)
@@ -178,10 +183,11 @@ def test_remedy_applied_and_critical_findings_always_print(printed: list[str]) -
 def test_fp16_advice_only_in_low_precision(
     precision: str, remedies: str, printed: list[str]
 ) -> None:
-    console = _console(policy="observe")
-    console.low_precision = precision != "32-true"
+    """The console prints what `LiveFacts` advise (`LiveOutputs` advises every output)."""
+    console, facts = _console(policy="observe"), LiveFacts(precision)
     record = StepRecord(9, {"loss": float("nan"), "skipped": 0.0})
-    console.write(record, [_nan(9)])
+    facts.see(record.step, record.values)
+    console.write(record, facts.advise([_nan(9)]))
     assert printed == [
         "step 9 error nonfinite_loss: loss is nan at step 9; the update was applied "
         f"(policy observe) -> try: skip_step, {remedies}"
