@@ -17,6 +17,7 @@ from stabilizer.outputs.tensorboard import (
     HEATMAP_DESCRIPTION,
     HEATMAP_TAG,
     Episodes,
+    StepCounts,
     custom_scalars_layout,
     depth_order,
     findings_text,
@@ -33,7 +34,8 @@ class TensorBoardOutput:
     """Writes what plain scalars cannot show into a run's TensorBoard event file.
 
     At the loggers' cadence, the log10 of the per-layer gradient norms (the monitor's logger
-    writes the norms themselves); every record, a column of the heatmap; whenever an episode
+    writes the norms themselves) and the steps skipped and clipped so far; every record, a
+    column of the heatmap; whenever an episode
     opens, grows or ends, the findings table, one row per episode, written whole at
     `FINDINGS_STEP` so that TensorBoard keeps the newest alone.
 
@@ -70,6 +72,7 @@ class TensorBoardOutput:
         self._rows: deque[list[float | None]] = deque(maxlen=window)
         self._last: dict[str, float] = {}
         self._episodes = Episodes()
+        self._counts = StepCounts()  # steps skipped and clipped so far
         for finding in earlier:
             self._episodes.add([finding])
         self._step = 0  # the last record's step: what the findings table is "as of"
@@ -88,10 +91,12 @@ class TensorBoardOutput:
             self._groups = None
         if record is not None:
             self._step = record.step
-        if record is not None and self._keys:
-            logged = log10_norms(record.values) if (record.step + 1) % self.log_every == 0 else {}
-            if logged:
+        if record is not None:
+            counts = self._counts.add(record.values)
+            if (record.step + 1) % self.log_every == 0 and (counts or self._keys):
+                logged = {**log10_norms(record.values), **counts}
                 self._file.add_summary(scalar_summary(logged), record.step)
+        if record is not None and self._keys:
             self._steps.append(record.step)
             self._last.update((k, record.values[k]) for k in self._keys if k in record.values)
             self._rows.append([self._last.get(k) for k in self._keys])
