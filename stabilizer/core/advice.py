@@ -144,8 +144,9 @@ def advised(
     """``finding`` as the outputs show it: the remedies that fit (`fitting_remedies`), and
     advice in words that says no more than they do.
 
-    The detector's own advice stays when every remedy fits; else it is the fitting remedies'
-    actions (`remedy_text`), or none.
+    The detector's own advice stays when every remedy fits; else it is the action of the first
+    remedy that fits (`remedy_text`: what to do first, as the verdict of ``diagnose`` says it;
+    the remedies list the rest), or none.
 
     Args:
         finding: As the engine found it.
@@ -159,7 +160,7 @@ def advised(
     fitting = fitting_remedies(finding.remedies, episode, facts, recovered=recovered)
     if fitting == finding.remedies:
         return finding
-    advice = "; ".join(remedy_text(name, finding.kind, facts) for name in fitting)
+    advice = remedy_text(fitting[0], finding.kind, facts) if fitting else ""
     return replace(finding, remedies=fitting, advice=advice)
 
 

@@ -191,10 +191,10 @@ class _Replay:
         segment = self.segment
         assert segment is not None
         _count(segment, record)
+        self.diagnosis.history.add(record.step, segment.index, record.values)  # (`on_kept` reads)
         found = self.engine.observe(record)
         if found:  # (most records: none)
             self._keep(found)
-        self.diagnosis.history.add(record.step, segment.index, record.values)
         for sink in self.sinks:
             sink.record(record)
 

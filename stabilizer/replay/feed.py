@@ -111,12 +111,15 @@ def _source(
 ) -> FollowedFile | FollowedPipe:
     if path == "-":
         return FollowedPipe(sys.stdin.fileno(), stop, poll)
-    follow = resolver(Path(path), format)
-    if not Path(path).exists():
-        tell(f"{path}: not there yet; waiting for it")
-    elif follow() is None:  # a run directory without a log yet
-        tell(f"{path}: no log in it yet; waiting for one")
-    return FollowedFile(path, follow, stop, tell, poll)
+    source = FollowedFile(path, resolver(Path(path), format), stop, tell, poll)
+    if source.waiting:  # (said after the look, so that what appears next is all new)
+        there = Path(path).exists()  # a run directory without a log yet
+        tell(
+            f"{path}: no log in it yet; waiting for one"
+            if there
+            else f"{path}: not there yet; waiting for it"
+        )
+    return source
 
 
 def _never(path: str) -> str:

@@ -105,7 +105,7 @@ class FollowedFile:
         self._poll = poll
         self._fd: int | None = None
         self._file: str | None = None
-        self._waited = False  # the path led nowhere at first: all it gets is new
+        self._waited = resolve() is None  # the path led nowhere at first: all it gets is new
         self._id: tuple[int, int] | None = None  # (device, inode) of the open file
         self._opened = 0  # files opened
         self.position = 0  # in the open file
@@ -116,6 +116,11 @@ class FollowedFile:
         self._idle = _Idle()
         self._checked = -_RECHECK  # when the path was last resolved
         self._directory = Path(path).is_dir()  # searched every `_RECHECK` only (looked at again)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the path has led to no log yet (then all it leads to later is new)."""
+        return self._waited and not self._opened
 
     @property
     def appeared(self) -> bool:

@@ -7,8 +7,9 @@ each finding to ``on_finding`` as soon as it is found, as an `Alert`: a new epis
 update of one (a NaN that persists is an error, then the same episode escalated to critical,
 then closed when the loss is finite again). The run ends when every
 input has ended (a pipe closes) or `Watch.stop` is called (Ctrl-C: `Watch.run` stops on
-`KeyboardInterrupt` too); then the engines close their open episodes, and `Watch.run` returns a
-`Diagnosis` per path, as `diagnose` would for the same log.
+`KeyboardInterrupt` too); then the engines close their open episodes (alerts only where the log
+ended: a stopped watch did not see the run end), and `Watch.run` returns a `Diagnosis` per
+path, as `diagnose` would for the same log.
 
 A file's history (what it held when it was opened) is read first, so the detectors have their
 baseline; its findings come as alerts with ``live`` False.
@@ -177,7 +178,9 @@ class Watch:
         if replay is None or replay.segment is None:
             return
         followed.live = True
-        replay.finish()  # the episodes still open close: alerts too
+        if self._stop.is_set():  # stopped, not ended: "until the end of the log" is no news
+            replay.on_kept = None  # (the summary has the episodes the engines close)
+        replay.finish()  # the log ended: the episodes still open close, alerts too
         replay.keep_live()
 
     def _feed(self, index: int) -> None:
