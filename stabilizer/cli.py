@@ -19,10 +19,11 @@ from typing import Any
 import click
 
 from stabilizer.core.episode import fold_updates
-from stabilizer.core.records import Severity
+from stabilizer.core.records import Finding, Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
 from stabilizer.outputs.notify import ENV_WEBHOOK
-from stabilizer.replay.readers import FORMAT_ALIASES, READERS
+from stabilizer.replay.diagnose import diagnose as diagnose_log
+from stabilizer.replay.readers import FORMAT_ALIASES, READERS, LogReadError
 from stabilizer.report import (
     Diagnosis,
     Failure,
@@ -31,6 +32,7 @@ from stabilizer.report import (
     render_text,
     report_dict,
 )
+from stabilizer.report.advising import adviser
 from stabilizer.report.inputs import Wrap
 from stabilizer.report.session import (
     OutputError,
@@ -87,7 +89,8 @@ def main() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("runs"),
     show_default=True,
-    help="TensorBoard logs go to LOG_DIR/SCENARIO/version_N.",
+    help="TensorBoard logs go to LOG_DIR/SCENARIO/version_N (with --data FILE: "
+    "LOG_DIR/SCENARIO-FILE/version_N, FILE without its suffix).",
 )
 @click.option(
     "--policy",
@@ -131,9 +134,14 @@ def demo(
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
     # Lightning only loads for this command
+    from lightning.pytorch.loggers import TensorBoardLogger
+
     from stabilizer.callbacks.demo.run import quiet_lightning, run_scenario, sample_text
+    from stabilizer.callbacks.demo.summary import missing, protect_line, tensorboard_command
     from stabilizer.callbacks.monitor import StabilityMonitor
 
+    if missing(device):  # one line and exit 2, not Lightning's traceback
+        raise click.BadParameter(missing(device), param_hint="'--device'")
     quiet_lightning()  # after the import: importing lightning resets its loggers' levels
 
     click.echo(f"stabilizer demo: scenario {sc.name!r}: {sc.summary}")
@@ -142,32 +150,50 @@ def demo(
     )
     start = time.perf_counter()
     monitor = StabilityMonitor(policy=policy)
+    name = sc.name if data is None else f"{sc.name}-{data.stem}"  # not the stdlib's "healthy"
     run = run_scenario(
         sc,
         steps=steps,
         accelerator=device,
         callbacks=[monitor],
-        logger=True,
-        log_dir=log_dir,
+        logger=TensorBoardLogger(save_dir=str(log_dir), name=name),
         data=data,
         progress=True,
+        # Lightning's default cadence is 50; every step's logging would cost this tiny model's
+        # short step more than the monitor does (spikes are logged at their steps anyway)
+        trainer_args={"log_every_n_steps": 10},
     )
     elapsed = time.perf_counter() - start
     metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
-    click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: tensorboard --logdir {log_dir})")
+    click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: {tensorboard_command(log_dir)})")
     click.echo(
         f"{sc.name}: {run.trainer.global_step} steps in {elapsed:.1f} s on "
         f"{run.trainer.accelerator.__class__.__name__.removesuffix('Accelerator').lower()}, "
         f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
         f"val loss {metrics.get('val/loss', float('nan')):.3f}"
     )
-    found = fold_updates(monitor.findings)  # one per episode, as the console counts them
+    why = protect_line(run.trainer, monitor.skipped_steps, policy)
+    if why:
+        click.echo(why)
+    jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"
+    found = _advised(monitor.findings, jsonl)  # one per episode, as the console counts them
     click.echo(f"findings: {len(found) or 'none'}")
     for finding in found:
         click.echo(f"  {finding}")
     if sample:
         click.echo("--- sample ---")
         click.echo(sample_text(run.module.model, corpus.decode, sample))
+
+
+def _advised(monitor_findings: list[Finding], jsonl: Path) -> list[Finding]:
+    """The run's findings, one per episode, advised from its log as ``diagnose`` and every other
+    output advise them (the run's precision, the steps skipped, how each episode ended)."""
+    found = fold_updates(monitor_findings)
+    try:
+        advise = adviser(diagnose_log(str(jsonl)))
+    except (LogReadError, OSError):
+        return found
+    return [advise(1, finding) for finding in found]
 
 
 _SEVERITIES = [severity.name.lower() for severity in Severity]

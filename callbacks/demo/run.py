@@ -164,3 +164,7 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*litlogger.*")
+    # torch deprecates what Lightning's own pytree helper calls: no concern of a demo's user,
+    # and it printed between the monitor's lines
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")

@@ -146,7 +146,7 @@ def advised(
 
     The detector's own advice stays when every remedy fits; else it is the action of the first
     remedy that fits (`remedy_text`: what to do first, as the verdict of ``diagnose`` says it;
-    the remedies list the rest), or none.
+    the remedies list the rest), or none (nor for a finding that had none).
 
     Args:
         finding: As the engine found it.
@@ -160,8 +160,9 @@ def advised(
     fitting = fitting_remedies(finding.remedies, episode, facts, recovered=recovered)
     if fitting == finding.remedies:
         return finding
-    advice = remedy_text(fitting[0], finding.kind, facts) if fitting else ""
-    return replace(finding, remedies=fitting, advice=advice)
+    if not (fitting and finding.advice):  # (a finding whose message had no advice gets none)
+        return replace(finding, remedies=fitting, advice="")
+    return replace(finding, remedies=fitting, advice=remedy_text(fitting[0], finding.kind, facts))
 
 
 class LiveFacts:
