@@ -117,6 +117,7 @@ def test_a_nan_made_in_the_loss_of_a_protected_fp32_run(tmp_path: Path) -> None:
     text = render_text(diagnosis)
     [block] = [b for b in text.split("\n#") if "non-finite loss" in b]
     assert "fp16" not in block and "fp32" not in block
+    assert "roll back" not in text  # not in the episode, nor in the verdict
 
 
 def _overflow_log(path: Path) -> Path:
