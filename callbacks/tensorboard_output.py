@@ -11,7 +11,7 @@ import numpy as np
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 from stabilizer.core.signals import GRAD_NORM_PREFIX
-from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png
+from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png, warm_up
 from stabilizer.outputs.tensorboard import (
     FINDINGS_STEP,
     HEATMAP_DESCRIPTION,
@@ -76,6 +76,7 @@ class TensorBoardOutput:
         for finding in earlier:
             self._episodes.add([finding])
         self._step = 0  # the last record's step: what the findings table is "as of"
+        warm_up()  # at fit start, not at the first heatmap's step
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
         """Log the step's log10 norms, the heatmap every `every` steps, the table if it changed.
