@@ -134,8 +134,6 @@ def demo(
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
     # Lightning only loads for this command
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     from stabilizer.callbacks.demo.run import quiet_lightning, run_scenario, sample_text
     from stabilizer.callbacks.demo.summary import missing, protect_line, tensorboard_command
     from stabilizer.callbacks.monitor import StabilityMonitor
@@ -156,7 +154,9 @@ def demo(
         steps=steps,
         accelerator=device,
         callbacks=[monitor],
-        logger=TensorBoardLogger(save_dir=str(log_dir), name=name),
+        logger=True,
+        log_dir=log_dir,
+        name=name,
         data=data,
         progress=True,
         # Lightning's default cadence is 50; every step's logging would cost this tiny model's

@@ -115,8 +115,8 @@ def test_the_console_sample_of_the_nan_scenario_is_its_output(tmp_path: Path) ->
     """The README's console lines of ``stabilizer demo --scenario nan``, as printed now (but the
     times, which vary)."""
     _made()
-    intro = "from `stabilizer demo\n--scenario nan`, copied as printed):\n\n```text\n"
-    sample = README.split(intro)[1].split("```")[0]
+    intro = "from `stabilizer demo\n--scenario nan`, copied as printed"
+    sample = README.split(intro)[1].split("```text\n")[1].split("```")[0]
     done = subprocess.run(
         [str(VENV / "stabilizer"), "demo", "--scenario", "nan", "--sample", "0", "--device", "cpu"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env(),

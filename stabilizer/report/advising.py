@@ -2,9 +2,10 @@
 run's facts fit it, by the one rule of `stabilizer.core.advice`.
 
 The text and markdown reports and the verdict advise an episode (`Episode.remedies`); the JSON
-report, the TensorBoard export and ``stabilizer watch`` show findings one by one, and advise
-each with the facts and the episode (its other findings, its outcome) that the episode's
-advice has, so that every output says the same.
+report and the TensorBoard export show findings one by one, and advise each with the facts and
+the episode (its other findings, its outcome) that the episode's advice has, so that every
+output says the same. ``stabilizer watch`` advises a finding as it comes (`advise_now`): with
+the facts so far and the findings just before it; how its episode ends is not known yet.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from stabilizer.replay.diagnose import Diagnosis
 
 from .episodes import Episode, episodes, run_facts
 
-__all__ = ["Adviser", "adviser"]
+__all__ = ["RECENT", "Adviser", "advise_now", "adviser"]
+
+RECENT = 64
+"""Findings before a new one that `advise_now` looks at for its context (its step's root cause)."""
 
 Adviser = Callable[[int, Finding], Finding]
 """A finding of segment ``n`` (1-based) as the outputs show it."""
@@ -38,3 +42,16 @@ def adviser(diagnosis: Diagnosis) -> Adviser:
         return advised(finding, facts, episode.findings, recovered=episode.recovered)
 
     return advise
+
+
+def advise_now(diagnosis: Diagnosis, segment: int, finding: Finding) -> Finding:
+    """``finding``, just found, as the outputs show it: the run's facts so far, and as context
+    the latest findings of its segment that reach its step (a NaN's root cause, the overflow
+    cascade it is part of); a bounded look, so a watch of a log with thousands of findings
+    stays linear."""
+    recent = [
+        item.finding
+        for item in diagnosis.findings[-RECENT:]
+        if item.segment == segment and (item.finding.end_step or item.finding.step) >= finding.step
+    ]
+    return advised(finding, run_facts(diagnosis), recent)
