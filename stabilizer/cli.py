@@ -18,12 +18,10 @@ from typing import Any
 
 import click
 
-from stabilizer.core.episode import fold_updates
-from stabilizer.core.records import Finding, Severity
+from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
 from stabilizer.outputs.notify import ENV_WEBHOOK
-from stabilizer.replay.diagnose import diagnose as diagnose_log
-from stabilizer.replay.readers import FORMAT_ALIASES, READERS, LogReadError
+from stabilizer.replay.readers import FORMAT_ALIASES, READERS
 from stabilizer.report import (
     Diagnosis,
     Failure,
@@ -32,7 +30,7 @@ from stabilizer.report import (
     render_text,
     report_dict,
 )
-from stabilizer.report.advising import adviser
+from stabilizer.report.advising import advised_run
 from stabilizer.report.inputs import Wrap
 from stabilizer.report.session import (
     OutputError,
@@ -176,24 +174,13 @@ def demo(
     if why:
         click.echo(why)
     jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"
-    found = _advised(monitor.findings, jsonl)  # one per episode, as the console counts them
+    found = advised_run(monitor.findings, jsonl)  # one per episode, as the console counts
     click.echo(f"findings: {len(found) or 'none'}")
     for finding in found:
         click.echo(f"  {finding}")
     if sample:
         click.echo("--- sample ---")
         click.echo(sample_text(run.module.model, corpus.decode, sample))
-
-
-def _advised(monitor_findings: list[Finding], jsonl: Path) -> list[Finding]:
-    """The run's findings, one per episode, advised from its log as ``diagnose`` and every other
-    output advise them (the run's precision, the steps skipped, how each episode ended)."""
-    found = fold_updates(monitor_findings)
-    try:
-        advise = adviser(diagnose_log(str(jsonl)))
-    except (LogReadError, OSError):
-        return found
-    return [advise(1, finding) for finding in found]
 
 
 _SEVERITIES = [severity.name.lower() for severity in Severity]

@@ -10,15 +10,18 @@ the facts so far and the findings just before it; how its episode ends is not kn
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from stabilizer.core.advice import advised
+from stabilizer.core.episode import fold_updates
 from stabilizer.core.records import Finding
-from stabilizer.replay.diagnose import Diagnosis
+from stabilizer.replay.diagnose import Diagnosis, diagnose
+from stabilizer.replay.readers import LogReadError
 
 from .episodes import Episode, episodes, run_facts
 
-__all__ = ["RECENT", "Adviser", "advise_now", "adviser"]
+__all__ = ["RECENT", "Adviser", "advise_now", "advised_run", "adviser"]
 
 RECENT = 64
 """Findings before a new one that `advise_now` looks at for its context (its step's root cause)."""
@@ -55,3 +58,15 @@ def advise_now(diagnosis: Diagnosis, segment: int, finding: Finding) -> Finding:
         if item.segment == segment and (item.finding.end_step or item.finding.step) >= finding.step
     ]
     return advised(finding, run_facts(diagnosis), recent)
+
+
+def advised_run(findings: Sequence[Finding], jsonl: Path) -> list[Finding]:
+    """A finished live run's findings, one per episode, advised from its ``stability.jsonl``
+    as ``diagnose`` advises them (the run's precision, the steps skipped, how each episode
+    ended): the demo's summary. As found when the log cannot be read."""
+    found = fold_updates(findings)
+    try:
+        advise = adviser(diagnose(str(jsonl)))
+    except (LogReadError, OSError):
+        return found
+    return [advise(1, finding) for finding in found]
