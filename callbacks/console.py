@@ -23,13 +23,13 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from stabilizer.core.episode import Episodes
+from stabilizer.core.episode import Episodes, episode_key
 from stabilizer.core.groups import depth_group
 from stabilizer.core.kinds import REMEDY_APPLIED, Kind, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.run import Cost, RunEnd, low_precision
+from stabilizer.core.run import Cost, RunEnd
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
-from stabilizer.outputs.wording import applicable_remedies, observation
+from stabilizer.outputs.wording import observation
 
 from .cost import over_budget_advice
 
@@ -75,8 +75,19 @@ class _Fold:
 
     first: int
     last: int
-    count: int = 1
+    count: int = 1  # findings
     skipped: bool = True
+    steps: int = 1  # the distinct steps among them
+
+    def text(self, noun: str) -> str:
+        """``"NaN/Inf loss at 5 more steps (70…102)"``; several findings at one step (one in
+        each of 19 modules) are ``"overflow_risk in 19 more places at step 200"``."""
+        if self.steps == 1 and self.count > 1:
+            return f"{noun} in {self.count} more places at step {self.first}"
+        plural = "s" if self.steps > 1 else ""
+        span = f"{self.first}…{self.last}" if self.last != self.first else str(self.first)
+        more = f", {self.count} findings" if self.count > self.steps else ""
+        return f"{noun} at {self.steps} more step{plural} ({span}){more}"
 
 
 class Console:
@@ -92,7 +103,6 @@ class Console:
     def __init__(self, policy: str, fold_steps: int = FOLD_STEPS) -> None:
         self.policy, self.fold_steps = policy, fold_steps
         self.enabled = False
-        self.low_precision: bool | None = None
         self.jsonl: Path | None = None
         self.counts: Counter[Severity] = Counter()
         self.skipped = 0  # steps whose update was skipped (guard or grad scaler)
@@ -103,6 +113,7 @@ class Console:
         self._shown: set[tuple[str, Severity]] = set()
         self._folds: dict[tuple[str, Severity], _Fold] = {}
         self._episodes = Episodes()
+        self._groups: frozenset[str] = frozenset()  # every depth group of the run
 
     def start(
         self,
@@ -117,8 +128,7 @@ class Console:
         if not self.enabled:
             return
         show_info()
-        self.low_precision = low_precision(str(trainer.precision))
-        self.jsonl = jsonl
+        self.jsonl, self._groups = jsonl, frozenset(groups)
         parts = [f"on, policy {self.policy}"]
         parts.append(f"{len(groups)} depth groups: {compact_groups(groups)}")
         group_of = grouping or depth_group
@@ -182,43 +192,62 @@ class Console:
         return "; ".join(parts)
 
     def line(self, finding: Finding, record: StepRecord | None = None) -> str:
-        """One finding as printed: span, severity, kind, where, what, what became of the step."""
+        """One finding as printed: span, severity, kind, where, what, what became of the step,
+        and its remedies (advised already: `stabilizer.core.advice`)."""
         kind = kind_of(finding.kind)
-        skipped = kind.scaler_skips or (kind.nan and _skipped(record))
-        where = f" [{', '.join(finding.location)}]" if finding.location else ""
+        where = self._where(finding)
         text = f"{_span(finding)} {finding.severity.name.lower()} {finding.kind}{where}: "
         text += observation(finding)
         if _of_the_step(kind) and record is not None:
             text += "; " + _fate(record, self.policy)
-        remedies = applicable_remedies(
-            finding.remedies, skipped=skipped, low_precision=self.low_precision
-        )
-        if remedies and not kind.action:
-            text += f" -> try: {', '.join(remedies)}"
+        if finding.remedies and not kind.action:
+            text += f" -> try: {', '.join(finding.remedies)}"
         return text
 
     def update_line(self, finding: Finding) -> str:
         """An episode's update as printed: span, kind, where, what it is now."""
-        where = f" [{', '.join(finding.location)}]" if finding.location else ""
-        return f"{_span(finding)} {finding.kind}{where}, update: {observation(finding)}"
+        return (
+            f"{_span(finding)} {finding.kind}{self._where(finding)}, update: {observation(finding)}"
+        )
 
-    def _updates(self, finding: Finding) -> bool:
-        """Whether ``finding`` updates an episode printed before (then counted and printed as
-        its update); else it opens one."""
+    def _where(self, finding: Finding) -> str:
+        """``" [embed, block_00…block_11]"``; nothing where a finding names every depth group
+        (a NaN loss makes every gradient NaN: the list says nothing)."""
+        location = finding.location
+        if not location or (len(self._groups) > 1 and self._groups == set(location)):
+            return ""
+        return f" [{compact_groups(location)}]"
+
+    def _updates(self, finding: Finding, record: StepRecord | None) -> bool:
+        """Whether ``finding`` updates an episode printed before (then counted, and printed as
+        its update); else it opens one. The updates the engine makes when the run ends (no
+        record) print only when they escalate: "persists until the end of the log" after a
+        stop line is what the end line says better."""
         episode = self._episodes.add(finding)
+        self._track_worst(episode.finding)
         if not episode.updates or episode.was is None:
             return False
         now = episode.finding.severity
         if now > episode.was:  # the episode counts at the worst severity it reached
             self.counts[episode.was] -= 1
             self.counts[now] += 1
-        log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
+        if record is not None or now > episode.was:
+            log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
         return True
 
+    def _track_worst(self, now: Finding) -> None:
+        """The worst episode, as it stands now (its latest span: 16-149, not 16-40)."""
+        worst = self.worst
+        same = worst is not None and episode_key(worst) is not None
+        if (
+            worst is None
+            or now.severity > worst.severity
+            or (same and episode_key(worst) == episode_key(now))
+        ):
+            self.worst = now
+
     def _finding(self, finding: Finding, record: StepRecord | None) -> None:
-        if self.worst is None or finding.severity > self.worst.severity:
-            self.worst = finding
-        if self._updates(finding):
+        if self._updates(finding, record):
             return
         self.counts[finding.severity] += 1
         self.applied += finding.kind == REMEDY_APPLIED
@@ -231,6 +260,8 @@ class Console:
         fold = self._folds.get(key)
         if fold is None:
             fold = self._folds[key] = _Fold(finding.step, finding.step, 0)
+        elif finding.step != fold.last:
+            fold.steps += 1
         fold.last, fold.count = finding.step, fold.count + 1
         fold.skipped = fold.skipped and _skipped(record) and _checked_finite(record)
 
@@ -239,10 +270,7 @@ class Console:
             if not due(fold):
                 continue
             del self._folds[(kind, severity)]
-            noun = kind_of(kind).count_noun
-            steps = f"{fold.first}…{fold.last}" if fold.last != fold.first else str(fold.first)
-            plural = "s" if fold.count > 1 else ""
-            text = f"{noun} at {fold.count} more step{plural} ({steps})"
+            text = fold.text(kind_of(kind).count_noun)
             if _of_the_step(kind_of(kind)) and fold.skipped and self.policy != "observe":
                 text += ", each skipped; weights intact"
             log.log(int(severity), "stabilizer: %s", text)

@@ -2,14 +2,18 @@
 
 Notifications, the Trainer's loggers, ``stability.jsonl``, the console and TensorBoard's extras
 are each an `Output`: ``write(record, found)`` per reported step (a None record: findings only)
-and ``close(end)`` once, at the end. They open on rank 0 only. An output that raises stops with
-one warning; the others, and the protection, go on (a full disk stops the JSONL, not the console).
+and ``close(end)`` once, at the end. Every output gets the findings as `LiveFacts` advise them
+(`stabilizer.core.advice`: only the remedies that fit the run), the same advice everywhere. They
+open on rank 0 only. An output that raises stops with one warning; the others, and the
+protection, go on (a full disk stops the JSONL, not the console).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -18,6 +22,7 @@ from typing import Any, Protocol
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 
+from stabilizer.core.advice import LiveFacts
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 from stabilizer.outputs.jsonl import JsonlWriter
@@ -62,7 +67,11 @@ class JsonlOutput:
 class LoggerOutput:
     """The Trainer's loggers: the records' values under ``stability/`` at Lightning's cadence
     (``Trainer(log_every_n_steps=...)``, as its own callbacks log), and every step that has a
-    finding, with each finding's severity.
+    finding, with each finding's severity, together with the steps its episode started and
+    peaked at (a spike reported when it is over would be missing from the loss chart between
+    two steps of the cadence). Those earlier steps come from the records held since the last
+    step logged, so every logger gets its steps in order (TensorBoard drops the points after
+    a step that goes back).
 
     Args:
         loggers: The Trainer's loggers.
@@ -73,18 +82,37 @@ class LoggerOutput:
 
     def __init__(self, loggers: Sequence[Logger], every: int = 1) -> None:
         self.loggers, self.every = list(loggers), max(1, every)
+        self._held: deque[StepRecord] = deque(maxlen=min(self.every, _HELD))
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
-        if record is None or not (found or (record.step + 1) % self.every == 0):
+        if record is None:
             return
-        metrics = {f"stability/{k}": v for k, v in record.values.items()}
-        for f in found:
-            metrics[f"stability/finding/{f.kind}"] = float(f.severity)
+        if not (found or (record.step + 1) % self.every == 0):
+            self._held.append(record)
+            return
+        wanted = {step for f in found for step in _episode_steps(f)}
+        for earlier in self._held:
+            if earlier.step in wanted:
+                self._log(earlier, {})
+        self._held.clear()
+        self._log(record, {f"stability/finding/{f.kind}": float(f.severity) for f in found})
+
+    def _log(self, record: StepRecord, findings: dict[str, float]) -> None:
+        metrics = {f"stability/{k}": v for k, v in record.values.items()} | findings
         for logger in self.loggers:
             logger.log_metrics(metrics, step=record.step)
 
     def close(self, end: RunEnd) -> None:
         """The loggers are the Trainer's: it closes them."""
+
+
+_HELD = 1000  # records held back at most (a cadence of more steps holds the latest ones)
+
+
+def _episode_steps(finding: Finding) -> tuple[int, ...]:
+    """The steps a finding's episode is drawn at: its first step and its peak."""
+    peak = finding.evidence.get("peak_step", math.nan)
+    return (finding.step, int(peak)) if math.isfinite(peak) else (finding.step,)
 
 
 class NotifyOutput:
@@ -130,6 +158,7 @@ class LiveOutputs:
         self.notifier = as_notifier(notify)
         self.default_path: Path | None = None  # the default JSONL of this run, kept for a resume
         self.writer: JsonlWriter | None = None
+        self.facts = LiveFacts()  # the run's facts so far: what advice fits
         self._outputs: list[Output] = []
         self._broken: set[str] = set()
 
@@ -147,6 +176,7 @@ class LiveOutputs:
         log_dir = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero:
             return
+        self.facts = LiveFacts(str(trainer.precision))
         if self.notifier is not None:
             self._outputs.append(NotifyOutput(self.notifier))
         every = int(getattr(trainer, "log_every_n_steps", 1))  # Lightning's cadence
@@ -167,7 +197,11 @@ class LiveOutputs:
             ))  # fmt: skip
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
-        """One reported step (or findings alone) to every output."""
+        """One reported step (or findings alone) to every output, the findings advised."""
+        if record is not None:
+            self.facts.see(record.step, record.values)
+        if found:
+            found = self.facts.advise(found)
         for out in self._outputs:
             with self._part(out.name):
                 self._safely(out.name, out.write, record, found)

@@ -11,12 +11,13 @@ import numpy as np
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 from stabilizer.core.signals import GRAD_NORM_PREFIX
-from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png
+from stabilizer.outputs.heatmap import fallback_description, labelled_heatmap_png, warm_up
 from stabilizer.outputs.tensorboard import (
     FINDINGS_STEP,
     HEATMAP_DESCRIPTION,
     HEATMAP_TAG,
     Episodes,
+    StepCounts,
     custom_scalars_layout,
     depth_order,
     findings_text,
@@ -33,7 +34,8 @@ class TensorBoardOutput:
     """Writes what plain scalars cannot show into a run's TensorBoard event file.
 
     At the loggers' cadence, the log10 of the per-layer gradient norms (the monitor's logger
-    writes the norms themselves); every record, a column of the heatmap; whenever an episode
+    writes the norms themselves) and the steps skipped and clipped so far; every record, a
+    column of the heatmap; whenever an episode
     opens, grows or ends, the findings table, one row per episode, written whole at
     `FINDINGS_STEP` so that TensorBoard keeps the newest alone.
 
@@ -70,9 +72,11 @@ class TensorBoardOutput:
         self._rows: deque[list[float | None]] = deque(maxlen=window)
         self._last: dict[str, float] = {}
         self._episodes = Episodes()
+        self._counts = StepCounts()  # steps skipped and clipped so far
         for finding in earlier:
             self._episodes.add([finding])
         self._step = 0  # the last record's step: what the findings table is "as of"
+        warm_up()  # at fit start, not at the first heatmap's step
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
         """Log the step's log10 norms, the heatmap every `every` steps, the table if it changed.
@@ -88,10 +92,12 @@ class TensorBoardOutput:
             self._groups = None
         if record is not None:
             self._step = record.step
-        if record is not None and self._keys:
-            logged = log10_norms(record.values) if (record.step + 1) % self.log_every == 0 else {}
-            if logged:
+        if record is not None:
+            counts = self._counts.add(record.values)
+            if (record.step + 1) % self.log_every == 0 and (counts or self._keys):
+                logged = {**log10_norms(record.values), **counts}
                 self._file.add_summary(scalar_summary(logged), record.step)
+        if record is not None and self._keys:
             self._steps.append(record.step)
             self._last.update((k, record.values[k]) for k in self._keys if k in record.values)
             self._rows.append([self._last.get(k) for k in self._keys])

@@ -3,7 +3,9 @@
     python examples/train_scenario.py --scenario spike --steps 200
 
 This spells out what ``stabilizer demo`` does through ``run_scenario``: a LightningModule, a
-DataModule over the stdlib corpus, the scenario's fault injection, and a Trainer.
+DataModule over the stdlib corpus, the scenario's fault injection, a Trainer, and the
+`StabilityMonitor` that watches it (its lines on stderr, its log in
+``LOG_DIR/stability_logs/version_N/stability.jsonl``: ``stabilizer diagnose`` reads it back).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 
 import lightning.pytorch as pl
 
+from stabilizer import StabilityMonitor
 from stabilizer.callbacks import FaultInjector, LitGPT, StabilizerDataModule
 from stabilizer.callbacks.demo.run import precision_args
 from stabilizer.demo.scenarios import SCENARIOS, get_scenario
@@ -22,6 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenario", choices=list(SCENARIOS), default="healthy")
     parser.add_argument("--steps", type=int, default=None, help="default: the scenario's")
     parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--policy", choices=["protect", "observe", "auto"], default="protect")
+    parser.add_argument("--log-dir", default="runs", help="where the monitor's log goes")
     args = parser.parse_args(argv)
 
     sc = get_scenario(args.scenario)
@@ -49,10 +54,14 @@ def main(argv: list[str] | None = None) -> None:
         accelerator=args.accelerator,
         devices=1,
         max_steps=sc.steps,
-        callbacks=[FaultInjector(sc.lr_surge, sc.activation_fault, sc.lr_surge_until)],
+        callbacks=[
+            FaultInjector(sc.lr_surge, sc.activation_fault, sc.lr_surge_until),
+            StabilityMonitor(policy=args.policy),  # the monitor: detection, protection, logs
+        ],
         log_every_n_steps=1,
         enable_checkpointing=False,
         logger=False,
+        default_root_dir=args.log_dir,
         **precision_args(sc.precision, args.accelerator),
     )
     trainer.fit(model, datamodule=data)

@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from stabilizer.core.episode import fold_updates
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
 from stabilizer.outputs.notify import ENV_WEBHOOK
@@ -31,6 +30,7 @@ from stabilizer.report import (
     render_text,
     report_dict,
 )
+from stabilizer.report.advising import advised_run
 from stabilizer.report.inputs import Wrap
 from stabilizer.report.session import (
     OutputError,
@@ -87,7 +87,8 @@ def main() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("runs"),
     show_default=True,
-    help="TensorBoard logs go to LOG_DIR/SCENARIO/version_N.",
+    help="TensorBoard logs go to LOG_DIR/SCENARIO/version_N (with --data FILE: "
+    "LOG_DIR/SCENARIO-FILE/version_N, FILE without its suffix).",
 )
 @click.option(
     "--policy",
@@ -132,8 +133,11 @@ def demo(
         raise click.BadParameter(str(e), param_hint="'--data'") from None
     # Lightning only loads for this command
     from stabilizer.callbacks.demo.run import quiet_lightning, run_scenario, sample_text
+    from stabilizer.callbacks.demo.summary import missing, protect_line, tensorboard_command
     from stabilizer.callbacks.monitor import StabilityMonitor
 
+    if missing(device):  # one line and exit 2, not Lightning's traceback
+        raise click.BadParameter(missing(device), param_hint="'--device'")
     quiet_lightning()  # after the import: importing lightning resets its loggers' levels
 
     click.echo(f"stabilizer demo: scenario {sc.name!r}: {sc.summary}")
@@ -142,6 +146,7 @@ def demo(
     )
     start = time.perf_counter()
     monitor = StabilityMonitor(policy=policy)
+    name = sc.name if data is None else f"{sc.name}-{data.stem}"  # not the stdlib's "healthy"
     run = run_scenario(
         sc,
         steps=steps,
@@ -149,19 +154,27 @@ def demo(
         callbacks=[monitor],
         logger=True,
         log_dir=log_dir,
+        name=name,
         data=data,
         progress=True,
+        # Lightning's default cadence is 50; every step's logging would cost this tiny model's
+        # short step more than the monitor does (spikes are logged at their steps anyway)
+        trainer_args={"log_every_n_steps": 10},
     )
     elapsed = time.perf_counter() - start
     metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
-    click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: tensorboard --logdir {log_dir})")
+    click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: {tensorboard_command(log_dir)})")
     click.echo(
         f"{sc.name}: {run.trainer.global_step} steps in {elapsed:.1f} s on "
         f"{run.trainer.accelerator.__class__.__name__.removesuffix('Accelerator').lower()}, "
         f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
         f"val loss {metrics.get('val/loss', float('nan')):.3f}"
     )
-    found = fold_updates(monitor.findings)  # one per episode, as the console counts them
+    why = protect_line(run.trainer, monitor.skipped_steps, policy)
+    if why:
+        click.echo(why)
+    jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"
+    found = advised_run(monitor.findings, jsonl)  # one per episode, as the console counts
     click.echo(f"findings: {len(found) or 'none'}")
     for finding in found:
         click.echo(f"  {finding}")

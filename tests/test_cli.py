@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from stabilizer import __version__
@@ -67,3 +70,58 @@ def test_demo_unknown_scenario_lists_choices() -> None:
     result = CliRunner().invoke(main, ["demo", "--scenario", "boom"])
     assert result.exit_code == 2
     assert "'healthy', 'spike'" in result.output
+
+
+def test_demo_on_a_device_the_machine_lacks_is_one_line() -> None:
+    """#33: ``--device cuda`` without CUDA was a 38-line traceback and exit 1."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = CliRunner().invoke(main, ["demo", "--device", "cuda", "--sample", "0"])
+    assert result.exit_code == 2, result.output
+    assert "this machine has no CUDA GPU: use --device cpu or auto" in result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+def test_demo_on_a_users_text_logs_under_its_name(tmp_path: Path) -> None:
+    """#33: ``--data FILE`` wrote under runs/healthy/, as if it were the stdlib run."""
+    text = tmp_path / "my_text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    args = ["demo", "--data", str(text), "--steps", "3", "--device", "cpu", "--sample", "0"]
+    result = CliRunner().invoke(main, [*args, "--log-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "runs" / "healthy-my_text").rglob("stability.jsonl"))
+    assert not (tmp_path / "runs" / "healthy").exists()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_demo_of_a_nan_says_that_protect_kept_it_alive(tmp_path: Path) -> None:
+    """#33: ``nan-16-true`` trained on after its NaN and never said why; the finding list reads
+    as the reports advise it; no Lightning deprecation between the lines; the TensorBoard
+    command is one this environment runs."""
+    args = ["demo", "--scenario", "nan-16-true", "--steps", "66", "--device", "cpu"]
+    done = subprocess.run(
+        [sys.executable, "-c", "from stabilizer.cli import main; main()", *args, "--sample", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "protect: 4 steps went NaN/Inf and the guard skipped them: the weights stayed " in (
+        done.stdout
+    )
+    assert "LeafSpec" not in done.stderr
+    view = done.stdout.split("(view: ")[1].split(")")[0]
+    program = view.split()[0]
+    assert program == "tensorboard" or Path(program).is_file(), view
+    # A NaN the guard skipped, in a run that went on: no "skip the step", no "roll back".
+    [nan] = [line for line in done.stdout.splitlines() if "error nonfinite_loss" in line]
+    assert nan.endswith("-> try: upcast_to_fp32"), nan
+
+
+def test_the_tensorboard_command_names_the_venvs_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stabilizer.callbacks.demo.summary import tensorboard_command
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # the venv is not activated
+    program = tensorboard_command(Path("runs")).split()[0]
+    assert program.endswith("tensorboard") and Path(program).is_file()
+    assert tensorboard_command(Path("runs")).endswith(" --logdir runs")

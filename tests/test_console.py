@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stabilizer.callbacks.console import Console, compact_groups
 from stabilizer.callbacks.cost import CAUSES
 from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.core.advice import LiveFacts
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunEnd
 from stabilizer.replay.diagnose import diagnose
@@ -85,7 +86,7 @@ def test_start_line_and_summary_of_a_healthy_run(tmp_path: Path, printed: list[s
     assert printed[0] == (
         f"on, policy protect; 4 depth groups: embed, block_00…block_01, head; log: {jsonl}"
     )
-    cost = r"monitor cost \d+\.\d ms/step \(\d+\.\d%\)"
+    cost = r"monitor cost \d+\.\d ms/step \(\d+\.\d%( of this run's \d+ ms step; [^)]*)?\)"
     assert re.fullmatch(
         f"done at step 6: healthy, no findings; 0 steps skipped; {cost}; "
         f"details: stabilizer diagnose {re.escape(str(jsonl))}",
@@ -121,9 +122,10 @@ def test_the_monitor_says_what_it_costs(tmp_path: Path, printed: list[str]) -> N
 def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> None:
     _fit(tmp_path, TinyLM(nan_every=8), steps=48)
     assert printed[1] == (
-        "step 6 error nonfinite_loss [embed, block_00, block_01, head]: loss is nan at step 6; "
-        "step skipped, weights intact -> try: rollback"
-    )  # the guard skipped the step and the run is fp32: no skip_step, no upcast_to_fp32
+        "step 6 error nonfinite_loss: loss is nan at step 6; step skipped, weights intact -> try: "
+        "rollback"
+    )  # the guard skipped the step and the run is fp32: no skip_step, no upcast_to_fp32; (#33)
+    # the NaN loss made every group's gradient NaN: no list of every group
     assert printed[2].startswith("step 6 error root_cause:")
     assert "every module output is finite" in printed[2]
     folded = "NaN/Inf loss at 5 more steps (14…46), each skipped; weights intact"
@@ -133,6 +135,41 @@ def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> No
         "6 steps skipped, weights checked finite at the end"
     )
     assert len(printed) == 6  # start, NaN, root cause, two folds, end: not two printed per NaN
+
+
+class AlwaysNaN(TinyLM):
+    """A NaN loss from step 5 on: protect skips every step and stops the run."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step >= 5 else loss
+
+
+def test_nothing_but_the_end_line_follows_the_stop_line(tmp_path: Path, printed: list[str]) -> None:
+    """#33: after "stopping at step 14" came "update: NaN/Inf loss persists until the end of
+    the log", a live run's end called a log's; the end line quoted the episode's first span."""
+    _fit(tmp_path, AlwaysNaN(), steps=60)
+    [stop] = [i for i, line in enumerate(printed) if line.startswith("stopping at step 14")]
+    assert printed[stop + 1 :] == printed[-1:] and printed[-1].startswith("done at step 15")
+    assert "worst: steps 5-14 nonfinite_loss" in printed[-1]  # the episode as it ended
+    assert not [line for line in printed if "end of the log" in line]
+
+
+def test_several_findings_at_one_step_fold_as_places(printed: list[str]) -> None:
+    """#33: "overflow_risk at 19 more steps (200)" meant 19 more modules at one step."""
+    console = _console()
+    risks = [
+        Finding("overflow_risk", 200, 200, Severity.WARNING, f"near 65504 in m{i}", {}, (f"m{i}",))
+        for i in range(20)
+    ]
+    console.write(StepRecord(200, {"loss": 2.0}), risks)
+    console.write(StepRecord(260, {"loss": 2.0}), [])
+    assert printed[1:] == ["overflow_risk in 19 more places at step 200"]
+    for step, module in ((300, "m0"), (300, "m1"), (310, "m0")):
+        risk = Finding("overflow_risk", step, step, Severity.WARNING, "near", {}, (module,))
+        console.write(StepRecord(step, {"loss": 2.0}), [risk])
+    console.close(RunEnd(400))
+    assert printed[2] == "overflow_risk at 2 more steps (300…310), 3 findings"
 
 
 def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
@@ -152,9 +189,13 @@ def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:
 
 
 def test_no_claim_about_the_weights_without_their_check(printed: list[str]) -> None:
-    console = _console()
-    console.write(StepRecord(0, {"skipped": 1.0}), [_nan(0)])  # skipped, weights not checked
-    console.write(StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}), [_nan(8)])
+    console, facts = _console(), LiveFacts("bf16-mixed")
+    for record in (
+        StepRecord(0, {"skipped": 1.0}),  # skipped, weights not checked
+        StepRecord(8, {"skipped": 1.0, "nonfinite_weights": 2.0}),
+    ):
+        facts.see(record.step, record.values)
+        console.write(record, facts.advise([_nan(record.step)]))
     console.close(RunEnd(10, skipped=2, intact=False))
     assert printed[0].endswith("step skipped -> try: upcast_to_fp32, rollback")
     assert "NOT intact" in printed[-1] and "weights intact" not in " ".join(printed)
@@ -164,8 +205,8 @@ def test_remedy_applied_and_critical_findings_always_print(printed: list[str]) -
     console = _console(policy="auto")
     applied = Finding("remedy_applied", 5, 5, Severity.INFO, "clip_gradients after grad_spike")
     stuck = Finding("nonfinite_loss", 3, 12, Severity.CRITICAL, "NaN/Inf loss persists")
-    for _ in range(3):
-        console.write(None, [applied, stuck])
+    for step in range(12, 15):
+        console.write(StepRecord(step, {"loss": float("nan")}), [applied, stuck])
     assert len(printed) == 6
     assert printed[0] == "step 5 info remedy_applied: clip_gradients after grad_spike"
 
@@ -178,10 +219,11 @@ def test_remedy_applied_and_critical_findings_always_print(printed: list[str]) -
 def test_fp16_advice_only_in_low_precision(
     precision: str, remedies: str, printed: list[str]
 ) -> None:
-    console = _console(policy="observe")
-    console.low_precision = precision != "32-true"
+    """The console prints what `LiveFacts` advise (`LiveOutputs` advises every output)."""
+    console, facts = _console(policy="observe"), LiveFacts(precision)
     record = StepRecord(9, {"loss": float("nan"), "skipped": 0.0})
-    console.write(record, [_nan(9)])
+    facts.see(record.step, record.values)
+    console.write(record, facts.advise([_nan(9)]))
     assert printed == [
         "step 9 error nonfinite_loss: loss is nan at step 9; the update was applied "
         f"(policy observe) -> try: skip_step, {remedies}"
@@ -271,18 +313,18 @@ def test_an_episode_prints_once_then_its_updates(printed: list[str]) -> None:
     )
     cascade = Finding("fp16_overflow", 60, 62, Severity.ERROR, "cascade: 3 skipped steps")
     over = Finding("fp16_overflow", 60, 63, Severity.INFO, "cascade: 4 skipped steps; over")
-    for found in ([opened], [cascade], [over]):
-        console.write(None, found)
-    console.write(None, [closed])
+    for step, found in ((76, [opened]), (62, [cascade]), (63, [over])):
+        console.write(StepRecord(step, {"loss": 2.0}), found)
+    console.write(None, [closed])  # the engine's findings at the run's end (no record)
     console.close(RunEnd(200))
     assert printed == [
-        "steps 27-76 warning depth_imbalance [block_00, block_01]: blocks 0-1 starve",
+        "steps 27-76 warning depth_imbalance [block_00…block_01]: blocks 0-1 starve",
         "steps 60-62 error fp16_overflow: cascade: 3 skipped steps",
         "steps 60-63 fp16_overflow, update: cascade: 4 skipped steps; over",
-        "steps 27-199 depth_imbalance [block_00, block_01], update: blocks 0-1 to the end",
-        "done at step 200: 2 findings (1 error, 1 warning), worst: steps 60-62 fp16_overflow; "
+        # (#33) the end's update that does not escalate is the end line's to say
+        "done at step 200: 2 findings (1 error, 1 warning), worst: steps 60-63 fp16_overflow; "
         "0 steps skipped",
-    ]
+    ]  # the worst as it stands: its latest span (#33: not the first, 60-62)
 
 
 def test_an_fp32_run_prints_no_idle_detector_line(

@@ -105,8 +105,26 @@ def test_the_end_line_of_the_jsonl_is_strict_json() -> None:
         "cost": {"steps": 9, "ms_per_step": 1.5, "share": 0.012, "wait_ms_per_step": 0.2,
                  "parts": {"measure": 1.0, "report": 0.5}, "budget": 0.03},
     }  # fmt: skip
-    assert cost.describe() == "monitor cost 1.5 ms/step (1.2%; 0.2 ms of it waiting for the device)"
+    assert cost.describe() == (
+        "monitor cost 1.5 ms/step (1.2% of this run's 125 ms step; the monitor's time per step "
+        "hardly grows with the model, so a short step pays a large share: 0.5% of a 300 ms step; "
+        "0.2 ms of it waiting for the device)"
+    )
     assert json.loads(RunEnd(3).to_json())["cost"] is None
+
+
+def test_the_budget_judges_a_short_step_at_a_realistic_one() -> None:
+    """#33: every CPU demo ended with a warning about the monitor's own cost (13-33% of a tiny
+    model's step): the budget judges it against a step of at least REFERENCE_STEP_MS, and the
+    line says once why a short step pays more."""
+    tiny = Cost(50, 6.0, 0.15, budget=0.03)  # 6 ms of a 40 ms step: 2% of a 300 ms one
+    assert tiny.step_ms == pytest.approx(40.0) and not tiny.over_budget
+    assert "2.0% of a 300 ms step" in tiny.describe()
+    costly = Cost(50, 30.0, 0.5, budget=0.03)  # 30 ms: 10% even of a 300 ms step
+    assert costly.over_budget
+    real = Cost(50, 12.0, 0.02, budget=0.03)  # 12 ms of a 600 ms step: its own share judges
+    assert not real.over_budget and real.describe() == "monitor cost 12.0 ms/step (2.0%)"
+    assert Cost(50, 24.0, 0.04, budget=0.03).over_budget
 
 
 class Logged:
@@ -127,3 +145,14 @@ def test_the_loggers_get_lightnings_cadence_and_every_step_with_a_finding() -> N
         out.write(StepRecord(step, {"loss": 1.0}), [nan] if step == 7 else [])
     out.write(None, [nan])  # findings alone carry no values
     assert logger.steps == [4, 7, 9]  # as Lightning: (step + 1) % log_every_n_steps == 0
+
+
+def test_an_episodes_first_and_peak_steps_are_logged_in_order() -> None:
+    """#33: a spike reported when it is over was missing from the loss chart between two steps
+    of the cadence; its first and peak steps are logged with it, before it, in step order."""
+    logger = Logged()
+    out = LoggerOutput([logger], every=10)  # type: ignore[list-item]
+    spike = Finding("loss_spike", 12, 14, Severity.WARNING, "spiked", {"peak_step": 13.0})
+    for step in range(30):
+        out.write(StepRecord(step, {"loss": 1.0}), [spike] if step == 16 else [])
+    assert logger.steps == [9, 12, 13, 16, 19, 29]

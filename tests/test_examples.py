@@ -15,11 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_train_scenario_example_runs() -> None:
+def test_train_scenario_example_runs(tmp_path: Path) -> None:
     cmd = [sys.executable, "examples/train_scenario.py", "--steps", "5", "--accelerator", "cpu"]
+    cmd += ["--log-dir", str(tmp_path)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "healthy: final metrics" in out.stdout
+    assert "stabilizer: on, policy protect" in out.stderr  # #33: the monitor watches it
+    assert "stabilizer: done at step 5" in out.stderr
+    assert list(tmp_path.rglob("stability.jsonl"))
 
 
 def _run(*cmd: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -115,8 +115,8 @@ def test_the_console_sample_of_the_nan_scenario_is_its_output(tmp_path: Path) ->
     """The README's console lines of ``stabilizer demo --scenario nan``, as printed now (but the
     times, which vary)."""
     _made()
-    intro = "from `stabilizer demo\n--scenario nan`, copied as printed):\n\n```text\n"
-    sample = README.split(intro)[1].split("```")[0]
+    intro = "from `stabilizer demo\n--scenario nan`, copied as printed"
+    sample = README.split(intro)[1].split("```text\n")[1].split("```")[0]
     done = subprocess.run(
         [str(VENV / "stabilizer"), "demo", "--scenario", "nan", "--sample", "0", "--device", "cpu"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env(),
@@ -140,3 +140,19 @@ def test_the_remedies_name_their_article() -> None:
     head = text.split("\n## ")[0]
     assert "《Transformer 到 GPT：自注意力如何取代循环" in head and "§6.3" in head
     assert "https://aihist.net/go/csdn05" in head
+
+
+def test_the_watch_transcript_is_the_output_of_watch() -> None:
+    """#33: the README's `watch` transcript showed a critical line no watch could print (updates
+    of an episode were no alerts). Its lines, but the times, are what ``stabilizer watch -``
+    prints for the Megatron log it stands for."""
+    block = README.split("$ torchrun --nproc-per-node 8 pretrain_gpt.py")[1].split("^C")[0]
+    shown = [line[9:] for line in block.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
+    log = (ROOT / "examples" / "logs" / "megatron_gpt345m.log").read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-c", "from stabilizer.cli import main; main()", "watch", "-"],
+        input=log, capture_output=True, timeout=300,
+    )  # fmt: skip
+    printed = [line[9:] for line in done.stdout.decode().splitlines()[: len(shown)]]
+    assert len(shown) == 5 and "critical nonfinite_loss" in shown[-1]
+    assert printed == shown

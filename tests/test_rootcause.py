@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from stabilizer.callbacks.checks import _finding
 from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.live.rootcause import (
-    ROOT,
     Localization,
     capture_rng,
     locate_nonfinite,
@@ -193,7 +192,10 @@ def test_loss_only_and_bad_input_and_bad_weights() -> None:
     )
 
 
-def test_root_module_is_named_root() -> None:
+def test_the_model_itself_is_named_by_its_forward() -> None:
+    """#33: ``[<model>]`` named no code; a fault in the model's own ``forward`` (outside every
+    submodule) names that forward."""
+
     class Scaled(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -204,7 +206,8 @@ def test_root_module_is_named_root() -> None:
 
     model = Scaled()
     loc = locate_nonfinite(model, lambda: model(torch.ones(1, 3))["out"].sum())
-    assert (loc.phase, loc.module) == ("forward", ROOT)
+    assert (loc.phase, loc.module) == ("forward", "Scaled.forward")
+    assert loc.message.startswith("Scaled.forward produced NaN/Inf in the forward pass")
 
 
 def test_grads_restored_bit_for_bit_and_hooks_removed() -> None:

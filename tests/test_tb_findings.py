@@ -24,7 +24,13 @@ from test_tensorboard import _get_json, _poll, served
 
 from stabilizer.cli import main
 from stabilizer.core.records import Finding, Severity
-from stabilizer.outputs.findings_table import FINDINGS_STEP, FINDINGS_TAG, Episodes, episodes
+from stabilizer.outputs.findings_table import (
+    FINDINGS_STEP,
+    FINDINGS_TAG,
+    Episodes,
+    episodes,
+    is_setup,
+)
 from stabilizer.outputs.tensorboard import findings_text
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -111,7 +117,10 @@ def test_episodes_merge_the_versions_of_one_episode(
 def test_the_table_counts_episodes_and_shortens_a_long_band() -> None:
     rows = [_f("config_risk", 0, None, INFO), _f("depth_imbalance", 27, 199, WARNING, "x", BAND)]
     markdown = findings_text(rows, as_of=200).value[0].tensor.string_val[0].decode()
-    assert markdown.startswith("**2 episodes as of step 200**: 1 warning, 1 info (one line per")
+    # #33: the set-up note is no episode: listed apart, not counted
+    assert markdown.startswith("**1 episode as of step 200**: 1 warning (one line per")
+    setup = "\n\n**1 set-up note** (the checks at the first batch)\n\n- **step 0 info config_risk"
+    assert setup in markdown
     assert "- **steps 27–199 warning depth_imbalance** [`block_00`, … 7 more …, `block_08`]: x" in (
         markdown
     )
@@ -133,7 +142,10 @@ def _texts(opener: Any, base: str, proc: Any, run: str, ready: Callable[[Any], b
 
 
 def _expected(findings: Sequence[Finding]) -> list[tuple[str, int]]:
-    return [(f.kind, f.step) for f in episodes(findings)]
+    """The rows as listed: the episodes, then the set-up notes."""
+    rows = episodes(findings)
+    ordered = [f for f in rows if not is_setup(f)] + [f for f in rows if is_setup(f)]
+    return [(f.kind, f.step) for f in ordered]
 
 
 @pytest.mark.slow

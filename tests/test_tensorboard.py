@@ -31,6 +31,7 @@ from stabilizer.outputs.tensorboard import (
     FINDINGS_TAG,
     HEATMAP_TAG,
     LOG10_CHART,
+    STEPS_CHART,
     EventWriter,
     SummaryWriter,
     custom_scalars_layout,
@@ -209,7 +210,7 @@ def test_per_layer_regex(groups: list[str] | None, tag: str, matches: bool) -> N
         "gradient norm (total) and clip threshold",
         "loss",
         "loss scale",
-        "clipped and skipped steps",
+        STEPS_CHART,
         "update ratio per layer",
         "activation max |x|",
     }

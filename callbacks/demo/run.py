@@ -79,6 +79,7 @@ def run_scenario(
     module_class: type[LitGPT] = LitGPT,
     trainer_args: Mapping[str, Any] | None = None,
     ckpt_path: str | Path | None = None,
+    name: str | None = None,
 ) -> ScenarioRun:
     """Train the reference GPT through ``scenario`` with a real Lightning ``Trainer``.
 
@@ -97,6 +98,7 @@ def run_scenario(
         trainer_args: ``Trainer`` arguments that override the defaults (``devices``,
             ``strategy``, ``enable_checkpointing``, ...).
         ckpt_path: Resume from this Lightning checkpoint.
+        name: The TensorBoard run's name under ``log_dir`` (default: the scenario's).
     """
     sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
     if steps is not None:
@@ -124,7 +126,7 @@ def run_scenario(
         corrupt_fill=sc.corrupt_fill,
     )
     if logger is True:
-        logger = TensorBoardLogger(save_dir=str(log_dir), name=sc.name)
+        logger = TensorBoardLogger(save_dir=str(log_dir), name=name or sc.name)
     faults = [FaultInjector(sc.lr_surge, sc.activation_fault, sc.lr_surge_until)]
     args: dict[str, Any] = {
         "accelerator": accelerator,
@@ -164,3 +166,7 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*litlogger.*")
+    # torch deprecates what Lightning's own pytree helper calls: no concern of a demo's user,
+    # and it printed between the monitor's lines
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")

@@ -19,11 +19,12 @@ check of the weights and what the monitor cost (`Cost`), as the console's end li
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FULL_PRECISION", "Cost", "RunEnd", "RunHeader", "low_precision"]
+__all__ = ["FULL_PRECISION", "REFERENCE_STEP_MS", "Cost", "RunEnd", "RunHeader", "low_precision"]
 
 FULL_PRECISION = ("32", "64")
 """How Lightning's fp32/fp64 precisions start (``"32-true"``, ``"64-true"``, ``"32"``)."""
@@ -133,11 +134,19 @@ def _count(data: Mapping[str, Any], key: str) -> int:
     return value
 
 
+REFERENCE_STEP_MS = 300.0
+"""The shortest step the budget judges the monitor against. The monitor's time per step is a
+few milliseconds whatever the model's size (its per-tensor work is small beside the step's), so
+on a tiny model's short step (the demo's 2-block model, ~40 ms on a CPU) it is a large share;
+on the step of a model worth protecting (a GPU step of 0.3 s or more) it is a few percent."""
+
+
 @dataclass(frozen=True)
 class Cost:
     """What the monitor cost a run, measured: its host time in its hooks (the guard's judge
     inside the optimizer step, the activation probes inside the forward included) per
-    optimizer step and against the wall time of the same steps.
+    optimizer step and against the wall time of the same steps. The budget judges it against a
+    step of at least `REFERENCE_STEP_MS`: a tiny model's short step is said, not warned about.
 
     Args:
         steps: Optimizer steps in the measured window (the first batch, which pays one-time
@@ -157,12 +166,30 @@ class Cost:
     budget: float | None = None
 
     @property
+    def step_ms(self) -> float:
+        """The run's wall time per step, in milliseconds."""
+        return self.ms_per_step / self.share if self.share > 0 else math.inf
+
+    @property
+    def judged_share(self) -> float:
+        """The share the budget judges: of the run's step, or of a `REFERENCE_STEP_MS` step
+        when the run's is shorter."""
+        return self.ms_per_step / max(self.step_ms, REFERENCE_STEP_MS)
+
+    @property
     def over_budget(self) -> bool:
-        return self.budget is not None and self.share > self.budget
+        return self.budget is not None and self.judged_share > self.budget
 
     def describe(self) -> str:
-        """``"monitor cost 0.9 ms/step (1.1%)"``, with the device wait when there was one."""
+        """``"monitor cost 0.9 ms/step (1.1%)"``, with the device wait when there was one; for
+        a step shorter than `REFERENCE_STEP_MS`, what it would be of such a step, and why."""
         text = f"monitor cost {self.ms_per_step:.1f} ms/step ({self.share:.1%}"
+        if self.step_ms < REFERENCE_STEP_MS:
+            text += (
+                f" of this run's {self.step_ms:.0f} ms step; the monitor's time per step hardly "
+                "grows with the model, so a short step pays a large share: "
+                f"{self.judged_share:.1%} of a {REFERENCE_STEP_MS:.0f} ms step"
+            )
         if self.wait_ms_per_step >= 0.05:
             text += f"; {self.wait_ms_per_step:.1f} ms of it waiting for the device"
         return text + ")"

@@ -30,8 +30,10 @@ __all__ = [
     "NONFINITE_WEIGHTS",
     "OTHER",
     "SKIPPED",
+    "SO_FAR_PREFIX",
     "TB_PREFIX",
     "UPDATE_RATIO_PREFIX",
+    "VIEWS",
     "block_group",
     "block_index",
     "group_key",
@@ -58,6 +60,11 @@ TB_PREFIX = "stability/"  # loggers write every key under this prefix; readers s
 # + depth group: log10 of grad_norm/<group>, for TensorBoard's linear charts; a view, not a
 # signal: the readers drop it
 GRAD_NORM_LOG10_PREFIX = "grad_norm_log10/"
+# + ``skipped`` or ``clipped``: how many steps so far, for TensorBoard's chart of them (a 0/1
+# signal that is mostly 0 lies flat under its default "ignore outliers"); a view, not a signal
+SO_FAR_PREFIX = "so_far/"
+VIEWS = (GRAD_NORM_LOG10_PREFIX, SO_FAR_PREFIX)
+"""Prefixes of the keys written for TensorBoard's charts only: the readers drop them."""
 
 EMBED = "embed"  # depth group: token and position embeddings
 HEAD = "head"  # depth group: final norm and output projection

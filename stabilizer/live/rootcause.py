@@ -54,7 +54,8 @@ Phase = Literal["weights", "input", "forward", "backward", "loss", "none"]
 _HOOK_WARNINGS = "(Full backward hook is firing|For backward hooks to be called)"
 
 ROOT = "<model>"
-"""The name reported for the model itself (``named_modules`` calls it ``""``)."""
+"""The replay's name for the model itself (``named_modules`` calls it ``""``); a `Localization`
+names it by its class instead (`_by_class`): ``TinyLM.forward``, ``TinyLM``."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,9 @@ class Localization:
         phase: ``"weights"`` (a parameter was already non-finite before the replay),
             ``"input"`` (the batch itself), ``"forward"``, ``"backward"``, ``"loss"`` (only the
             loss, computed outside every module) or ``"none"`` (the replay stayed finite).
-        module: The module's ``named_modules`` name (`ROOT` for the model), or None.
+        module: The module's ``named_modules`` name, or None; the model itself by its class:
+            ``TinyLM.forward`` for a fault in its own ``forward`` (outside every submodule),
+            ``TinyLM`` for a weight it holds itself.
         parameter: The parameter's name for ``"weights"`` and gradient-only findings, else None.
         input_absmax: Largest ``|x|`` flowing into the module: its inputs in the forward phase,
             the gradient w.r.t. its outputs in the backward phase; NaN when not applicable.
@@ -215,8 +218,17 @@ def locate_nonfinite(
         found.phase == "forward" and weight is not None and _within(_owner(weight), found.module)
     )
     if weight is not None and blamed:
-        return Localization("weights", _owner(weight), weight, elapsed_s=found.elapsed_s)
-    return found
+        found = Localization("weights", _owner(weight), weight, elapsed_s=found.elapsed_s)
+    return _by_class(found, model)
+
+
+def _by_class(found: Localization, model: nn.Module) -> Localization:
+    """``found`` with the model itself named by its class: ``<model>`` told a user nothing when
+    the fault was in their LightningModule's own ``forward``."""
+    if found.module != ROOT:
+        return found
+    name = type(model).__name__
+    return replace(found, module=name if found.phase == "weights" else f"{name}.forward")
 
 
 def _within(module: str, outer: str | None) -> bool:

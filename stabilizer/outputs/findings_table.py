@@ -25,10 +25,11 @@ from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.text import metadata as text_metadata
 
+from stabilizer.core.kinds import kind_of
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import TB_PREFIX
 
-__all__ = ["FINDINGS_STEP", "FINDINGS_TAG", "Episodes", "episodes", "findings_text"]
+__all__ = ["FINDINGS_STEP", "FINDINGS_TAG", "Episodes", "episodes", "findings_text", "is_setup"]
 
 FINDINGS_TAG = TB_PREFIX + "findings"  # text: the findings table
 FINDINGS_STEP = 0  # every version of the table: the newest replaces the others
@@ -127,10 +128,32 @@ def _heading(rows: Sequence[Finding], as_of: int | None) -> str:
     ]
     plural = "episode" if len(rows) == 1 else "episodes"
     when = f" as of step {as_of}" if as_of is not None else ""
+    if not rows:
+        return f"**No episodes{when}**"
     return (
         f"**{len(rows)} {plural}{when}**: {', '.join(counts)} (one line per episode: its worst "
         "severity, its latest message)"
     )
+
+
+def is_setup(finding: Finding) -> bool:
+    """Whether ``finding`` is advice on the set-up (the preflight's ``config_risk``), not an
+    episode of the training (as the reports of ``diagnose`` tell them apart)."""
+    up_to = kind_of(finding.kind).setup_up_to
+    return up_to is not None and finding.severity <= up_to
+
+
+def _markdown(findings: Sequence[Finding], as_of: int | None) -> str:
+    """The episodes under their heading, then the set-up notes apart (no episode: advice on the
+    configuration the run began with)."""
+    rows = [finding for finding in findings if not is_setup(finding)]
+    setup = [finding for finding in findings if is_setup(finding)]
+    lines = [_heading(rows, as_of), "", *(_item(finding) for finding in rows)]
+    if setup:
+        plural = "s" if len(setup) > 1 else ""
+        lines += ["", f"**{len(setup)} set-up note{plural}** (the checks at the first batch)", ""]
+        lines += [_item(finding) for finding in setup]
+    return "\n".join(lines).rstrip()
 
 
 def findings_text(
@@ -138,10 +161,11 @@ def findings_text(
 ) -> Summary:
     """The findings as markdown for TensorBoard's text dashboard, one list item each, in order.
 
-    A heading counts them by severity; each item reads as the console's line for the finding:
-    steps (``start–end``), severity and kind in bold, location, message, remedies. A list, not a
-    table: TensorBoard breaks table cells anywhere, so a six-column table wraps "severity" into
-    "severit / y". With no findings the text says so. Write it at `FINDINGS_STEP`.
+    A heading counts the episodes by severity (the set-up notes follow apart, uncounted); each
+    item reads as the console's line for the finding: steps (``start–end``), severity and kind
+    in bold, location, message, remedies. A list, not a table: TensorBoard breaks table cells
+    anywhere, so a six-column table wraps "severity" into "severit / y". With no findings the
+    text says so. Write it at `FINDINGS_STEP`.
 
     Args:
         findings: The rows, one per episode (see `episodes`).
@@ -149,12 +173,7 @@ def findings_text(
         tag: The text tag.
     """
     if findings:
-        lines = [
-            _heading(findings, as_of),
-            "",
-            *(_item(finding) for finding in findings),
-        ]
-        markdown = "\n".join(lines)
+        markdown = _markdown(findings, as_of)
     else:
         markdown = "No findings." if as_of is None else f"No findings as of step {as_of}."
     tensor = tensor_pb2.TensorProto(

@@ -40,6 +40,7 @@ from stabilizer.core.signals import (
     LOSS,
     LOSS_SCALE,
     SKIPPED,
+    SO_FAR_PREFIX,
     TB_PREFIX,
     UPDATE_RATIO_PREFIX,
     block_index,
@@ -55,8 +56,10 @@ __all__ = [
     "HEATMAP_DESCRIPTION",
     "HEATMAP_TAG",
     "LOG10_CHART",
+    "STEPS_CHART",
     "Episodes",
     "EventWriter",
+    "StepCounts",
     "SummaryWriter",
     "custom_scalars_layout",
     "depth_order",
@@ -120,6 +123,23 @@ def log10_norms(values: Mapping[str, float]) -> dict[str, float]:
     }
 
 
+class StepCounts:
+    """How many steps so far were skipped and clipped, for TensorBoard's chart of them: the
+    0/1 signals themselves, mostly 0, lie flat on the zero line under TensorBoard's default
+    "ignore outliers in chart scaling"; a count that steps up does not."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, float] = {}
+
+    def add(self, values: Mapping[str, float]) -> dict[str, float]:
+        """Count one record; the counts so far as views (``so_far/skipped``, ``so_far/clipped``),
+        of the signals the run has logged."""
+        for key in (SKIPPED, CLIPPED):
+            if key in values:
+                self.counts[key] = self.counts.get(key, 0.0) + (values[key] >= 0.5)
+        return {SO_FAR_PREFIX + key: count for key, count in self.counts.items()}
+
+
 def _tag(key: str) -> str:
     return re.escape(TB_PREFIX + key)
 
@@ -130,6 +150,7 @@ def _chart(title: str, *regexes: str) -> layout_pb2.Chart:
 
 
 LOG10_CHART = "gradient norm per layer, log10 (-3 is 1e-3)"
+STEPS_CHART = "clipped and skipped steps, so far"
 
 DEPTH_GROUPS = r"(?:embed|block_\d+|head|other)"
 """The standard depth groups of any depth: runs of 4 and 12 layers share one chart."""
@@ -149,7 +170,8 @@ def custom_scalars_layout(
       `log10_norms`): the depth picture on the default linear axis;
     - ``gradient norm per layer``: every ``stability/grad_norm/<group>`` (not the total);
     - ``gradient norm (total) and clip threshold``: ``stability/grad_norm``, ``stability/clip_val``;
-    - ``loss``; ``loss scale``; ``clipped and skipped steps`` (``clipped``, ``skipped``);
+    - ``loss``; ``loss scale``; ``clipped and skipped steps, so far`` (`StepCounts`: the counts
+      ``so_far/clipped``, ``so_far/skipped``);
     - ``update ratio per layer``: every ``stability/update_ratio/<group>``;
     - ``activation max |x|``: every ``stability/act_absmax/<module>``.
 
@@ -177,7 +199,9 @@ def custom_scalars_layout(
         ),
         _chart("loss", _tag(LOSS) + "$"),
         *([_chart("loss scale", _tag(LOSS_SCALE) + "$")] if has(LOSS_SCALE) else []),
-        _chart("clipped and skipped steps", _tag(CLIPPED) + "$", _tag(SKIPPED) + "$"),
+        _chart(
+            STEPS_CHART, _tag(SO_FAR_PREFIX + CLIPPED) + "$", _tag(SO_FAR_PREFIX + SKIPPED) + "$"
+        ),
         *(
             [_chart("update ratio per layer", _tag(UPDATE_RATIO_PREFIX) + group + "$")]
             if has(UPDATE_RATIO_PREFIX)

@@ -165,6 +165,9 @@ class _Replay:
         self.base = 0  # where the segment's episodes begin in the findings
         self.stored: list[Finding] = []  # the monitor's own findings that no replay derives
         self.seen = 0  # the monitor's own findings in the stream so far
+        # Told of each finding as the engine makes it, and whether it updates an episode
+        # (`watch` alerts on both: a NaN that persists escalates its episode to critical).
+        self.on_kept: Callable[[Located, bool], None] | None = None
 
     def observe(self, item: Item) -> None:
         """Take the next item of the stream: a record, a restart before the next one, the run's
@@ -188,10 +191,10 @@ class _Replay:
         segment = self.segment
         assert segment is not None
         _count(segment, record)
+        self.diagnosis.history.add(record.step, segment.index, record.values)  # (`on_kept` reads)
         found = self.engine.observe(record)
         if found:  # (most records: none)
             self._keep(found)
-        self.diagnosis.history.add(record.step, segment.index, record.values)
         for sink in self.sinks:
             sink.record(record)
 
@@ -250,6 +253,8 @@ class _Replay:
                 kept[self.base + episode.index] = Located(self.segment.index, episode.finding)
             else:
                 kept.append(Located(self.segment.index, finding))
+            if self.on_kept is not None:
+                self.on_kept(Located(self.segment.index, finding), episode.updates > 0)
 
 
 def _why(restart: Restart, index: int) -> str:

@@ -91,6 +91,8 @@ def feed(
         source = _source(path, format, stop, tell, poll)
         try:
             _read(_Input(index, path, format, notes), source, put)
+            if isinstance(source, FollowedFile) and not source.appeared:
+                raise LogReadError(_never(path))
         finally:
             source.close()
     except LogReadError as exc:
@@ -109,9 +111,22 @@ def _source(
 ) -> FollowedFile | FollowedPipe:
     if path == "-":
         return FollowedPipe(sys.stdin.fileno(), stop, poll)
-    if not Path(path).exists():
-        tell(f"{path}: not there yet; waiting for it")
-    return FollowedFile(path, resolver(Path(path), format), stop, tell, poll)
+    source = FollowedFile(path, resolver(Path(path), format), stop, tell, poll)
+    if source.waiting:  # (said after the look, so that what appears next is all new)
+        there = Path(path).exists()  # a run directory without a log yet
+        tell(
+            f"{path}: no log in it yet; waiting for one"
+            if there
+            else f"{path}: not there yet; waiting for it"
+        )
+    return source
+
+
+def _never(path: str) -> str:
+    """What an input that never led to a log says at the end."""
+    if Path(path).is_dir():
+        return f"{path}: no log appeared in this directory while it was watched"
+    return f"{path}: never appeared while it was watched"
 
 
 def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:

@@ -5,7 +5,8 @@ since the last read, waits (polling every `POLL` seconds) while nothing new is t
 `IDLE_CHUNK` once after each burst of data, so that a reader hands out the record it holds back
 (see `IDLE`). The readers of `diagnose` read it unchanged. It survives:
 
-- a file that appears later (or a run directory whose log appears later);
+- a file that appears later, a run directory whose log appears later, or a run directory that
+  appears later (all it holds is then new);
 - rotation: the name now leads to another file (renamed away, a new one created): the old one is
   read to its end, then the new one from its start;
 - truncation: the file got shorter than what was read (``> log``): read again from its start;
@@ -45,18 +46,19 @@ Resolver = Callable[[], Path | None]
 
 
 def resolver(path: Path, format: str) -> Resolver:
-    """What ``path`` leads to: itself, or, for a run directory, its newest log (`find_logs`)."""
-    if not path.is_dir():
-        return lambda: path if path.exists() else None
+    """What ``path`` leads to now: a file, itself; a run directory (also one that appears after
+    the watch began), its newest log (`find_logs`); None while there is none."""
 
-    def newest() -> Path | None:
+    def resolve() -> Path | None:
+        if not path.is_dir():
+            return path if path.exists() else None
         try:
             files = find_logs(path, format, [])[1]
         except (LogReadError, OSError):
             return None
-        return max(files, key=_mtime)
+        return max(files, key=_mtime) if files else None
 
-    return newest
+    return resolve
 
 
 def _mtime(path: Path) -> float:
@@ -103,7 +105,7 @@ class FollowedFile:
         self._poll = poll
         self._fd: int | None = None
         self._file: str | None = None
-        self._waited = False  # the path led nowhere at first: all it gets is new
+        self._waited = resolve() is None  # the path led nowhere at first: all it gets is new
         self._id: tuple[int, int] | None = None  # (device, inode) of the open file
         self._opened = 0  # files opened
         self.position = 0  # in the open file
@@ -113,7 +115,17 @@ class FollowedFile:
         self._break = False  # a line break is owed before the next file's first byte
         self._idle = _Idle()
         self._checked = -_RECHECK  # when the path was last resolved
-        self._directory = Path(path).is_dir()  # searched every `_RECHECK` only
+        self._directory = Path(path).is_dir()  # searched every `_RECHECK` only (looked at again)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the path has led to no log yet (then all it leads to later is new)."""
+        return self._waited and not self._opened
+
+    @property
+    def appeared(self) -> bool:
+        """Whether the path ever led to a file (a log it was opened on)."""
+        return self._opened > 0
 
     def read1(self, size: int = -1) -> bytes:
         """What is new (up to ``size`` bytes), `IDLE_CHUNK`, or ``b""`` once ``stop`` is set."""
@@ -168,6 +180,8 @@ class FollowedFile:
         if now - self._checked < (_RECHECK if self._directory else self._poll):
             return False
         self._checked = now
+        if not self._opened:  # a path not there yet may appear as a run directory
+            self._directory = os.path.isdir(self.path)
         target = self._resolve()
         if target is None:  # not there yet, or renamed away: the open file may still grow
             self._waited = self._waited or not self._opened

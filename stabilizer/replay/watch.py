@@ -3,10 +3,13 @@
 Each path is followed (`follow`) in a thread of its own that reads it with the reader of its
 format and puts the items on one bounded queue (`feed`); the caller's thread runs them through the
 engines of `diagnose` (a fresh one per segment, split at the `Restart` items as there) and hands
-each finding to ``on_finding`` as soon as it is found, as an `Alert`. The run ends when every
+each finding to ``on_finding`` as soon as it is found, as an `Alert`: a new episode, and every
+update of one (a NaN that persists is an error, then the same episode escalated to critical,
+then closed when the loss is finite again). The run ends when every
 input has ended (a pipe closes) or `Watch.stop` is called (Ctrl-C: `Watch.run` stops on
-`KeyboardInterrupt` too); then the engines close their open episodes, and `Watch.run` returns a
-`Diagnosis` per path, as `diagnose` would for the same log.
+`KeyboardInterrupt` too); then the engines close their open episodes (alerts only where the log
+ended: a stopped watch did not see the run end), and `Watch.run` returns a `Diagnosis` per
+path, as `diagnose` would for the same log.
 
 A file's history (what it held when it was opened) is read first, so the detectors have their
 baseline; its findings come as alerts with ``live`` False.
@@ -18,12 +21,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stabilizer.core.records import Finding
 
-from .diagnose import Diagnosis, Failure, _Replay
+from .diagnose import Diagnosis, Failure, Located, _Replay
 from .feed import Detected, Ended, feed
 from .follow import POLL
 from .history import History
@@ -46,6 +49,8 @@ class Alert:
         finding: The finding.
         live: False for a finding in what the file held when the watch began.
         wall: When it was found (``time.time()``).
+        update: It updates an episode found before (escalates, grows or closes it).
+        diagnosis: The diagnosis of the log so far (the run's facts, its other findings).
     """
 
     path: str
@@ -53,6 +58,8 @@ class Alert:
     finding: Finding
     live: bool
     wall: float
+    update: bool = False
+    diagnosis: Diagnosis | None = field(default=None, compare=False, repr=False)
 
 
 class _Followed:
@@ -64,6 +71,7 @@ class _Followed:
         self.replay: _Replay | None = None
         self.failure: Failure | None = None
         self.head: list[str] = []
+        self.live = False  # whether the items read now are past the file's history
 
     def outcome(self) -> Diagnosis | Failure:
         if self.replay is None or self.replay.segment is None:
@@ -140,21 +148,23 @@ class Watch:
                 notes, history = followed.notes, History(self.bins)
                 diagnosis = Diagnosis(followed.path, item.format, notes, history=history)
                 followed.replay = _Replay(diagnosis, ())
+                followed.replay.on_kept = lambda found, update: self._found(followed, found, update)
         elif isinstance(item, LogReadError):
             self._failed(followed, str(item))
         elif followed.replay is not None:
+            followed.live = live
             for one in item:
-                self._observe(followed, followed.replay, one, live)
+                followed.replay.observe(one)
         return 0
 
-    def _observe(self, followed: _Followed, replay: _Replay, item: Any, live: bool) -> None:
-        findings = replay.diagnosis.findings
-        before = len(findings)
-        replay.observe(item)
-        for located in findings[before:]:
-            self.on_finding(
-                Alert(followed.path, located.segment, located.finding, live, time.time())
-            )
+    def _found(self, followed: _Followed, found: Located, update: bool) -> None:
+        """A finding as the engine made it: a new episode, or an update of one."""
+        diagnosis = followed.replay.diagnosis if followed.replay is not None else None
+        alert = Alert(
+            followed.path, found.segment, found.finding, followed.live, time.time(), update,
+            diagnosis,
+        )  # fmt: skip
+        self.on_finding(alert)
 
     def _failed(self, followed: _Followed, message: str) -> None:
         replay = followed.replay
@@ -167,12 +177,10 @@ class Watch:
         replay = followed.replay
         if replay is None or replay.segment is None:
             return
-        findings = replay.diagnosis.findings
-        before = len(findings)
-        replay.finish()
-        for located in findings[before:]:
-            alert = Alert(followed.path, located.segment, located.finding, True, time.time())
-            self.on_finding(alert)
+        followed.live = True
+        if self._stop.is_set():  # stopped, not ended: "until the end of the log" is no news
+            replay.on_kept = None  # (the summary has the episodes the engines close)
+        replay.finish()  # the log ended: the episodes still open close, alerts too
         replay.keep_live()
 
     def _feed(self, index: int) -> None:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stabilizer.core.kinds import family_rank, kind_of
 from stabilizer.core.records import Finding
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
+from stabilizer.outputs.findings_table import is_setup
 from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
 
@@ -50,12 +51,16 @@ class Episode:
         number: 1-based position in the report's timeline.
         segment: The segment (1-based).
         findings: The findings, as emitted.
+        facts: What the log tells of the run.
+        recovered: Whether the run recovered from it, as the outcome line says (`outcome`);
+            None when the outcome says neither.
     """
 
     number: int
     segment: int
     findings: tuple[Finding, ...]
     facts: RunFacts = field(default_factory=RunFacts)
+    recovered: bool | None = None
 
     @property
     def worst(self) -> Finding:
@@ -86,10 +91,11 @@ class Episode:
 
     @property
     def remedies(self) -> tuple[str, ...]:
-        """Every remedy suggested that the evidence supports, once, the worst finding's first."""
+        """Every remedy suggested that fits the run (`stabilizer.core.advice`), once, the worst
+        finding's first."""
         ordered = (self.worst, *self.findings)
         names = tuple(name for f in ordered for name in f.remedies)
-        return fitting_remedies(names, self.findings, self.facts)
+        return fitting_remedies(names, self.findings, self.facts, recovered=self.recovered)
 
     @property
     def evidence(self) -> dict[str, float]:
@@ -104,13 +110,6 @@ class Episode:
                     key = f"{finding.kind}.{key}"
                 merged.setdefault(key, value)
         return merged
-
-
-def is_setup(finding: Finding) -> bool:
-    """Whether ``finding`` is advice on the set-up (the preflight's ``config_risk``, a causal
-    check that found a bidirectional model by design), not an event of the training."""
-    up_to = kind_of(finding.kind).setup_up_to
-    return up_to is not None and finding.severity <= up_to
 
 
 def setup_findings(diagnosis: Diagnosis) -> list[Finding]:
@@ -134,11 +133,18 @@ def episodes(diagnosis: Diagnosis) -> list[Episode]:
             found = latest[segment, family] = []
             groups.append((segment, found))
         found.append(finding)
-    facts = run_facts(diagnosis)
-    return [
+    facts, segments = run_facts(diagnosis), diagnosis.segments
+    made = [
         Episode(number, segment, tuple(found), facts)
         for number, (segment, found) in enumerate(groups, 1)
     ]
+    return [replace(e, recovered=_recovered(e, segments)) for e in made]
+
+
+def _recovered(episode: Episode, segments: Sequence[Segment]) -> bool | None:
+    """What the episode's outcome line says: recovered (True), never (False), or neither."""
+    said = outcome(episode, segments[episode.segment - 1], len(segments))
+    return True if said.startswith("recovered") else False if said else None
 
 
 def _precedence(kind: str) -> int:
@@ -157,7 +163,8 @@ def _joins(finding: Finding, found: list[Finding], in_family: bool) -> bool:
 
 
 def run_facts(diagnosis: Diagnosis) -> RunFacts:
-    """What the log's history tells: fp16 (a loss scale logged), the spans with skipped steps."""
+    """What the log tells: fp16 (a loss scale logged), the spans with skipped steps, and the
+    precision its header names."""
     bins = diagnosis.history.bins
     skipped = tuple(
         (one.first_step, one.last_step)
@@ -165,8 +172,9 @@ def run_facts(diagnosis: Diagnosis) -> RunFacts:
         if SKIPPED in one.series and one.series[SKIPPED][1] >= 0.5
     )
     seen = diagnosis.history.keys()
-    low = diagnosis.run.low_precision if diagnosis.run is not None else None
-    return RunFacts(fp16=LOSS_SCALE in seen, skipped=skipped, low_precision=low)
+    run = diagnosis.run
+    low, precision = (None, "") if run is None else (run.low_precision, run.precision)
+    return RunFacts(LOSS_SCALE in seen, skipped, low, precision)
 
 
 def number(value: float) -> str:

@@ -12,7 +12,9 @@
 
 ``run`` is the run's facts from a ``stability.jsonl``'s header (`RunHeader`), else null.
 ``input`` is the position in ``inputs``; ``segment`` is 1-based. An episode is one finding: a
-detector's update of it (the cascade is over) replaced its first finding. Non-finite numbers are the
+detector's update of it (the cascade is over) replaced its first finding. A finding's
+``remedies`` and ``advice`` are those that fit the run (`stabilizer.report.advising`), as the
+text report and every other output say them. Non-finite numbers are the
 strings ``"nan"``, ``"inf"`` and ``"-inf"``, as in the run's JSONL log.
 """
 
@@ -24,6 +26,8 @@ from typing import Any
 
 from stabilizer.core.records import Finding, Severity
 from stabilizer.replay.diagnose import Diagnosis, Failure, exit_code, severity_counts
+
+from .advising import adviser
 
 __all__ = ["MAX_NOTES", "report_dict"]
 
@@ -66,8 +70,10 @@ def report_dict(outcomes: Sequence[Diagnosis | Failure], fail_on: Severity) -> d
     everything: list[Finding] = []
     for index, outcome in enumerate(outcomes):
         if isinstance(outcome, Diagnosis):
+            advise = adviser(outcome)
             for segment, finding in outcome.findings:
-                findings.append({**finding.to_dict(), "input": index, "segment": segment})
+                shown = advise(segment, finding).to_dict()
+                findings.append({**shown, "input": index, "segment": segment})
                 everything.append(finding)
     code = max((exit_code(outcome, fail_on) for outcome in outcomes), default=0)
     summary = _summary(everything, code)

@@ -1,7 +1,8 @@
 """A diagnosed log as TensorBoard events, so any trainer's text log can be browsed there.
 
 While the log streams, every record is written as ``stability/<key>`` scalars at its step (as
-the live monitor logs them, with the log10 of the per-layer norms); at the end come the
+the live monitor logs them, with the log10 of the per-layer norms and the steps skipped and
+clipped so far); at the end come the
 custom-scalars layout, the per-layer gradient norm heatmap (from the bounded history, when
 per-layer norms were logged) and the findings table as text, one row per episode. Written with
 `stabilizer.outputs.event_file.EventWriter`, one event file per input, opened once; no torch
@@ -30,6 +31,7 @@ from stabilizer.outputs.tensorboard import (
     FINDINGS_TAG,
     HEATMAP_TAG,
     EventWriter,
+    StepCounts,
     custom_scalars_layout,
     depth_order,
     episodes,
@@ -41,6 +43,7 @@ from stabilizer.outputs.tensorboard import (
 from stabilizer.replay.diagnose import Diagnosis
 from stabilizer.replay.readers import REPLAY_SUFFIX
 
+from .advising import adviser
 from .files import OutputError
 
 __all__ = ["FINDINGS_TAG", "HEATMAP_TAG", "REPLAY_SUFFIX", "TensorBoardExport"]
@@ -50,11 +53,13 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _rows(diagnosis: Diagnosis) -> list[Finding]:
-    """One row per episode, segment by segment (a restart's episodes are its own)."""
+    """One row per episode, segment by segment (a restart's episodes are its own), advised as
+    every output advises it."""
     segments: dict[int, list[Finding]] = {}
     for item in diagnosis.findings:
         segments.setdefault(item.segment, []).append(item.finding)
-    return [row for index in sorted(segments) for row in episodes(segments[index])]
+    advise = adviser(diagnosis)
+    return [advise(i, row) for i in sorted(segments) for row in episodes(segments[i])]
 
 
 class TensorBoardExport:
@@ -76,6 +81,7 @@ class TensorBoardExport:
         self._last: int | None = None  # last step written
         self._steps_out = 0  # records at steps TensorBoard cannot store
         self._values_out = 0  # finite values beyond float32
+        self._counts = StepCounts()  # steps skipped and clipped so far
 
     def record(self, record: StepRecord) -> None:
         """Write one record's values as ``stability/<key>`` scalars at its step."""
@@ -87,7 +93,8 @@ class TensorBoardExport:
             self._values_out += sum(
                 _FLOAT32_MAX < abs(value) < math.inf for value in values.values()
             )
-            self._write(scalar_summary({**values, **log10_norms(values)}), step)
+            views = {**log10_norms(values), **self._counts.add(values)}
+            self._write(scalar_summary({**values, **views}), step)
         self._last = step
 
     def finish(self, diagnosis: Diagnosis) -> list[str]:

@@ -1,16 +1,20 @@
 """`WatchSession`: what ``stabilizer watch`` does between its options and its lines.
 
 It runs a `Watch`, turns each finding into one line as it is found (the wall time, then the
-finding as the console prints it: ``12:03:04 step 41 error nonfinite_loss: loss is nan ...``),
-hands it to the `Notifier`, and stops the watch at the first finding at or above ``exit_on``.
-Findings in what a file held before the watch began are in the summary but are printed and
-sent only with ``from_start``.
+finding, advised as every output advises it (`stabilizer.report.advising.advise_now`):
+``12:03:04 step 41 error nonfinite_loss: loss is nan ...``), hands it to the `Notifier`, and
+stops the watch at the first finding at or above ``exit_on``. An episode's updates are findings
+too: a NaN that persists escalates its episode from error to critical (a line, a stop at
+``--exit-on critical``, a message at ``--notify-on critical``), and the run's recovery closes it
+(a line, a message with ``--notify-close``). Findings in what a file held before the watch began
+are in the summary but are printed and sent only with ``from_start``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from stabilizer.core.records import Severity
@@ -18,6 +22,7 @@ from stabilizer.outputs.notify import ENV_WEBHOOK, Notifier
 from stabilizer.replay.diagnose import Diagnosis, Failure, exit_code
 from stabilizer.replay.watch import Alert, Watch
 
+from .advising import advise_now
 from .text import render_overall, render_text
 
 __all__ = ["WATCH_HELP", "WatchSession"]
@@ -27,9 +32,9 @@ WATCH_HELP = {
     "read silently, as the detectors' baseline).",
     "fail_on": "At the end, exit 1 when a finding is at least this severe.  [default: warning]",
     "notify_on": "Send an episode (--exec, --webhook) once, when a finding of it is at least this "
-    "severe.  [default: error]",
-    "exit_on": "Stop and exit 1 at the first finding at least this severe (a wrapper script or "
-    "a scheduler can then stop the job).",
+    "severe (an update too: a NaN that persists becomes critical).  [default: error]",
+    "exit_on": "Stop and exit 1 at the first finding at least this severe, an episode's update "
+    "included (a wrapper script or a scheduler can then stop the job).",
     "exec": "Run this shell command for each finding sent: the finding as JSON on its standard "
     "input; STABILIZER_KIND, STABILIZER_SEVERITY, STABILIZER_STEP and STABILIZER_MESSAGE in "
     "its environment.",
@@ -146,8 +151,13 @@ class WatchSession:
         return f"{clock} {where}{alert.finding}"
 
     def _found(self, alert: Alert) -> None:
+        """Print, send, stop: for a new episode and for every update of one, so that an episode
+        that escalates to ``exit_on`` or the notifier's level stops or is sent then."""
         if not (alert.live or self.from_start):
             return
+        if alert.diagnosis is not None:
+            finding = advise_now(alert.diagnosis, alert.segment, alert.finding)
+            alert = replace(alert, finding=finding)
         self.say(self.line(alert))
         if self.notifier is not None:
             self.notifier.notify([alert.finding], where=alert.path, segment=alert.segment)

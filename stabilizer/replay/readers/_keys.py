@@ -22,8 +22,8 @@ from stabilizer.core.groups import depth_group
 from stabilizer.core.signals import (
     CLIPPED,
     GRAD_NORM,
-    GRAD_NORM_LOG10_PREFIX,
     LR,
+    VIEWS,
     group_key,
     strip_prefix,
 )
@@ -52,7 +52,7 @@ _PREFIXES = ("train/", "train_", "training/")
 
 def _lookup(name: str, passthrough: bool) -> tuple[str, int] | None:
     tag = strip_prefix(name)
-    if tag.startswith(("finding/", GRAD_NORM_LOG10_PREFIX)):
+    if tag.startswith(("finding/", *VIEWS)):
         return None
     if tag is not name:  # the monitor's own tags are signal keys already
         return tag, SET

@@ -1,0 +1,52 @@
+"""What ``stabilizer demo`` says after its run, beyond the monitor's own lines.
+
+The demo is a user's first run: each line says something true of it that the user would
+otherwise have to work out: that the device asked for is not there (one line, not a
+traceback), how to open TensorBoard from this environment, and what the monitor did for a run
+that survived a NaN.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+__all__ = ["missing", "protect_line", "tensorboard_command"]
+
+
+def missing(device: str) -> str:
+    """Why this machine cannot run on ``device`` (a ``--device`` choice); ``""`` when it can."""
+    if device == "mps" and not torch.backends.mps.is_available():
+        return "this machine has no Apple GPU (MPS): use --device cpu or auto"
+    if device in ("cuda", "gpu") and not torch.cuda.is_available():
+        return "this machine has no CUDA GPU: use --device cpu or auto"
+    return ""
+
+
+def tensorboard_command(log_dir: Path) -> str:
+    """``tensorboard --logdir runs`` as this environment runs it: the venv's program by its
+    path when the venv is not on PATH (`make demo` does not activate it)."""
+    here = Path(sys.executable).parent / "tensorboard"
+    program = "tensorboard"
+    if here.exists() and shutil.which("tensorboard") != str(here):
+        program = os.path.relpath(here) if here.is_relative_to(Path.cwd()) else str(here)
+    return f"{program} --logdir {log_dir}"
+
+
+def protect_line(trainer: pl.Trainer, skipped: int, policy: str) -> str:
+    """Why a run with non-finite steps went on, when the monitor's guard is the reason (no
+    grad scaler skipped them); ``""`` otherwise."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if not skipped or policy == "observe" or scaler is not None:
+        return ""
+    plural = "s" if skipped > 1 else ""
+    return (
+        f"protect: {skipped} step{plural} went NaN/Inf and the guard skipped "
+        f"{'them' if plural else 'it'}: the weights stayed finite, so the run trained on "
+        "(--policy observe shows the same run without the guard)"
+    )

@@ -1,0 +1,191 @@
+"""Which remedies fit the run: one rule, which every output follows.
+
+A detector suggests remedies from what it saw; whether each fits depends on facts it does not
+see: the run's precision, what was done already (a step the guard or the grad scaler skipped),
+and how the episode ended. `fitting_remedies` decides, and `advised` gives the finding as the
+outputs show it: its remedies, and its advice in words, only what fits. The console, the JSONL
+log, TensorBoard, notifications, ``stabilizer watch`` and the reports of ``stabilizer diagnose``
+all call it, so that one finding gets one advice everywhere. The rules:
+
+- fp32 islands and fp32 master weights (`LOW_PRECISION_REMEDIES`) are no advice in an fp32 run,
+  nor for a NaN made in the loss (its root cause found every module output finite);
+- "skip the step" is no advice when the step was skipped (by the guard or a grad scaler);
+- "roll back" is no advice for a NaN/Inf episode the run recovered from with its bad steps
+  skipped: the weights never took them, and the run went on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from .kinds import IN_THE_LOSS, ROOT_CAUSE, kind_of
+from .records import Finding
+from .run import low_precision
+from .signals import LOSS_SCALE, SKIPPED
+
+__all__ = [
+    "LOW_PRECISION_REMEDIES",
+    "REMEDY_TEXT",
+    "LiveFacts",
+    "RunFacts",
+    "advised",
+    "fitting_remedies",
+    "in_the_loss",
+    "remedy_text",
+]
+
+LOW_PRECISION_REMEDIES = frozenset({"upcast_to_fp32", "mixed_precision"})
+"""Remedies that only help when some of the computation runs in 16 bits."""
+
+REMEDY_TEXT: dict[str, str] = {
+    "clip_gradients": "clip the global gradient norm to 1.0",
+    "upcast_to_fp32": "run softmax and LayerNorm in fp32 (fp32 islands), or switch to bf16",
+    "swap_to_pre_ln": "move to pre-LN residual blocks and keep the LR warmup",
+    "skip_step": "skip the step, so that a bad (NaN/Inf or outsized) update never reaches the "
+    "weights",
+    "rollback": "roll back to the last good checkpoint and step past the bad batch",
+    "scale_lr": "lower the learning rate",
+    "lr_warmup": "warm the learning rate up over the first few hundred steps",
+    "mixed_precision": "keep fp32 master weights (16-mixed/bf16-mixed) or raise the optimizer's "
+    "eps (1e-8 is 0 in fp16)",
+}
+"""What to do, by remedy name (the names of `stabilizer.core.records.REMEDIES`)."""
+
+_IN_BF16 = {"upcast_to_fp32": "run softmax and LayerNorm in fp32 (fp32 islands)"}
+"""The text of a remedy in a run that is in bf16 already (no "switch to bf16")."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What is known of the run beyond its findings.
+
+    Args:
+        fp16: A loss scale was logged (fp16 mixed precision); False: not known to be fp16.
+        skipped: Spans of steps ``(first, last)`` in which an update was skipped (by the
+            monitor's guard or a grad scaler).
+        low_precision: Whether the run computed in 16 bits (the live trainer's precision, or
+            the header of its ``stability.jsonl``): False for an fp32 run, None when not known.
+        precision: The run's precision when known (``"bf16-mixed"``, ``"16-mixed"``, ``""``).
+    """
+
+    fp16: bool = False
+    skipped: tuple[tuple[int, int], ...] = ()
+    low_precision: bool | None = None
+    precision: str = ""
+
+    def was_skipped(self, step: int) -> bool:
+        """Whether the update of ``step`` was (as far as the log tells) skipped."""
+        return any(first <= step <= last for first, last in self.skipped)
+
+    def with_skipped(self, step: int) -> RunFacts:
+        """These facts with the update of ``step`` skipped too (a step after the last span
+        extends it; a live run's steps come in order)."""
+        spans = self.skipped
+        if spans and spans[-1][0] <= step <= spans[-1][1] + 1:
+            spans = (*spans[:-1], (spans[-1][0], max(step, spans[-1][1])))
+        else:
+            spans = (*spans, (step, step))
+        return replace(self, skipped=spans)
+
+
+def in_the_loss(findings: Iterable[Finding]) -> bool:
+    """Whether a root cause found the NaN/Inf outside every module (in the loss)."""
+    return any(f.kind == ROOT_CAUSE and f.evidence.get(IN_THE_LOSS, 0.0) >= 0.5 for f in findings)
+
+
+def fitting_remedies(
+    remedies: Sequence[str],
+    findings: Sequence[Finding],
+    facts: RunFacts,
+    *,
+    recovered: bool | None = None,
+) -> tuple[str, ...]:
+    """The remedies that fit the run's facts, each once, in their order (module docstring).
+
+    Args:
+        remedies: The names suggested, most useful first.
+        findings: The findings of the episode they answer (a root cause among them tells a NaN
+            made in the loss; their steps tell whether the steps were skipped).
+        facts: What is known of the run.
+        recovered: Whether the run recovered from the episode (the loss came back finite and
+            the run went on); None when not known yet (a live run).
+    """
+    dropped: set[str] = set()
+    if in_the_loss(findings) or facts.low_precision is False:
+        dropped |= LOW_PRECISION_REMEDIES
+    rows = [(kind_of(f.kind), f) for f in findings]
+    nonfinite = [(row, f) for row, f in rows if (row.nan and row.detector) or row.scaler_skips]
+    if nonfinite and all(row.scaler_skips or facts.was_skipped(f.step) for row, f in nonfinite):
+        dropped.add("skip_step")
+        if recovered:
+            dropped.add("rollback")
+    return tuple(name for name in dict.fromkeys(remedies) if name not in dropped)
+
+
+def remedy_text(name: str, kind: str = "", facts: RunFacts | None = None) -> str:
+    """The action a remedy name stands for (after a finding of ``kind``, in a run of ``facts``,
+    where that changes it); an unknown name is returned as it is."""
+    special = kind_of(kind).remedy_text.get(name)
+    if special:
+        return special
+    if facts is not None and facts.precision.startswith("bf16") and name in _IN_BF16:
+        return _IN_BF16[name]
+    return REMEDY_TEXT.get(name, name)
+
+
+def advised(
+    finding: Finding,
+    facts: RunFacts,
+    context: Sequence[Finding] = (),
+    *,
+    recovered: bool | None = None,
+) -> Finding:
+    """``finding`` as the outputs show it: the remedies that fit (`fitting_remedies`), and
+    advice in words that says no more than they do.
+
+    The detector's own advice stays when every remedy fits; else it is the action of the first
+    remedy that fits (`remedy_text`: what to do first, as the verdict of ``diagnose`` says it;
+    the remedies list the rest), or none (nor for a finding that had none).
+
+    Args:
+        finding: As the engine found it.
+        facts: What is known of the run.
+        context: The other findings of its episode, or of its step (a root cause).
+        recovered: See `fitting_remedies`.
+    """
+    if not finding.remedies:
+        return finding
+    episode = [finding, *(f for f in context if f is not finding)]
+    fitting = fitting_remedies(finding.remedies, episode, facts, recovered=recovered)
+    if fitting == finding.remedies:
+        return finding
+    if not (fitting and finding.advice):  # (a finding whose message had no advice gets none)
+        return replace(finding, remedies=fitting, advice="")
+    return replace(finding, remedies=fitting, advice=remedy_text(fitting[0], finding.kind, facts))
+
+
+class LiveFacts:
+    """A live run's facts as its steps come, and its findings advised by them (`advised`).
+
+    Args:
+        precision: The trainer's precision (``"32-true"``, ``"bf16-mixed"``; ``""``: unknown).
+        spans: Spans of skipped steps remembered (the latest): findings are about recent steps.
+    """
+
+    def __init__(self, precision: str = "", spans: int = 64) -> None:
+        self.facts = RunFacts(low_precision=low_precision(precision), precision=precision)
+        self.spans = spans
+
+    def see(self, step: int, values: Mapping[str, float]) -> None:
+        """Take one step's record: was its update skipped, does the run scale its loss."""
+        if LOSS_SCALE in values and not self.facts.fp16:
+            self.facts = replace(self.facts, fp16=True)
+        if values.get(SKIPPED, 0.0) >= 0.5:
+            facts = self.facts.with_skipped(step)
+            self.facts = replace(facts, skipped=facts.skipped[-self.spans :])
+
+    def advise(self, found: Sequence[Finding]) -> list[Finding]:
+        """The findings of one step as the outputs show them, each with the others of its
+        step as context (a NaN's root cause comes with it)."""
+        return [advised(finding, self.facts, found) for finding in found]
