@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -50,12 +51,13 @@ REWRITES = ("upcast_to_fp32", "swap_to_pre_ln")
 """Remedies that change what the model computes: applied to a model trained from scratch, or to
 any model when `AutoRemedies(allow=...)` names them."""
 
-CLIP_MARGIN = 1.5
-"""Where a run's healthy gradient norms sit above 1.0, clipping starts at this many times their
-90th percentile: clipping at 1.0 would clip every healthy step (a change of optimizer, not a
-remedy), so the threshold comes from the run's own norms."""
+CLIP_MARGIN = 2.0
+"""Where a run's typical healthy gradient norm (the median of its last `HEALTHY_NORMS` healthy
+steps) is above the article's 1.0, clipping starts at this many times it: clipping at 1.0 would
+clip most healthy steps (a change of optimizer, not a remedy), so the threshold comes from the
+run's own norms."""
 
-HEALTHY_NORMS = 200  # the healthy steps' gradient norms kept for the threshold
+HEALTHY_NORMS = 50  # the last healthy steps' gradient norms the threshold is read from
 
 SURGE = 2.0  # a rollback cuts the LR when it is at least this many times the snapshot's
 
@@ -277,18 +279,16 @@ class AutoRemedies:
         return self._swap(pl_module, step, trainer)
 
     def _clip_threshold(self) -> tuple[float, str]:
-        """The article's 1.0 where the run's healthy norms sit below it; else `CLIP_MARGIN`
-        times their 90th percentile. And why, in words."""
-        norms = sorted(self._norms)
-        if len(norms) < 10:
+        """The article's 1.0 where the run's typical healthy norm is below it; else
+        `CLIP_MARGIN` times that norm. And why, in words."""
+        if len(self._norms) < 10:
             return 1.0, "the article's rule; too few healthy steps to read the run's own norms"
-        p90 = norms[int(0.9 * (len(norms) - 1))]
-        if p90 <= 1.0:
-            return 1.0, f"the article's rule: the run's healthy norms sit below it, p90 {p90:.3g}"
-        threshold = CLIP_MARGIN * p90
-        return threshold, (
-            f"{CLIP_MARGIN:g}x the run's healthy p90 of {p90:.3g}: at the article's 1.0 it would "
-            "clip every healthy step"
+        typical = statistics.median(self._norms)
+        if typical <= 1.0:
+            return 1.0, f"the article's rule: the run's typical healthy norm is {typical:.3g}"
+        return CLIP_MARGIN * typical, (
+            f"{CLIP_MARGIN:g}x the run's typical healthy norm of {typical:.3g}: at the article's "
+            "1.0 it would clip most healthy steps"
         )
 
     def _raise_clip(self, trainer: pl.Trainer) -> _Applied | None:
