@@ -11,7 +11,8 @@ of PyTorch's docs and common code (`zoo_torch`), each trained `STEPS` steps:
   without the monitor;
 - under ``protect`` with one module's output turned NaN at batch `FAULT`: that step skipped,
   leaving parameters, optimizer state and buffers bit-identical across it; the root cause names
-  that module; the run goes on to the end, and nothing finite at the start is non-finite.
+  that module; the run goes on to the end, and nothing finite at the start is non-finite; and
+  it ends bit-identical to the same run with ``root_cause=False`` (the replay leaves no trace).
 
 When a model trips a detector, teach the detector; never loosen these assertions. A failure says
 what the monitor did: the run's steps and stop, every finding at WARNING or above, the stop line.
@@ -125,4 +126,15 @@ def test_a_nan_in_one_module_is_skipped_and_named(case: Case, zoo_root: Path) ->
         problems.append(f"stopped={run.stopped} after {run.steps}/{STEPS} steps")
     new = sorted(nonfinite_names(run.end) - nonfinite_names(run.start))
     problems += [f"non-finite at the end: {name}" for name in new]
+    assert not problems, _report(run, problems)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_root_cause_replay_leaves_no_trace(case: Case, zoo_root: Path) -> None:
+    """The NaN run ends as the same run with ``root_cause=False``: replaying the bad step to
+    name its module changed nothing the training goes on with."""
+    run = outcome(case, "protect", zoo_root, fault=True)
+    without = outcome(case, "protect", zoo_root, fault=True, root_cause=False)
+    problems = [f"the fit raised {r.error}" for r in (run, without) if r.error]
+    problems += [f"not as without the replay: {line}" for line in differences(without.end, run.end)]
     assert not problems, _report(run, problems)

@@ -201,13 +201,17 @@ def _trainer(root: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
     )  # fmt: skip
 
 
-def train(case: Case, policy: str | None, fault: bool, root: Path) -> Outcome:
+def train(
+    case: Case, policy: str | None, fault: bool, root: Path, root_cause: bool = True
+) -> Outcome:
     """One real fit: ``policy`` None trains without the monitor."""
     monitor = None
     if policy is not None:
-        monitor = StabilityMonitor(policy=policy, jsonl=root / "stability.jsonl")
+        jsonl = root / "stability.jsonl"
+        monitor = StabilityMonitor(policy=policy, jsonl=jsonl, root_cause=root_cause)
     witness = Witness(FAULT) if fault else None
     label = f"{case.name} under {policy or 'no monitor'}" + (" with a NaN" if fault else "")
+    label += "" if root_cause else " (root_cause=False)"
     error = None
     with _captured() as lines:  # (also the models' own warnings: QAT's deprecation)
         module = ZooModule(case, FAULT if fault else None)
@@ -245,17 +249,22 @@ def _raised(e: BaseException) -> str:
     return f"{type(e).__name__}: {e} (raised at {where}:{frame.lineno} in {frame.name})"
 
 
-_RUNS: dict[tuple[str, str, bool], Outcome] = {}
+_RUNS: dict[tuple[str, str, bool, int, bool], Outcome] = {}
 
 
 def outcome(
-    case: Case, policy: str | None, root: Path, fault: bool = False, twin: int = 0
+    case: Case,
+    policy: str | None,
+    root: Path,
+    fault: bool = False,
+    twin: int = 0,
+    root_cause: bool = True,
 ) -> Outcome:
     """The run of ``case`` under ``policy``, trained once per session (``twin`` 1 is a second,
-    identical run without the monitor)."""
-    key = (case.name, f"{policy}/{twin}", fault)
+    identical run; ``root_cause=False`` the monitor's without its replay)."""
+    key = (case.name, str(policy), fault, twin, root_cause)
     if key not in _RUNS:
-        folder = root / f"{case.name}-{policy}-{twin}-{int(fault)}"
+        folder = root / "-".join(map(str, key))
         folder.mkdir(parents=True, exist_ok=True)
-        _RUNS[key] = train(case, policy, fault, folder)
+        _RUNS[key] = train(case, policy, fault, folder, root_cause)
     return _RUNS[key]

@@ -1,7 +1,8 @@
 """A small hand-written language model and the idioms that change one thing of it: EMA copies
 in buffers; tied, unused and frozen parameters; an unused ``torch.empty`` parameter holding NaN;
 a running-max buffer that starts at ``-inf``; a ``-inf`` causal mask stored as a frozen
-Parameter; int and bool buffers.
+Parameter; int and bool buffers; running statistics that first change after a warm-up; noise
+drawn from a ``torch.Generator`` the module holds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ __all__ = [
     "D",
     "FrozenMaskLM",
     "IntBoolBuffersLM",
+    "LateStatisticLM",
     "NaNReservedLM",
+    "OwnGeneratorLM",
     "RunningMaxLM",
     "TiedUnusedFrozenLM",
     "TinyLM",
@@ -156,5 +159,59 @@ class IntBoolBuffersLM(TinyLM):
         if self.training:
             self.forwards += 1
         h = self.embed(ids) * self.keep + self.pos(self.position_ids[:, : ids.size(1)])
+        h = h + self.attend(self.ln(h))
+        return h + self.mlp(h)
+
+
+class LateStatistic(nn.Module):
+    """Normalises its input by running mean and variance that it starts updating only after a
+    warm-up of `WARMUP` training forwards (statistics estimated once the features settle)."""
+
+    WARMUP, MOMENTUM = 5, 0.1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(D))
+        self.register_buffer("var", torch.ones(D))
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            self.seen += 1
+            if self.seen > self.WARMUP:
+                flat = x.detach().reshape(-1, x.size(-1))  # (B*T, D)
+                self.mean.lerp_(flat.mean(0), self.MOMENTUM)
+                self.var.lerp_(flat.var(0), self.MOMENTUM)
+        return (x - self.mean) / (self.var + 1e-5).sqrt()
+
+
+class LateStatisticLM(TinyLM):
+    """The MLP's output passes a `LateStatistic`: its mean and variance first change at step 5."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stat = LateStatistic()
+
+    def hidden(self, ids: Tensor) -> Tensor:
+        h = self.embed(ids) + self.pos(torch.arange(ids.size(1)))
+        h = h + self.attend(self.ln(h))
+        return h + self.stat(self.mlp(h))
+
+
+class OwnGeneratorLM(TinyLM):
+    """NEFTune-style noise on the embeddings in training, drawn from a ``torch.Generator`` the
+    module holds (so that the noise is reproducible whatever else draws random numbers)."""
+
+    ALPHA = 5.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise = torch.Generator().manual_seed(0)
+
+    def hidden(self, ids: Tensor) -> Tensor:
+        h = self.embed(ids) + self.pos(torch.arange(ids.size(1)))
+        if self.training:
+            u = torch.rand(h.shape, generator=self.noise) * 2 - 1  # U(-1, 1), (B, T, D)
+            h = h + u * self.ALPHA / math.sqrt(h.size(1) * h.size(2))
         h = h + self.attend(self.ln(h))
         return h + self.mlp(h)

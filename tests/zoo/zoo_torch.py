@@ -6,7 +6,8 @@ training (observers start at ``+inf``/``-inf``), ``parametrize`` (weight and spe
 power iteration writes buffers every forward), BatchNorm and GroupNorm CNNs, EMA copies in
 buffers, tied, unused and frozen parameters, an unused ``torch.empty`` parameter holding NaN, a
 running-max buffer that starts at ``-inf``, a ``-inf`` mask stored as a frozen Parameter, int and
-bool buffers. Several of these hold NaN/Inf before training by design.
+bool buffers, running statistics that first change after a warm-up, noise drawn from a
+generator the module holds (`zoo_odd`). Several of these hold NaN/Inf before training by design.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from zoo_odd import (
     D,
     FrozenMaskLM,
     IntBoolBuffersLM,
+    LateStatisticLM,
     NaNReservedLM,
+    OwnGeneratorLM,
     RunningMaxLM,
     TiedUnusedFrozenLM,
 )
@@ -302,4 +305,6 @@ TORCH_CASES: list[Case] = [
     _case("running_max_buffer", RunningMaxLM, "mlp"),
     _case("frozen_inf_mask_param", FrozenMaskLM, "mlp"),
     _case("int_bool_buffers", IntBoolBuffersLM, "mlp"),
+    _case("late_running_stat", LateStatisticLM, "mlp"),
+    _case("own_generator_noise", OwnGeneratorLM, "mlp"),
 ]  # fmt: skip
