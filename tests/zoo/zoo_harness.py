@@ -58,6 +58,9 @@ class Case:
         fault: The module (its name inside the model) whose output turns NaN at batch `FAULT`.
         after_step: What the user's module does after each batch (an EMA update), or None.
         lr: AdamW's learning rate.
+        recipe: ``"adamw"``: AdamW at a constant LR, no clipping. ``"hf"``: the Hugging Face
+            Trainer's (AdamW with weight decay but none on biases and norms, the LR decaying
+            linearly to 0 each step, gradients clipped to norm 1.0).
     """
 
     name: str
@@ -67,6 +70,7 @@ class Case:
     fault: str
     after_step: Callable[[nn.Module], None] | None = None
     lr: float = 1e-3
+    recipe: str = "adamw"
 
 
 class ZooModule(pl.LightningModule):
@@ -102,9 +106,17 @@ class ZooModule(pl.LightningModule):
         if self.case.after_step is not None:
             self.case.after_step(self.model)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         trainable = [p for p in self.parameters() if p.requires_grad]
-        return torch.optim.AdamW(trainable, lr=self.case.lr)
+        if self.case.recipe == "adamw":
+            return torch.optim.AdamW(trainable, lr=self.case.lr)
+        groups = [
+            {"params": [p for p in trainable if p.ndim >= 2], "weight_decay": 0.01},
+            {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=self.case.lr)
+        decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 - step / STEPS)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
 
     def train_dataloader(self) -> DataLoader[Batch]:
         batches = self.case.batches(torch.Generator().manual_seed(1))
@@ -193,11 +205,12 @@ def _captured() -> Iterator[list[str]]:
         log.setLevel(level)
 
 
-def _trainer(root: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+def _trainer(case: Case, root: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
     return pl.Trainer(
         accelerator="cpu", devices=1, max_steps=STEPS, max_epochs=1, callbacks=callbacks,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root,
+        gradient_clip_val=1.0 if case.recipe == "hf" else None,
     )  # fmt: skip
 
 
@@ -215,7 +228,7 @@ def train(
     error = None
     with _captured() as lines:  # (also the models' own warnings: QAT's deprecation)
         module = ZooModule(case, FAULT if fault else None)
-        trainer = _trainer(root, [c for c in (witness, monitor) if c is not None])
+        trainer = _trainer(case, root, [c for c in (witness, monitor) if c is not None])
         start = held(module, trainer)
         torch.manual_seed(2)  # dropout draws the same masks in every run of this case
         try:

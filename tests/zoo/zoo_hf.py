@@ -4,7 +4,9 @@ Nothing is downloaded (``HF_HUB_OFFLINE=1``): every model is ``<Family>For...(Co
 The families cover decoder-only, encoder and encoder-decoder models; dense and mixture-of-experts
 blocks; learned, sinusoidal, rotary, ALiBi and relative positions; tied and frozen embeddings;
 and a LoRA fine-tune (``peft``: frozen base, trainable adapters). Each keeps its library's
-defaults (dropout included) except the sizes. The NaN goes into layer 1's feed-forward part.
+defaults (dropout included) except the sizes, and trains with the Hugging Face Trainer's recipe
+(weight decay except on biases and norms, a linear LR decay, gradients clipped to 1.0). The NaN
+goes into layer 1's feed-forward part.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _case(name: str, model: str, config: str, fault: str, kind: str = "lm", **kw
     data = {"lm": lm_batches, "mlm": mlm_batches, "s2s": s2s_batches}[kind]
     return Case(
         name=name, build=partial(_model, model, config, **kw),
-        batches=lambda g: data(g, STEPS), loss=_loss, fault=fault,
+        batches=lambda g: data(g, STEPS), loss=_loss, fault=fault, recipe="hf",
     )  # fmt: skip
 
 
@@ -160,7 +162,7 @@ def _encoder_decoders() -> list[Case]:
 def _cases() -> list[Case]:
     lora = Case(
         name="llama_lora", build=_lora, batches=lambda g: lm_batches(g, STEPS), loss=_loss,
-        fault="base_model.model.model.layers.1.mlp",
+        fault="base_model.model.model.layers.1.mlp", recipe="hf",
     )  # fmt: skip
     return [*_decoders(), *_encoders(), *_encoder_decoders(), lora]
 
