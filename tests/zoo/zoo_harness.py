@@ -253,13 +253,18 @@ def _measured(jsonl: Path) -> int:
 
 
 def _raised(e: BaseException) -> str:
-    """``RuntimeError: ... (raised at callbacks/guard.py:210 in _step)``: the deepest frame in
-    the project's code, else the deepest of all."""
+    """``RuntimeError: ... (raised at live/buffers.py:106 in end)``, with the deepest frame of
+    the project's code on the way when the exception came from elsewhere."""
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if "/callbacks/" in f.filename or "/stabilizer/" in f.filename]
-    frame = (ours or frames)[-1]
-    where = "/".join(Path(frame.filename).parts[-2:])
-    return f"{type(e).__name__}: {e} (raised at {where}:{frame.lineno} in {frame.name})"
+    said = f"{type(e).__name__}: {e} (raised at {_where(frames[-1])}"
+    if ours and ours[-1] is not frames[-1]:
+        said += f", through {_where(ours[-1])}"
+    return said + ")"
+
+
+def _where(frame: traceback.FrameSummary) -> str:
+    return f"{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno} in {frame.name}"
 
 
 _RUNS: dict[tuple[str, str, bool, int, bool], Outcome] = {}

@@ -2,11 +2,14 @@
 
 Nothing is downloaded (``HF_HUB_OFFLINE=1``): every model is ``<Family>For...(Config(...))``.
 The families cover decoder-only, encoder and encoder-decoder models; dense and mixture-of-experts
-blocks; learned, sinusoidal, rotary, ALiBi and relative positions; tied and frozen embeddings;
-and a LoRA fine-tune (``peft``: frozen base, trainable adapters). Each keeps its library's
-defaults (dropout included) except the sizes, and trains with the Hugging Face Trainer's recipe
-(weight decay except on biases and norms, a linear LR decay, gradients clipped to 1.0). The NaN
-goes into layer 1's feed-forward part.
+blocks (and DeepSeek-V3's latent attention, JetMoE's mixture of attention heads); learned,
+sinusoidal, rotary, ALiBi and relative positions; tied and frozen embeddings; and a LoRA
+fine-tune (``peft``: frozen base, trainable adapters). Families that build but only repeat one
+of these (Granite, OLMo, Phi-MoE, ELECTRA, mBART, Pegasus, ...) are left out for time.
+
+Each keeps its library's defaults (dropout included) except the sizes, and trains with the
+Hugging Face Trainer's recipe (weight decay except on biases and norms, a linear LR decay,
+gradients clipped to 1.0). The NaN goes into layer 1's feed-forward part.
 """
 
 from __future__ import annotations
@@ -121,6 +124,19 @@ def _decoders() -> list[Case]:
               num_experts=4, **MOE, **LLAMA),
         _case("gpt_oss", "GptOssForCausalLM", "GptOssConfig", "model.layers.1.mlp.experts",
               num_local_experts=4, head_dim=8, **MOE, **LLAMA),
+        _case("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config",
+              "model.layers.1.mlp.experts", n_routed_experts=4, n_shared_experts=1,
+              num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+              kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+              v_head_dim=8, n_group=1, topk_group=1,
+              **(LLAMA | {"num_key_value_heads": 4})),  # (latent attention: no grouped KV)
+        _case("gptj", "GPTJForCausalLM", "GPTJConfig", "transformer.h.1.mlp", n_positions=64,
+              n_embd=32, n_layer=2, n_head=4, rotary_dim=4, **SIZES),
+        _case("jetmoe", "JetMoeForCausalLM", "JetMoeConfig", "model.layers.1.mlp",
+              num_local_experts=4, num_experts_per_tok=2, kv_channels=8, hidden_size=32,
+              intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **SIZES),
+        _case("xglm", "XGLMForCausalLM", "XGLMConfig", "model.layers.1.fc2", d_model=32,
+              num_layers=2, attention_heads=4, ffn_dim=64, **SIZES),
     ]  # fmt: skip
 
 
@@ -156,6 +172,9 @@ def _encoder_decoders() -> list[Case]:
               "model.decoder.layers.1.fc2", "s2s", **BART),
         _case("marian", "MarianMTModel", "MarianConfig", "model.encoder.layers.1.fc2", "s2s",
               **(BART | {"decoder_start_token_id": PAD})),
+        _case("nllb_moe", "NllbMoeForConditionalGeneration", "NllbMoeConfig",
+              "model.decoder.layers.1.ffn", "s2s", num_experts=4, expert_capacity=64,
+              encoder_sparse_step=2, decoder_sparse_step=2, **BART),
     ]  # fmt: skip
 
 
