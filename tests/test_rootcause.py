@@ -355,3 +355,37 @@ def test_a_nan_batch_is_the_input_whichever_module_sees_it_first() -> None:
     x = torch.tensor([[1.0, math.nan, 0.0, 0.0]])
     loc = locate_nonfinite(wrapper, lambda: wrapper.net(x).sum(), inputs=(x, torch.zeros(1)))
     assert (loc.phase, loc.message) == ("input", "the input batch holds NaN/Inf")
+
+
+class MaskedAttention(nn.Module):
+    """``nn.MultiheadAttention`` fed PyTorch's float causal mask and a float padding mask
+    (``-inf`` by design), as its docs write it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 16)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(6))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        pad = torch.zeros(ids.shape).masked_fill(ids == 0, -math.inf)
+        h = self.embed(ids)
+        out, _ = self.attn(h, h, h, attn_mask=self.mask, key_padding_mask=pad)
+        logits: Tensor = self.head(out)
+        return logits
+
+
+def test_a_module_fed_a_minus_inf_mask_is_still_named() -> None:
+    # Its inputs hold -inf (the masks): they are no NaN/Inf it took in, so the NaN it makes
+    # is its own (it was blamed on the whole model).
+    torch.manual_seed(0)
+    model = MaskedAttention()
+    model.attn.register_forward_hook(lambda m, a, out: (out[0] * math.nan, out[1]))
+    ids = torch.randint(1, 16, (2, 6))
+    where = locate_nonfinite(
+        model, lambda: nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+    )
+    assert (where.phase, where.module) == ("forward", "attn")
+    inputs = {"ids": ids, "mask": model.mask}  # a batch that carries a float mask is no NaN batch
+    assert locate_nonfinite(model, lambda: model(ids).sum(), inputs=inputs).phase == "forward"

@@ -197,7 +197,7 @@ def locate_nonfinite(
     if not (math.isfinite(loss_scale) and loss_scale > 0):
         raise ValueError(f"`loss_scale` must be finite and > 0, got {loss_scale}")
     start = time.perf_counter()
-    if inputs is not None and not math.isfinite(_absmax(inputs)):
+    if inputs is not None and not math.isfinite(_incoming(inputs)):
         return Localization("input", None, elapsed_s=time.perf_counter() - start)
     named_params = list(model.named_parameters())
     bad_weights = _all_nonfinite(named_params, lambda p: p)
@@ -311,11 +311,11 @@ class _Recorder:
         self.ran.add(self.names[module])
         if self.forward_event is not None:
             return
-        produced = _absmax(output)
+        produced = _incoming(output)  # (a module that builds a -inf mask made no fault)
         if math.isfinite(produced):
             return
         self.forward_finite = False
-        incoming = _absmax((args, kwargs))
+        incoming = _incoming((args, kwargs))
         if math.isfinite(incoming):
             self.forward_event = _Event(self.names[module], incoming, produced)
         elif module is self.model:
@@ -382,6 +382,26 @@ def _absmax(obj: Any) -> float:
     if any(math.isnan(v) for v in values):
         return math.nan
     return max(values, default=0.0)
+
+
+def _incoming(obj: Any) -> float:
+    """`_absmax` of what flows into or out of a module (or a step), additive attention masks
+    left out: a tensor of only 0 and ``-inf`` (``generate_square_subsequent_mask``, a float
+    ``key_padding_mask``) is ``-inf`` by design, no NaN/Inf a module made or took in."""
+    values = []
+    for t in _tensors(obj):
+        peak = float(t.detach().abs().amax())
+        if not math.isfinite(peak) and _additive_mask(t):
+            continue
+        values.append(peak)
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=0.0)
+
+
+def _additive_mask(t: Tensor) -> bool:
+    t = t.detach()
+    return bool(((t == 0) | (t == -math.inf)).all())
 
 
 def _first_nonfinite(
