@@ -22,6 +22,7 @@ torch threads each: 1 by default).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import statistics
@@ -31,7 +32,7 @@ import traceback
 import warnings
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: the repository root holds `benchmarks`
@@ -134,6 +135,21 @@ def changed(r: Result, twin: Result, band: float) -> bool:
     return r.acted or worse
 
 
+def _steps(items: tuple[str, ...]) -> str:
+    """``kind@step`` items, a kind seen more than 3 times as ``kind xN (steps a-b)``."""
+    by_kind: dict[str, list[str]] = {}
+    for item in items:
+        kind, _, step = item.partition("@")
+        by_kind.setdefault(kind, []).append(step)
+    parts = [
+        " ".join(f"{kind}@{s}" for s in steps)
+        if len(steps) <= 3
+        else f"{kind} x{len(steps)} (steps {steps[0]}-{steps[-1]})"
+        for kind, steps in by_kind.items()
+    ]
+    return " ".join(parts) or "-"
+
+
 def _names(items: list[str]) -> str:
     counts = Counter(item.split("@")[0] for item in items)
     return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "-"
@@ -153,7 +169,7 @@ def run_table(results: list[Result]) -> str:
             f"| {r.regime} | {r.seed} | {r.policy} | {r.steps}/{r.expected} | "
             f"{r.losses[0]:.3g} → {r.losses[1]:.3g} | {r.eval:.4g} | "
             f"{ratio:.3f} | {r.skipped} | {' '.join(r.remedies) or '-'} | "
-            f"{' '.join(r.verdicts) or '-'} | {' '.join(r.warned) or '-'} | {r.seconds:.0f} |"
+            f"{' '.join(r.verdicts) or '-'} | {_steps(r.warned)} | {r.seconds:.0f} |"
         )
     return "\n".join(lines)
 
@@ -208,6 +224,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--findings", action="store_true", help="print each run's findings")
+    parser.add_argument("--json", type=Path, help="also write every run's result to this file")
     args = parser.parse_args()
     policies = ["none", *(p for p in args.policies if p != "none")]  # none: every twin
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -219,6 +236,8 @@ def main() -> None:
     ]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(train, jobs))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     print(run_table(results), end="\n\n")
     for r in results:
         if (args.findings and r.lines) or r.error:
