@@ -38,7 +38,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the repository root holds `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.regimes import REGIMES
+import lightning.pytorch as pl
+import torch
+
+from benchmarks.regimes import REGIMES, train_regime
+from stabilizer.callbacks import StabilityMonitor
+from stabilizer.core.records import Finding, Severity
 
 POLICIES = ("none", "protect", "auto")
 
@@ -68,28 +73,25 @@ class Result:
         return bool(self.remedies) or self.skipped > 0 or stopped
 
 
+class Losses(pl.Callback):
+    """The training loss of every batch: the per-run table shows that each run learns."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_train_batch_end(self, *args: object) -> None:
+        out = args[2]  # (trainer, module, outputs, batch, batch_idx)
+        if isinstance(out, dict) and "loss" in out:
+            self.seen.append(float(out["loss"]))
+
+
 def train(job: tuple[str, str, int, int | None, int]) -> Result:
+    """One run (in a worker process): regime, policy, seed, steps (None: the regime's), threads."""
     name, policy, seed, steps, threads = job
-    import lightning.pytorch as pl
-    import torch
-
-    class Losses(pl.Callback):  # the training loss of each batch, to show the run learns
-        def __init__(self) -> None:
-            self.seen: list[float] = []
-
-        def on_train_batch_end(self, *args: object) -> None:
-            out = args[2]
-            if isinstance(out, dict) and "loss" in out:
-                self.seen.append(float(out["loss"]))
-
     torch.set_num_threads(threads)
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("stabilizer").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore")
-    from benchmarks.regimes import train_regime
-    from stabilizer.callbacks import StabilityMonitor
-
-    expected = steps or REGIMES[name].steps
     monitor = None if policy == "none" else StabilityMonitor(policy=policy, jsonl=False)
     losses = Losses()
     start = time.perf_counter()
@@ -100,21 +102,31 @@ def train(job: tuple[str, str, int, int | None, int]) -> Result:
         done, finite, value = 0, False, math.nan
         error = f"{type(e).__name__}: {e}"
         traceback.print_exc()
-    findings = monitor.findings if monitor else []
-    acts = [f for f in findings if f.kind in ("remedy_applied", "remedy_result")]
-    loud = [f for f in findings if f.severity >= 30 and f.kind not in ("remedy_applied",)]
+    expected = steps or REGIMES[name].steps
     return Result(
         name, policy, seed, expected, done, finite, value,
-        monitor.skipped_steps if monitor else 0,
+        monitor.skipped_steps if monitor else 0, *_said(monitor.findings if monitor else []),
+        _ends(losses.seen), time.perf_counter() - start, error,
+    )  # fmt: skip
+
+
+Texts = tuple[str, ...]
+
+
+def _said(findings: list[Finding]) -> tuple[Texts, Texts, Texts, Texts]:
+    """Remedies applied, their verdicts, findings at WARNING or above, and the console lines."""
+    acts = [f for f in findings if f.kind in ("remedy_applied", "remedy_result")]
+    loud = [f for f in findings if f.severity >= Severity.WARNING and f.kind != "remedy_applied"]
+    return (
         tuple(f"{f.remedies[0]}@{f.step}" for f in acts if f.kind == "remedy_applied"),
         tuple(
             f"{f.remedies[0]}:{'worked' if f.evidence.get('worked') else 'failed'}@{f.step}"
-            for f in acts if f.kind == "remedy_result"
+            for f in acts
+            if f.kind == "remedy_result"
         ),
         tuple(f"{f.kind}@{f.step}" for f in loud if f.kind != "remedy_result"),
         tuple(str(f) for f in findings if f in acts or f in loud),
-        _ends(losses.seen), time.perf_counter() - start, error,
-    )  # fmt: skip
+    )
 
 
 def _ends(losses: list[float]) -> tuple[float, float]:
