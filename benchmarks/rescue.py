@@ -62,17 +62,17 @@ def train(job: tuple[str, str, int, int]) -> Result:
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("stabilizer").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore")
-    from stabilizer.callbacks import StabilityMonitor
-    from stabilizer.callbacks.auto import REMEDY_NAMES, AutoRemedies
+    from stabilizer.callbacks import Auto, StabilityMonitor
     from stabilizer.callbacks.demo.run import run_scenario
+    from stabilizer.core.remedies import AUTO_REMEDIES
 
     sc = replace(get_scenario(name), seed=seed)
     monitor = None
     if variant == "twin":
         sc = sc.twin()
     elif variant == "auto-without":
-        allow = [r for r in REMEDY_NAMES if r != REMEDY.get(name)]
-        monitor = StabilityMonitor(policy="auto", jsonl=False, auto=AutoRemedies(allow=allow))
+        allow = [r for r in AUTO_REMEDIES if r != REMEDY.get(name)]
+        monitor = StabilityMonitor(policy=Auto(allow=allow), jsonl=False)
     elif variant != "none":
         monitor = StabilityMonitor(policy=variant, jsonl=False)
     run = run_scenario(sc, accelerator="cpu", callbacks=[monitor] if monitor else [])

@@ -1,66 +1,37 @@
-"""``StabilityMonitor``: the live feed. Probes each optimizer step, runs the engine, reports.
+"""``StabilityMonitor``: the step in a Lightning fit — the hooks, and the Trainer as the host.
 
-The monitor builds its parts, each in a module of its own, and wires Lightning's hooks to them:
-what each hook of a batch does (`flow`), measuring a step (`measure`), the protection and its
-guard inside the optimizer step (`protection`, `guard`), the reports (`reporting`) and their
-outputs (`outputs`), the one-off checks (`checks`), the remedies (`auto`) and its own cost
-(`cost`).
+Each fit builds one `stabilizer.step.monitor.RunMonitor` (a fit starts clean; a checkpoint is how
+state carries over) with the Trainer as its host (`LightningHost`) and calls it from Lightning's
+hooks: a batch starts, a backward runs, an optimizer is about to step, the batch ends, the fit
+ends. Everything the step does is in `stabilizer.step`, the same code under every host.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 
-from stabilizer.core.detectors import default_detectors
 from stabilizer.core.detectors.base import Detector
-from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding
-from stabilizer.live.preflight import preflight_switches
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 from stabilizer.outputs.notify import Notifier, as_notifier
+from stabilizer.step.guard import StepGuard
+from stabilizer.step.measurement import Probes
+from stabilizer.step.monitor import Options, RunMonitor
+from stabilizer.step.outputs import Sinks
+from stabilizer.step.policies import Policy, as_policy
+from stabilizer.step.swap import SWAPPED, add_param_group, pre_ln_hparams, restore_pre_ln
 
-from .auto import AutoRemedies
-from .checks import Preflight
-from .console import Console
-from .cost import CostMeter
-from .flow import StepFlow
-from .guard import StepGuard
-from .live_step import LiveStep
-from .measure import Measurer, Probes
-from .outputs import LiveOutputs
-from .protection import Protection
-from .reporting import Reporter
-from .swap_checkpoint import SWAPPED, add_param_group, pre_ln_hparams, watch_checkpoint_loads
+from .host import LightningHost
 
 __all__ = ["StabilityMonitor"]
-
-_POLICIES = ("protect", "observe", "auto")
-SWAP = "swap_to_pre_ln"
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """The monitor's arguments, as given: each fit builds its parts from a copy of them."""
-
-    detectors: list[Detector] | None
-    activation_every: int
-    heatmap_every: int
-    jsonl: str | Path | bool
-    guard_optimizer: bool | None
-    stop_after: int | None
-    root_cause: bool
-    preflight: Mapping[str, bool]
-    auto: AutoRemedies | None
-    notify: Notifier | None
-    cost_budget: float | None
 
 
 class StabilityMonitor(pl.Callback):
@@ -69,14 +40,15 @@ class StabilityMonitor(pl.Callback):
     Each optimizer step is measured on the device, copied to the host once and fed to the
     detection :class:`~stabilizer.core.engine.Engine` (the one ``stabilizer diagnose`` replays
     logs with); records and findings go to the console (rank 0), the Trainer's loggers (under
-    ``stability/``), ``stability.jsonl``, TensorBoard's extras and notifications. ``"protect"``
-    (the default) decides inside each optimizer step, after every hook and the clipping: it
-    skips a step whose loss, gradients or LR are non-finite, checks what it lets through and
-    stops a run that stays non-finite (``docs/protection.md``). ``"observe"`` only reports;
-    ``"auto"`` protects and applies the remedies of `AutoRemedies` (``docs/remedies.md``).
+    ``stability/``), ``stability.jsonl``, TensorBoard's extras and notifications. `Protect` (the
+    default) decides inside each optimizer step, after every hook and the clipping: it skips a
+    step whose loss, gradients or LR are non-finite, checks what it lets through and stops a run
+    that stays non-finite (``docs/protection.md``). `Observe` only reports; `Auto` protects and
+    applies the remedies (``docs/remedies.md``).
 
     Args:
-        policy: ``"protect"``, ``"observe"`` or ``"auto"``.
+        policy: ``Protect(...)``, ``Observe()`` or ``Auto(...)`` (`stabilizer.step.policies`),
+            each with its own knobs; or the name of one, with its defaults.
         detectors: The detectors to run (default: all registered, with default settings).
         grouping: ``parameter name -> depth group``, to override the naming conventions.
         activation_every: Sample activation maxima every N steps (0: never).
@@ -86,134 +58,154 @@ class StabilityMonitor(pl.Callback):
             version each run (a resumed run appends to its own); ``False`` for none.
         strict: Raise on an internal error of the monitor instead of warning once (else an error
             in reporting stops the reports, never the protection; an unchecked step is skipped).
-        guard_optimizer: ``protect`` only: copy parameters and optimizer state before a step
-            and undo the step if it made them non-finite: ``True`` every step, ``False`` none,
-            ``None`` where the optimizer's own arithmetic can overflow from finite gradients
-            (fp16/bf16 parameters, Adam-style ``eps=0``, a huge gradient; LBFGS always).
-        stop_after: ``protect`` only: stop the Trainer after this many non-finite steps in a
-            row; ``None`` never stops.
-        root_cause: ``protect`` only: on the first step of each non-finite episode, replay its
-            micro-batches under hooks, in a sandbox, and name the module (micro-batch, rank)
-            that produced the NaN/Inf (at most `MAX_ROOT_CAUSES` a run).
         preflight: At the first batch, check the configuration (``config_risk``) and run the
             causal self-check (``causal_leak``): ``True``, ``False``, or a dict that switches
             single checks off (names in `stabilizer.live.preflight.PREFLIGHT_CHECKS`).
-        auto: The remedies of policy ``"auto"`` and their settings; default ``AutoRemedies()``.
         notify: Send findings (rank 0) from a background thread, once per episode: a webhook
             URL (Slack, Mattermost, Discord's ``/slack``) or a `Notifier`; None: none.
         cost_budget: The share of the step time the monitor may take (its own host time,
-            measured); above it one warning names the part that costs most and the knob that
-            lowers it. The end line and the JSONL's last line say the cost. None: no warning.
+            measured, against a realistic step); above it one warning names the part that costs
+            most and the knob that lowers it. None: no warning.
     """
-
-    MAX_ROOT_CAUSES = 10
 
     def __init__(
         self,
-        policy: str = "protect",
+        policy: str | Policy = "protect",
         detectors: Sequence[Detector] | None = None,
         grouping: Callable[[str], str] | None = None,
         activation_every: int = 50,
         heatmap_every: int = 100,
         jsonl: str | Path | bool = True,
         strict: bool = False,
-        guard_optimizer: bool | None = None,
-        stop_after: int | None = 10,
-        root_cause: bool = True,
         preflight: bool | Mapping[str, bool] = True,
-        auto: AutoRemedies | None = None,
         notify: Notifier | str | None = None,
         cost_budget: float | None = 0.03,
     ) -> None:
-        _check_arguments(policy, activation_every, heatmap_every, stop_after, cost_budget)
-        self.policy, self.grouping, self.strict = policy, grouping, strict
-        self._settings = _Settings(
-            list(detectors) if detectors is not None else None, activation_every,
-            heatmap_every, jsonl, guard_optimizer, stop_after, root_cause,
-            preflight_switches(preflight), auto, as_notifier(notify), cost_budget,
+        self.policy = as_policy(policy)
+        self.options = Options(
+            list(detectors) if detectors is not None else None, grouping, activation_every,
+            heatmap_every, jsonl, strict, preflight, as_notifier(notify), cost_budget,
         )  # fmt: skip
-        self._fitted = False  # a fit has started: the next one builds the parts anew
-        self._build()
-
-    def _build(self) -> None:
-        """The monitor's parts, fresh: each fit starts clean (a checkpoint is how state carries
-        over: `load_state_dict` runs after this). The detectors, the remedies' settings and the
-        notifier given to the monitor are copied, so that a second fit finds them as given."""
-        cfg, policy, strict = copy.deepcopy(self._settings), self.policy, self.strict
-        self.cost = CostMeter(cfg.cost_budget)
-        self.outputs = LiveOutputs(
-            Console(policy), cfg.jsonl, cfg.notify, cfg.heatmap_every, strict, self.cost.part
-        )
-        self.auto = (cfg.auto or AutoRemedies()) if policy == "auto" else None
-        self.live = LiveStep(keep_batches=False)  # the batch in flight
-        self.protection = None if policy == "observe" else Protection(
-            self.live, verify=cfg.guard_optimizer, stop_after=cfg.stop_after,
-            root_cause=cfg.root_cause, max_root_causes=self.MAX_ROOT_CAUSES,
-            lr_factor=lambda: self.auto.lr.factor if self.auto is not None else 1.0,
-            stepping_past=lambda s: self.auto is not None and self.auto.skip.active(s),
-            inert=lambda: self.flow.quiet(), strict=strict, part=self.cost.part,
-        )  # fmt: skip
-        detectors = cfg.detectors
-
-        def make_engine() -> Engine:  # one per optimizer, each from the detectors as given
-            given = copy.deepcopy(detectors) if detectors is not None else None
-            return Engine(given if given is not None else default_detectors())
-
-        self.reporter = Reporter(
-            make_engine, self.outputs, self.cost, self.auto, self.protection, strict
-        )
-        self.flow = StepFlow(
-            self.live, Measurer(strict), self.reporter, self.cost,
-            Preflight(cfg.preflight, strict), self.protection, self.auto, cfg.activation_every,
-        )  # fmt: skip
-        self._fit: tuple[pl.Trainer, pl.LightningModule] | None = None
+        self.run: RunMonitor | None = None  # this fit's (the last fit's, after it)
+        self._resumed: dict[str, Any] | None = None  # the checkpoint's state, for the next fit
         self._swap: SwapReport | None = None  # a swap to pre-LN re-applied from a checkpoint
+        self._jsonl: Path | None = None  # the default JSONL of a resumed run
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(policy=self.policy)
+        return self._generate_state_key(policy=self.policy.name)
+
+    # --- what the run shows ------------------------------------------------------------------
 
     @property
-    def engine(self) -> Engine:
-        """The detection engine (of the first optimizer's steps)."""
-        return self.reporter.engine
-
-    @property
-    def probes(self) -> Probes | None:
-        """The run's probes, from fit start (None if they could not be built)."""
-        return self.flow.measure.probes
-
-    @property
-    def guard(self) -> StepGuard | None:
-        """The optimizers' guard (policies ``protect`` and ``auto``)."""
-        return self.protection.guard if self.protection is not None else None
+    def findings(self) -> list[Finding]:
+        """Every finding of the fit so far (every rank), in order."""
+        return self.run.findings if self.run is not None else []
 
     @property
     def skipped_steps(self) -> int:
         """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
-        return self.protection.skipped_steps if self.protection is not None else 0
+        return self.run.skipped_steps if self.run is not None else 0
 
     @property
-    def findings(self) -> list[Finding]:
-        """Every finding so far (every rank), in order."""
-        return self.reporter.findings
+    def guard(self) -> StepGuard | None:
+        """The optimizers' guard (`Protect` and `Auto`)."""
+        return self.run.guard if self.run is not None else None
+
+    @property
+    def probes(self) -> Probes | None:
+        """The run's probes (None before the fit, or if they could not be built)."""
+        return self.run.probes if self.run is not None else None
 
     @property
     def root_causes(self) -> int:
         """Root-cause replays run."""
-        return self.protection.root_causes if self.protection is not None else 0
+        return self.run.root_causes if self.run is not None else 0
 
-    # --- Lightning hooks: each delegates ------------------------------------------------------
+    # --- Lightning hooks: each delegates -----------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._fitted:  # a monitor given to a second fit: a clean start
-            self._build()
-        # Before Trainer(ckpt_path=...) restores the weights: a model the checkpoint records
-        # as swapped to pre-LN is swapped again, whatever this run's policy.
-        watch_checkpoint_loads(pl_module, self._restored)
+        # Before Trainer(ckpt_path=...) restores the weights: a model the checkpoint records as
+        # swapped to pre-LN is swapped again, whatever this run's policy.
+        _watch_checkpoint_loads(pl_module, self)
 
-    def _restored(self, report: SwapReport) -> None:
-        self._swap = report
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        host = LightningHost(trainer, pl_module, self)
+        if self._swap is not None and self._swap.new_parameters and trainer.optimizers:
+            # as the swap did in the checkpoint's run: its optimizer state has this group
+            add_param_group(host, list(self._swap.new_parameters))
+        tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        sinks = Sinks(
+            trainer.loggers, int(getattr(trainer, "log_every_n_steps", 1)),
+            tb[0].experiment if tb and trainer.is_global_zero else None,
+        )  # fmt: skip
+        options = self.options
+        if self._jsonl is not None and options.jsonl is True:
+            options = dataclasses.replace(options, jsonl=self._jsonl)
+        self.run = RunMonitor(host, self.policy, options, sinks)
+        earlier: list[Finding] = []
+        if self._resumed is not None:
+            self.run.load_state_dict(self._resumed)
+            earlier, self._resumed = self.run.findings, None
+        self.run.start(earlier)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.run is not None:
+            self.run.begin(batch, batch_idx)
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        # Under gradient accumulation Lightning hands over loss / accumulate_grad_batches for
+        # each micro-batch: their sum is the step's mean loss.
+        if self.run is not None:
+            self.run.loss(loss)
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.run is not None:
+            self.run.before_step(optimizer)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if self.run is not None:
+            self.run.end()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run is not None:
+            self.run.finish()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run is not None:
+            self.run.release()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # The run died (or was interrupted): keep what was measured; every line is flushed.
+        if self.run is not None:
+            self.run.abort()
+            self.run.release()
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        run = self.run
+        if run is None:
+            return {}
+        path = run.outputs.default_path
+        state = {"jsonl": str(path) if path is not None else None, SWAPPED: self._swapped}
+        return run.state_dict() | state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:  # applied to the fit's monitor when it starts
+            self._resumed = dict(state_dict)
+            jsonl = state_dict.get("jsonl")
+            self._jsonl = Path(jsonl) if jsonl else None
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -228,89 +220,22 @@ class StabilityMonitor(pl.Callback):
     @property
     def _swapped(self) -> bool:
         """Whether the model was swapped to pre-LN (in this run, or a run it resumed)."""
-        return self._swap is not None or bool(self.auto and self.auto.applied.get(SWAP))
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fit, self._fitted = (trainer, pl_module), True
-        if self._swap is not None and self._swap.new_parameters and trainer.optimizers:
-            # as the swap did in the checkpoint's run: its optimizer state has this group
-            add_param_group(trainer, list(self._swap.new_parameters))
-        self.flow.fit_start(trainer, pl_module, self, self.grouping)
-        groups = self.probes.grads.groups if self.probes is not None else None
-        self.reporter.safely(
-            self.outputs.open, trainer, pl_module, groups, self.grouping, self.findings,
-            self.policy,
-        )  # fmt: skip
-
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self.flow.batch_start(trainer, pl_module, batch, batch_idx)
-
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
-    ) -> None:
-        self.flow.before_backward(loss)
-
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        self.flow.before_optimizer_step(trainer, pl_module, optimizer)
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
-    ) -> None:
-        self.flow.batch_end(trainer, pl_module)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.flow.train_end(trainer, pl_module)
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._release()
-
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        # The run died (or was interrupted): keep what was measured; every line is flushed.
-        with contextlib.suppress(Exception):
-            self.reporter.pending(trainer, pl_module)
-        self.outputs.abort()
-        self._release()
-
-    def _release(self) -> None:
-        self._fit = None
-        self.flow.release()
-
-    def state_dict(self) -> dict[str, Any]:
-        if self._fit is not None:  # a checkpoint holds every step up to it, as on the CPU
-            self.reporter.pending(*self._fit)
-        path = self.outputs.default_path
-        state = {"jsonl": str(path) if path is not None else None, SWAPPED: self._swapped}
-        return self.reporter.state_dict() | state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.reporter.load_state_dict(state_dict)
-        self.flow.preflight.done = True  # a resumed run was checked when it started
-        jsonl = state_dict.get("jsonl")
-        self.outputs.default_path = Path(jsonl) if jsonl else None
+        auto = self.run.auto if self.run is not None else None
+        return self._swap is not None or bool(auto and auto.applied.get("swap_to_pre_ln"))
 
 
-def _check_arguments(
-    policy: str, activation_every: int, heatmap_every: int, stop_after: int | None,
-    cost_budget: float | None,
-) -> None:  # fmt: skip
-    wrong = [
-        (policy not in _POLICIES, "policy", f"one of {', '.join(_POLICIES)}", policy),
-        (activation_every < 0, "activation_every", ">= 0", activation_every),
-        (heatmap_every < 0, "heatmap_every", ">= 0", heatmap_every),
-        (stop_after is not None and stop_after < 1, "stop_after", ">= 1 or None", stop_after),
-        (
-            cost_budget is not None and not cost_budget > 0,
-            "cost_budget",
-            "> 0 or None",
-            cost_budget,
-        ),
-    ]
-    for bad, name, what, value in wrong:
-        if bad:
-            raise ValueError(f"`{name}` must be {what}, got {value!r}")
+def _watch_checkpoint_loads(pl_module: pl.LightningModule, monitor: StabilityMonitor) -> None:
+    """Make ``pl_module.on_load_checkpoint`` apply a checkpoint's swap to pre-LN first (on this
+    instance), and tell the monitor what it changed (its new parameters join the optimizer)."""
+    original = pl_module.on_load_checkpoint
+    if getattr(original, "restores_pre_ln", False):
+        return
+
+    def on_load_checkpoint(checkpoint: dict[str, Any]) -> None:
+        report = restore_pre_ln(pl_module, checkpoint)
+        if report.changed:
+            monitor._swap = report
+        original(checkpoint)
+
+    on_load_checkpoint.restores_pre_ln = True  # type: ignore[attr-defined]
+    pl_module.on_load_checkpoint = on_load_checkpoint  # type: ignore[method-assign]

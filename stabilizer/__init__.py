@@ -1,8 +1,9 @@
 """stabilizer: catch, prevent and explain training instabilities of Transformers.
 
-The engine, readers, remedies, model and CLI live here and never import Lightning; the Lightning
-layer is the subpackage ``stabilizer.callbacks`` (the top-level ``callbacks/`` folder of the
-repository). Names from it are re-exported lazily, so ``stabilizer diagnose`` never pays for
+The engine, readers, the step, remedies, model and CLI live here and never import Lightning; the
+Lightning host is the subpackage ``stabilizer.callbacks`` (the top-level ``callbacks/`` folder of
+the repository); a plain loop or Fabric use `Stabilizer`, the Hugging Face ``Trainer`` uses
+`StabilityCallback`. Names from it are re-exported lazily, so ``stabilizer diagnose`` never pays for
 importing Lightning.
 """
 
@@ -12,7 +13,17 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AutoRemedies", "LitGPT", "StabilityMonitor", "StabilizerDataModule", "__version__"]
+__all__ = [
+    "Auto",
+    "LitGPT",
+    "Observe",
+    "Protect",
+    "StabilityCallback",
+    "StabilityMonitor",
+    "Stabilizer",
+    "StabilizerDataModule",
+    "__version__",
+]
 __version__ = "0.1.0"
 
 # Installed, callbacks/ sits inside this package as stabilizer/callbacks. In a source checkout it is
@@ -23,7 +34,11 @@ if not (_here / "callbacks").is_dir() and (_here.parent / "callbacks" / "__init_
     __path__.append(str(_here.parent))
 
 _LAZY = {
-    "AutoRemedies": "stabilizer.callbacks.auto",
+    "Auto": "stabilizer.step.policies",
+    "Observe": "stabilizer.step.policies",
+    "Protect": "stabilizer.step.policies",
+    "Stabilizer": "stabilizer.hosts.loop",
+    "StabilityCallback": "stabilizer.hosts.hf",
     "LitGPT": "stabilizer.callbacks.demo.lit_gpt",
     "StabilityMonitor": "stabilizer.callbacks.monitor",
     "StabilizerDataModule": "stabilizer.callbacks.demo.datamodule",

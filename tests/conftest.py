@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,3 +105,19 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sweep")
     sweep(SEEDS, THREADS, out)
     return out
+
+
+def loop_host(
+    module: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    precision: str = "32-true",
+    lr: float = 1e-3,
+) -> Any:
+    """A plain loop's host of the step (`stabilizer.hosts.loop.LoopHost`) around `module` (a
+    ``Linear(2, 2)`` by default) and its AdamW: for tests that drive the step's parts by hand."""
+    from stabilizer.hosts.loop import LoopHost
+    from stabilizer.step.host import HostFacts
+
+    module = module if module is not None else torch.nn.Linear(2, 2)
+    optimizer = optimizer or torch.optim.AdamW(module.parameters(), lr=lr)
+    return LoopHost(module, [optimizer], [], None, HostFacts(precision=precision))

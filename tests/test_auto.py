@@ -14,12 +14,15 @@ import pytest
 import torch
 from test_protect import Fault, assert_intact, tiny, train
 
-from stabilizer.callbacks.auto import AutoRemedies
+from conftest import loop_host
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity
 from stabilizer.demo.model import Block
 from stabilizer.demo.scenarios import Scenario
 from stabilizer.live.remedies import FP32LayerNorm
+from stabilizer.step.auto import AutoRemedies
+from stabilizer.step.monitor import Options, RunMonitor
+from stabilizer.step.policies import Auto
 
 
 def applied(monitor: StabilityMonitor) -> list[Finding]:
@@ -34,8 +37,7 @@ class Window(Fault):
 
 
 def test_persistent_nan_rolls_back_and_steps_past_the_batches() -> None:
-    auto = AutoRemedies(snapshot_every=5, skip_batches=8)
-    monitor = StabilityMonitor(policy="auto", jsonl=False, auto=auto)
+    monitor = StabilityMonitor(policy=Auto(snapshot_every=5, skip_batches=8), jsonl=False)
     run = train(replace(tiny("32-true"), steps=40), monitor, Window("activation"))
     assert_intact(run)
     assert run.trainer.global_step == 40  # rescued: the run went on
@@ -80,7 +82,7 @@ def test_no_fp32_upcast_in_an_fp32_run() -> None:
 
 
 def test_forbidden_remedy_is_not_applied() -> None:
-    monitor = StabilityMonitor(policy="auto", jsonl=False, auto=AutoRemedies(allow=["rollback"]))
+    monitor = StabilityMonitor(policy=Auto(allow=["rollback"]), jsonl=False)
     run = train(tiny("fp16"), monitor, Fault("activation"))
     assert_intact(run)
     assert not applied(monitor)
@@ -105,36 +107,36 @@ def test_remedy_is_never_applied_twice() -> None:
 
 def test_a_divergence_that_came_back_calls_for_no_rollback() -> None:
     back = Finding("divergence", 150, 190, Severity.INFO, "loss back under its band", {})
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    auto = AutoRemedies()
-    assert auto.after_step(trainer, pl.LightningModule(), 191, [back]) == []
+    auto = AutoRemedies(loop_host(), Auto())
+    assert auto.after_step(191, [back]) == []
     assert not auto.exhausted()  # no rollback was wanted (and none could be done)
 
 
 def test_unknown_remedy_name_is_refused() -> None:
     with pytest.raises(ValueError, match="`allow` must name remedies among clip_gradients"):
-        AutoRemedies(allow=["clip", "rollback"])
+        Auto(allow=["clip", "rollback"])
 
 
 def test_auto_state_rides_in_the_checkpoint() -> None:
-    monitor = StabilityMonitor(policy="auto")
-    assert monitor.auto is not None
-    monitor.auto.applied["clip_gradients"] = 1
-    monitor.auto.lr.scale(0.5)
-    other = StabilityMonitor(policy="auto")
-    other.load_state_dict(monitor.state_dict())
+    host = loop_host()
+    run = RunMonitor(host, Auto(), Options(jsonl=False))
+    assert run.auto is not None
+    run.auto.applied["clip_gradients"] = 1
+    run.auto.lr.scale(0.5)
+    other = RunMonitor(host, Auto(), Options(jsonl=False))
+    other.load_state_dict(run.state_dict())
     assert other.auto is not None and other.auto.applied == {"clip_gradients": 1}
     assert other.auto.lr.factor == 0.5
 
 
 def test_loss_spike_turns_clipping_on_once() -> None:
-    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
-    auto, module = AutoRemedies(allow=["clip_gradients"]), torch.nn.Linear(2, 2)
+    host = loop_host()
+    auto = AutoRemedies(host, Auto(allow=["clip_gradients"]))
     spike = Finding("loss_spike", 150, 154, Severity.WARNING, "spike", {}, (), ("clip_gradients",))
-    (done,) = auto.after_step(trainer, module, 155, [spike])  # type: ignore[arg-type]
-    assert trainer.gradient_clip_val == 1.0
+    (done,) = auto.after_step(155, [spike])
+    assert host.clip == 1.0
     assert done.kind == "remedy_applied" and done.evidence["after"] == 1.0
-    assert auto.after_step(trainer, module, 200, [replace(spike, step=199)]) == []  # type: ignore[arg-type]
+    assert auto.after_step(200, [replace(spike, step=199)]) == []
 
 
 @pytest.mark.slow
@@ -183,8 +185,9 @@ def _post_ln(steps: int = 30) -> Scenario:
 def test_a_starved_band_restarts_from_the_oldest_snapshot_as_pre_ln(
     allow: list[str] | None, keep: int, restored: int | None
 ) -> None:
-    auto = AutoRemedies(snapshot_every=5, keep_snapshots=keep, allow=allow)
-    monitor = StabilityMonitor(policy="auto", jsonl=False, auto=auto)
+    monitor = StabilityMonitor(
+        policy=Auto(snapshot_every=5, keep_snapshots=keep, allow=allow), jsonl=False
+    )
     run = train(_post_ln(), monitor, Starve())
     assert_intact(run)
     bands = [f for f in monitor.findings if f.kind == "depth_imbalance"]

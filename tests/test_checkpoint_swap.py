@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks import StabilityMonitor
 from stabilizer.callbacks.demo.lit_gpt import LitGPT
-from stabilizer.callbacks.swap_checkpoint import restore_pre_ln, swapped_in
 from stabilizer.core.detectors import default_detectors
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.demo.model import GPTConfig
+from stabilizer.step.swap import restore_pre_ln, swapped_in
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from stabilizer.callbacks.console import Console, compact_groups
-from stabilizer.callbacks.cost import CAUSES
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.advice import LiveFacts
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunEnd
 from stabilizer.replay.diagnose import diagnose
+from stabilizer.step.console import Console, compact_groups
+from stabilizer.step.cost import CAUSES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

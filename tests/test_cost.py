@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from stabilizer.callbacks import cost as cost_module
-from stabilizer.callbacks.cost import CAUSES, WARN_AFTER, CostMeter, over_budget_advice
-from stabilizer.callbacks.outputs import LoggerOutput
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd
+from stabilizer.step import cost as cost_module
+from stabilizer.step.cost import CAUSES, WARN_AFTER, CostMeter, over_budget_advice
+from stabilizer.step.outputs import LoggerOutput
 
 
 class FakeClock:

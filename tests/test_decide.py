@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from stabilizer.callbacks.guard import (
+from stabilizer.step.guard import (
     BAD_GRADS,
     BAD_LOSS,
     BAD_LR,

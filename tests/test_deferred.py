@@ -63,12 +63,24 @@ class Seen(pl.Callback):
             self.on_time = any(f.step == FAULT_STEPS[0] for f in self.monitor.findings)
 
 
+class Deferring(StabilityMonitor):
+    """The monitor with its reports deferred or not: the switch a CUDA run flips by itself."""
+
+    def __init__(self, deferred: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deferred = deferred
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        assert self.run is not None
+        self.run.reporter.defer = self.deferred
+
+
 def run(
     tmp: Path, policy: str, deferred: bool, precision: str = "32-true"
 ) -> tuple[list[str], list[Finding], Untouched]:
     path = tmp / f"{policy}-{deferred}.jsonl"
-    monitor = StabilityMonitor(policy=policy, jsonl=path, activation_every=3)
-    monitor.reporter.defer = deferred  # the switch a CUDA run flips by itself
+    monitor = Deferring(deferred, policy=policy, jsonl=path, activation_every=3)
     watch, seen = Untouched(), Seen(monitor)
     run = run_scenario(
         tiny(precision), accelerator="cpu", validate=False,

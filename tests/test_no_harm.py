@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Severity
+from stabilizer.step.policies import Protect
 
 VOCAB, T = 16, 6
 
@@ -355,7 +356,10 @@ class Stateful(Base):
 def test_the_root_cause_replay_leaves_no_trace_in_the_users_state() -> None:
     runs = {}
     for root_cause in (True, False):
-        module, monitor = Stateful(nan_at=4), StabilityMonitor(jsonl=False, root_cause=root_cause)
+        module, monitor = (
+            Stateful(nan_at=4),
+            StabilityMonitor(Protect(root_cause=root_cause), jsonl=False),
+        )
         fit(module, monitor=monitor)
         assert monitor.root_causes == int(root_cause)
         runs[root_cause] = module
@@ -442,7 +446,11 @@ def test_a_second_optimizer_that_stays_nan_stops_the_run_by_its_own_count() -> N
     module, monitor = TwoOptimizers(None, second_nan_from=2), StabilityMonitor(jsonl=False)
     trainer = fit(module, monitor=monitor, steps=40)
     assert trainer.should_stop and trainer.global_step < 40
-    assert monitor.protection is not None and monitor.protection.bad_runs == {0: 0, 1: 10}
+    assert (
+        monitor.run is not None
+        and monitor.run.protection is not None
+        and monitor.run.protection.bad_runs == {0: 0, 1: 10}
+    )
 
 
 class LBFGSNet(Base):

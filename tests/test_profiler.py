@@ -37,8 +37,12 @@ class Profiled(StabilityMonitor):
     def __init__(self) -> None:
         super().__init__(jsonl=False)
         self.ops, self._on = Counter[str](), False
-        assert self.protection is not None
-        guard, judge = self.protection.guard, self.protection.guard._judge
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        guard = self.guard
+        assert guard is not None
+        judge = guard._judge
         # The guard's judge runs inside the optimizer step: it is the monitor's too.
         guard._judge = lambda optimizer: self._call_fn(judge, optimizer)  # type: ignore[assignment]
 

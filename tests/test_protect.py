@@ -17,12 +17,13 @@ from torch import nn
 
 from stabilizer.callbacks.demo.lit_gpt import LitGPT
 from stabilizer.callbacks.demo.run import ScenarioRun, run_scenario
-from stabilizer.callbacks.guard import StepGuard, Verdict
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.callbacks.protection import CPU_SHARES
 from stabilizer.demo.config import GPTConfig
 from stabilizer.demo.scenarios import Scenario
 from stabilizer.live.tensors import optimizer_state_tensors as state_tensors
+from stabilizer.step.guard import Decision, StepGuard
+from stabilizer.step.policies import Protect
+from stabilizer.step.weights import CPU_SHARES
 
 FAULT_STEPS = (4, 5)
 STEPS = 10
@@ -164,7 +165,7 @@ class Persistent(Fault):
 
 
 def test_stop_after_consecutive_nonfinite_steps() -> None:
-    monitor = StabilityMonitor(jsonl=False, stop_after=3)
+    monitor = StabilityMonitor(Protect(stop_after=3), jsonl=False)
     run = train(replace(tiny("32-true"), steps=30), monitor, Persistent("activation"))
     assert_intact(run)
     assert run.trainer.global_step == FAULT_STEPS[0] + 3  # stopped after the third bad step
@@ -193,7 +194,7 @@ def test_skip_leaves_adamw_untouched() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
     model(torch.ones(1, 4)).sum().backward()
     opt.step()
-    guard = StepGuard(lambda opt: Verdict(skip=True), lambda opt: None)
+    guard = StepGuard(lambda opt: Decision(skip=True), lambda opt: None)
     guard.cover([opt])
     before = [p.detach().clone() for p in model.parameters()]
     state = [t.clone() for t in state_tensors(opt)]
@@ -212,7 +213,7 @@ def test_a_step_that_cannot_be_checked_is_skipped(
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr("stabilizer.live.probes.GradProbe.__call__", broken)
-    monitor = StabilityMonitor(jsonl=False, stop_after=None)
+    monitor = StabilityMonitor(Protect(stop_after=None), jsonl=False)
     run = train(tiny("32-true"), monitor, Fault("loss"))
     assert run.trainer.global_step == STEPS  # the user's training went on
     warnings = [r for r in caplog.records if "cannot measure the steps" in r.message]

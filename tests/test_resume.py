@@ -17,6 +17,7 @@ from test_protect import Fault, tiny
 from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding
+from stabilizer.step.policies import Protect
 
 STEPS, SAVE_AT = 16, 8
 
@@ -42,11 +43,11 @@ def run(tmp: Path, monitor: StabilityMonitor, ckpt: Path | None = None) -> list[
 
 
 def test_resumed_run_reports_the_same_findings(tmp_path: Path) -> None:
-    whole = run(tmp_path / "a", StabilityMonitor(jsonl=False, stop_after=None))
+    whole = run(tmp_path / "a", StabilityMonitor(Protect(stop_after=None), jsonl=False))
     assert any(f.severity.name == "CRITICAL" for f in whole)  # the episode crossed step 8
     ckpt = tmp_path / "a" / f"epoch=0-step={SAVE_AT}.ckpt"
     assert ckpt.exists()
-    first = StabilityMonitor(jsonl=False, stop_after=None)
+    first = StabilityMonitor(Protect(stop_after=None), jsonl=False)
     state = torch.load(ckpt, weights_only=False)["callbacks"][first.state_key]
     assert state["bad_in_a_row"] == 2  # steps 6 and 7 were bad when the checkpoint was saved
     resumed = run(tmp_path / "b", first, ckpt)

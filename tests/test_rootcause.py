@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from stabilizer.callbacks.checks import _finding
 from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.live.rootcause import (
     Localization,
@@ -20,6 +19,7 @@ from stabilizer.live.rootcause import (
     optimizer_produced_nonfinite,
 )
 from stabilizer.live.tensors import all_finite, optimizer_state_tensors
+from stabilizer.step.root_cause import _finding
 
 TINY = {"vocab_size": 64, "n_layer": 3, "n_head": 2, "n_embd": 16, "block_size": 8}
 

@@ -12,8 +12,7 @@ import torch
 
 from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.demo.scenarios import OPTIMIZERS
-
-from ..swap_checkpoint import restore_pre_ln
+from stabilizer.step.swap import restore_pre_ln
 
 __all__ = ["LitGPT", "warmup_cosine"]
 

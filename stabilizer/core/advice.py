@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from .kinds import IN_THE_LOSS, ROOT_CAUSE, kind_of
 from .records import Finding
+from .remedies import LOW_PRECISION_REMEDIES, TABLE
 from .run import low_precision
 from .signals import LOSS_SCALE, SKIPPED
 
@@ -35,24 +36,10 @@ __all__ = [
     "remedy_text",
 ]
 
-LOW_PRECISION_REMEDIES = frozenset({"upcast_to_fp32", "mixed_precision"})
-"""Remedies that only help when some of the computation runs in 16 bits."""
+REMEDY_TEXT: dict[str, str] = {r.name: r.text for r in TABLE}
+"""What to do, by remedy name: the remedy table's words (`stabilizer.core.remedies`)."""
 
-REMEDY_TEXT: dict[str, str] = {
-    "clip_gradients": "clip the global gradient norm to 1.0",
-    "upcast_to_fp32": "run softmax and LayerNorm in fp32 (fp32 islands), or switch to bf16",
-    "swap_to_pre_ln": "move to pre-LN residual blocks and keep the LR warmup",
-    "skip_step": "skip the step, so that a bad (NaN/Inf or outsized) update never reaches the "
-    "weights",
-    "rollback": "roll back to the last good checkpoint and step past the bad batch",
-    "scale_lr": "lower the learning rate",
-    "lr_warmup": "warm the learning rate up over the first few hundred steps",
-    "mixed_precision": "keep fp32 master weights (16-mixed/bf16-mixed) or raise the optimizer's "
-    "eps (1e-8 is 0 in fp16)",
-}
-"""What to do, by remedy name (the names of `stabilizer.core.records.REMEDIES`)."""
-
-_IN_BF16 = {"upcast_to_fp32": "run softmax and LayerNorm in fp32 (fp32 islands)"}
+_IN_BF16 = {r.name: r.text_bf16 for r in TABLE if r.text_bf16}
 """The text of a remedy in a run that is in bf16 already (no "switch to bf16")."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .records import Severity
+from .remedies import AUTO_REMEDIES
 
 __all__ = [
     "CAUSAL_LEAK",
@@ -69,7 +70,7 @@ IN_THE_LOSS = "in_loss"
 """A root cause's evidence key: 1 when every module output was finite (the NaN is the loss's)."""
 
 _SPIKE, _NAN = "spike", "nonfinite"  # the families
-_ALL_REMEDIES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
+_ALL_REMEDIES = AUTO_REMEDIES
 
 
 @dataclass(frozen=True)

@@ -15,19 +15,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-__all__ = ["REMEDIES", "Finding", "Severity", "StepRecord"]
+from .remedies import REMEDIES  # the remedy table's names, re-exported
 
-REMEDIES = (
-    "clip_gradients",
-    "upcast_to_fp32",
-    "swap_to_pre_ln",
-    "skip_step",
-    "rollback",
-    "scale_lr",
-    "lr_warmup",
-    "mixed_precision",
-)
-"""Known remedy names for `Finding.remedies`."""
+__all__ = ["REMEDIES", "Finding", "Severity", "StepRecord"]
 
 _JOIN = ": "  # between what was seen and the advice, in `Finding.message`
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}

@@ -1,29 +1,28 @@
 """The ``auto`` policy checks its work: ``remedy_result`` after each remedy, and what comes next.
 
 Driven step by step through ``AutoRemedies.after_step`` with the findings a detector would send
-and the step's record, on a real Trainer and optimizer (no fit: the ladder's decisions only).
+and the step's record, on a plain loop's host and a real optimizer (no training: the ladder's
+decisions only).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
-from stabilizer.callbacks.auto import AutoRemedies, from_scratch
-from stabilizer.callbacks.ladder import Ladder, result_finding
+from conftest import loop_host
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.step.auto import AutoRemedies, from_scratch
+from stabilizer.step.ladder import Ladder, result_finding
+from stabilizer.step.policies import Auto
 
 
-def _trainer(lr: float = 1e-3) -> tuple[pl.Trainer, torch.nn.Module]:
-    trainer = pl.Trainer(
-        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
-    )
-    module = torch.nn.Linear(2, 2)
-    trainer.optimizers = [torch.optim.AdamW(module.parameters(), lr=lr)]
-    return trainer, module
+def _trainer(lr: float = 1e-3) -> tuple[Any, torch.nn.Module]:
+    host = loop_host(lr=lr)
+    return host, host.module
 
 
 def _record(step: int, loss: float = 2.0, lr: float = 1e-3, norm: float = 0.5) -> StepRecord:
@@ -40,7 +39,7 @@ def _diverged(step: int, at: int) -> Finding:
 
 def _run(
     auto: AutoRemedies,
-    trainer: pl.Trainer,
+    trainer: Any,
     module: torch.nn.Module,
     steps: range,
     found: dict[int, list[Finding]],
@@ -49,7 +48,7 @@ def _run(
     out = []
     for s in steps:
         now = found.get(s, [])
-        out += auto.after_step(trainer, module, s, now, _record(s, **record))
+        out += auto.after_step(s, now, _record(s, **record))
     return out
 
 
@@ -59,7 +58,7 @@ def _results(findings: list[Finding]) -> list[Finding]:
 
 def test_a_remedy_whose_failure_stays_away_worked_after_the_window() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients"], check_steps=30)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"], check_steps=30))
     out = _run(auto, trainer, module, range(155, 200), {155: [_spike(150)]}, loss=2.5)
     (result,) = _results(out)
     assert result.step == 185 and result.severity == Severity.INFO
@@ -74,14 +73,14 @@ def test_a_remedy_whose_failure_stays_away_worked_after_the_window() -> None:
 def test_a_later_spike_that_came_back_down_is_not_a_failure_of_clipping() -> None:
     # Bad data still has a high loss with clipping on: the spike is what clipping lets through.
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients"], check_steps=30)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"], check_steps=30))
     out = _run(auto, trainer, module, range(155, 200), {155: [_spike(150)], 170: [_spike(165)]})
     assert [f.evidence["worked"] for f in _results(out)] == [1.0]
 
 
 def test_a_failure_that_comes_back_is_answered_by_the_next_remedy() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients", "scale_lr"], check_steps=50)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients", "scale_lr"], check_steps=50))
     found = {155: [_spike(150)], 180: [_diverged(165, 180)]}
     out = _run(auto, trainer, module, range(155, 182), found, loss=7.0)
     (result,) = _results(out)
@@ -98,7 +97,7 @@ def test_a_failure_that_comes_back_is_answered_by_the_next_remedy() -> None:
 
 def test_an_episode_from_before_the_remedy_does_not_count_against_it() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients", "scale_lr"], check_steps=20)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients", "scale_lr"], check_steps=20))
     found = {155: [_spike(150)], 170: [_diverged(150, 170)]}  # the same event, called later
     out = _run(auto, trainer, module, range(155, 180), found)
     assert [f.evidence["worked"] for f in _results(out)] == [1.0]
@@ -106,7 +105,7 @@ def test_an_episode_from_before_the_remedy_does_not_count_against_it() -> None:
 
 def test_nothing_left_to_try_is_a_critical_result_and_a_clean_stop() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients"], check_steps=50)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"], check_steps=50))
     out = _run(
         auto, trainer, module, range(155, 181), {155: [_spike(150)], 180: [_diverged(170, 180)]}
     )
@@ -119,8 +118,8 @@ def test_nothing_left_to_try_is_a_critical_result_and_a_clean_stop() -> None:
 
 def test_a_rollback_after_an_lr_surge_cuts_the_lr_as_much() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["rollback"], snapshot_every=10, check_steps=30)
-    auto.start(trainer, module)
+    auto = AutoRemedies(trainer, Auto(allow=["rollback"], snapshot_every=10, check_steps=30))
+    auto.start()
     _run(auto, trainer, module, range(0, 31), {}, lr=1e-3)  # snapshots at 10, 20, 30
     out = _run(auto, trainer, module, range(31, 41), {40: [_diverged(35, 40)]}, lr=3.0)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -136,8 +135,8 @@ def test_a_rollback_after_an_lr_surge_cuts_the_lr_as_much() -> None:
 
 def test_a_rollback_without_a_surge_keeps_the_lr() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["rollback"], snapshot_every=10)
-    auto.start(trainer, module)
+    auto = AutoRemedies(trainer, Auto(allow=["rollback"], snapshot_every=10))
+    auto.start()
     _run(auto, trainer, module, range(0, 21), {}, lr=1e-3)
     out = _run(auto, trainer, module, range(21, 26), {25: [_diverged(23, 25)]}, lr=1.5e-3)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -198,8 +197,8 @@ def test_the_end_of_a_warmup_is_no_surge(scheduled: bool) -> None:
     trainer, module = _trainer()
     if scheduled:
         trainer.optimizers[0].param_groups[0]["initial_lr"] = 0.3
-    auto = AutoRemedies(allow=["rollback"], snapshot_every=10, check_steps=30)
-    auto.start(trainer, module)
+    auto = AutoRemedies(trainer, Auto(allow=["rollback"], snapshot_every=10, check_steps=30))
+    auto.start()
     _run(auto, trainer, module, range(0, 11), {}, lr=1e-3)  # a snapshot at 10
     out = _run(auto, trainer, module, range(11, 41), {40: [_diverged(12, 40)]}, lr=0.3)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -216,7 +215,7 @@ def test_a_remedy_after_which_the_loss_stays_above_its_level_is_not_better() -> 
     # failure did not come back, but the run is not better. Said so, with the numbers, and left
     # alone (no next remedy, no stop).
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients", "scale_lr"], check_steps=30)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients", "scale_lr"], check_steps=30))
     out = _run(auto, trainer, module, range(120, 150), {}, loss=1.6)
     out += _run(auto, trainer, module, range(150, 190), {155: [_spike(150)]}, loss=2.9)
     (result,) = _results(out)
@@ -229,7 +228,7 @@ def test_a_remedy_after_which_the_loss_stays_above_its_level_is_not_better() -> 
 
 def test_a_remedy_after_which_the_loss_is_back_at_its_level_worked() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients"], check_steps=30)
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"], check_steps=30))
     out = _run(auto, trainer, module, range(120, 150), {}, loss=1.6)
     out += _run(auto, trainer, module, range(150, 190), {155: [_spike(150)]}, loss=1.55)
     (result,) = _results(out)
@@ -243,11 +242,11 @@ def test_the_clip_threshold_fits_the_runs_healthy_norms(norm: float, threshold: 
     # The article's 1.0 where healthy norms sit below it; where they sit above (a Gaussian NLL
     # head, warm restarts), 2x the typical one: 1.0 would clip most healthy steps.
     trainer, module = _trainer()
-    auto = AutoRemedies(allow=["clip_gradients"])
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"]))
     out = _run(auto, trainer, module, range(0, 60), {}, norm=norm)
     out += _run(auto, trainer, module, range(60, 62), {60: [_spike(60)]}, norm=norm)
     (applied,) = [f for f in out if f.kind == "remedy_applied"]
-    assert trainer.gradient_clip_val == pytest.approx(threshold)
+    assert trainer.clip == pytest.approx(threshold)
     assert applied.evidence["after"] == pytest.approx(threshold)
     assert ("2x the run's typical healthy norm" in applied.message) == (norm > 1)
 
@@ -258,14 +257,14 @@ def _saturated(step: int) -> Finding:
 
 def test_a_saturation_of_autos_own_clipping_raises_the_threshold_never_cuts_the_lr() -> None:
     trainer, module = _trainer()
-    auto = AutoRemedies(check_steps=30)
+    auto = AutoRemedies(trainer, Auto(check_steps=30))
     out = _run(auto, trainer, module, range(0, 60), {60: [_spike(59)]}, norm=0.5)
     out += _run(auto, trainer, module, range(60, 61), {60: [_spike(59)]}, norm=0.5)
-    assert trainer.gradient_clip_val == 1.0
+    assert trainer.clip == 1.0
     out += _run(auto, trainer, module, range(61, 160), {150: [_saturated(120)]}, norm=3.0)
     applied = [f for f in out if f.kind == "remedy_applied"]
     assert [f.remedies[0] for f in applied] == ["clip_gradients", "clip_gradients"]
-    assert "raised" in applied[1].message and trainer.gradient_clip_val == pytest.approx(6.0)
+    assert "raised" in applied[1].message and trainer.clip == pytest.approx(6.0)
     assert auto.lr.factor == 1.0
 
 
@@ -295,14 +294,11 @@ def _nan(step: int) -> Finding:
 def test_a_frozen_model_is_rewritten_only_when_the_user_names_the_rewrite(
     allow: list[str] | None,
 ) -> None:
-    trainer = pl.Trainer(
-        accelerator="cpu", precision="16-true", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False,
-    )  # fmt: skip
     module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)).half()
     module[0].requires_grad_(False)  # a frozen pretrained body, a trained norm
-    trainer.optimizers = [torch.optim.AdamW(module[1].parameters(), lr=1e-3)]
-    auto = AutoRemedies(allow=allow)
+    optimizer = torch.optim.AdamW(module[1].parameters(), lr=1e-3)
+    trainer = loop_host(module, optimizer, precision="16-true")
+    auto = AutoRemedies(trainer, Auto(allow=allow))
     out = _run(auto, trainer, module, range(4, 6), {5: [_nan(5)]})
     applied = [f.remedies[0] for f in out if f.kind == "remedy_applied"]
     assert applied == ([] if allow is None else ["upcast_to_fp32"])

@@ -29,6 +29,7 @@ from zoo_tensors import differences, held
 
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding, Severity
+from stabilizer.step.policies import Protect
 
 __all__ = [
     "FAULT",
@@ -221,7 +222,8 @@ def train(
     monitor = None
     if policy is not None:
         jsonl = root / "stability.jsonl"
-        monitor = StabilityMonitor(policy=policy, jsonl=jsonl, root_cause=root_cause)
+        chosen = Protect(root_cause=root_cause) if policy == "protect" else policy
+        monitor = StabilityMonitor(policy=chosen, jsonl=jsonl)
     witness = Witness(FAULT) if fault else None
     label = f"{case.name} under {policy or 'no monitor'}" + (" with a NaN" if fault else "")
     label += "" if root_cause else " (root_cause=False)"

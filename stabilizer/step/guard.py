@@ -42,8 +42,8 @@ __all__ = [
     "HUGE_GRAD_NORM",
     "STEPPING_PAST",
     "UNCHECKED",
+    "Decision",
     "StepGuard",
-    "Verdict",
     "decide",
     "held_tensors",
     "risky_arithmetic",
@@ -113,20 +113,22 @@ def risky_arithmetic(optimizer: torch.optim.Optimizer, grad_norm: float) -> str:
     return ""
 
 
-@dataclass
-class Verdict:
+@dataclass(frozen=True)
+class Decision:
     """The judge's answer for one optimizer step.
 
     Args:
         skip: Do not step.
+        reason: Why (`decide`'s reasons); empty when the step goes ahead.
         verify: Step on a copy-and-check: put the copy back if the result is non-finite.
     """
 
     skip: bool
+    reason: str = ""
     verify: bool = False
 
 
-Judge = Callable[[torch.optim.Optimizer], Verdict]
+Judge = Callable[[torch.optim.Optimizer], Decision]
 
 
 class StepGuard:
@@ -207,11 +209,11 @@ class StepGuard:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()  # the monitor measures inside (on_before_optimizer_step)
-        verdict = self._judge(opt)
-        if verdict.skip:
+        decision = self._judge(opt)
+        if decision.skip:
             self.skipped += 1
             return loss
-        if not verdict.verify:
+        if not decision.verify:
             inner(**kwargs)
             return loss
         saved = _snapshot(opt)
@@ -249,8 +251,8 @@ class StepGuard:
         finite = all_finite(held_tensors(opt) + [x for x in losses if isinstance(x, torch.Tensor)])
         after = _snapshot(opt) if finite else None
         _restore(opt, saved)
-        verdict = self._judge(opt)  # on the first evaluation's numbers
-        if verdict.skip:
+        decision = self._judge(opt)  # on the first evaluation's numbers
+        if decision.skip:
             self.skipped += 1
         elif after is None:
             self.reverted += 1

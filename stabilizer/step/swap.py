@@ -9,7 +9,7 @@ same swap before its weights load:
 
 - ``Trainer(callbacks=[StabilityMonitor(...)]).fit(model, ckpt_path=...)`` under any policy
   (and ``validate``/``test``/``predict`` with the monitor): the monitor does it
-  (`watch_checkpoint_loads`), and adds the new norm's parameters to the optimizer as the
+  (`stabilizer.callbacks.monitor`), and adds the new norm's parameters to the optimizer as the
   original run did, so that the optimizer state loads too;
 - ``MyModule.load_from_checkpoint(path)``, where the module's hyperparameters say its norm
   placement (``norm_first=False``, ``norm_position="post"``, at the top or in a config dict):
@@ -27,14 +27,15 @@ same swap before its weights load:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-import lightning.pytorch as pl
 from torch import nn
 
 from stabilizer.live.remedies import swap_to_pre_ln
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
+
+from .host import Host
 
 __all__ = [
     "SWAPPED",
@@ -42,7 +43,6 @@ __all__ = [
     "pre_ln_hparams",
     "restore_pre_ln",
     "swapped_in",
-    "watch_checkpoint_loads",
 ]
 
 SWAPPED = "swapped_to_pre_ln"
@@ -51,7 +51,7 @@ SWAPPED = "swapped_to_pre_ln"
 _SWITCHES = {"norm_first": (False, True), "norm_position": ("post", "pre")}
 
 
-def add_param_group(trainer: pl.Trainer, params: list[nn.Parameter]) -> None:
+def add_param_group(host: Host, params: list[nn.Parameter]) -> None:
     """Add ``params`` to the first optimizer as a new group, and the group to its schedulers.
 
     Parameters already in a group (a model swapped while loading, before the optimizer was
@@ -60,15 +60,14 @@ def add_param_group(trainer: pl.Trainer, params: list[nn.Parameter]) -> None:
     fails on the next step when a group comes without one; the new group gets the first
     group's.
     """
-    optimizer = trainer.optimizers[0]
+    optimizer = host.optimizers[0]
     new = {id(p) for p in params}
     for group in optimizer.param_groups:  # a model swapped before `configure_optimizers` ran
         group["params"] = [p for p in group["params"] if id(p) not in new]
     optimizer.add_param_group({"params": params})
     group = optimizer.param_groups[-1]
     group.setdefault("initial_lr", group["lr"])
-    for config in trainer.lr_scheduler_configs:
-        scheduler = config.scheduler
+    for scheduler in host.schedulers:
         if getattr(scheduler, "optimizer", None) is not optimizer:
             continue
         for name in ("base_lrs", "lr_lambdas", "_last_lr"):
@@ -116,27 +115,3 @@ def restore_pre_ln(model: nn.Module, checkpoint: Mapping[str, Any]) -> SwapRepor
         What the swap changed; its ``new_parameters`` are not in any optimizer yet.
     """
     return swap_to_pre_ln(model) if swapped_in(checkpoint) else SwapReport()
-
-
-def watch_checkpoint_loads(
-    pl_module: pl.LightningModule, restored: Callable[[SwapReport], None]
-) -> None:
-    """Make ``pl_module.on_load_checkpoint`` call `restore_pre_ln` first (on this instance).
-
-    Args:
-        pl_module: The model a Trainer may restore from ``ckpt_path``.
-        restored: Called with what the swap changed (to add the new parameters to the
-            optimizer once it exists).
-    """
-    original = pl_module.on_load_checkpoint
-    if getattr(original, "restores_pre_ln", False):
-        return
-
-    def on_load_checkpoint(checkpoint: dict[str, Any]) -> None:
-        report = restore_pre_ln(pl_module, checkpoint)
-        if report.changed:
-            restored(report)
-        original(checkpoint)
-
-    on_load_checkpoint.restores_pre_ln = True  # type: ignore[attr-defined]
-    pl_module.on_load_checkpoint = on_load_checkpoint  # type: ignore[method-assign]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning.pytorch as pl
+from torch import nn
 
 from stabilizer.core.episode import Episodes, episode_key
 from stabilizer.core.groups import depth_group
@@ -117,22 +117,20 @@ class Console:
 
     def start(
         self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
+        module: nn.Module,
         groups: Sequence[str],
         grouping: Callable[[str], str] | None,
         jsonl: Path | None,
     ) -> None:
-        """The start line: policy, depth groups (and what fell into ``other``), the log file."""
-        self.enabled = trainer.is_global_zero
-        if not self.enabled:
-            return
+        """The start line (rank 0): policy, depth groups (and what fell into ``other``), the
+        log file."""
+        self.enabled = True
         show_info()
         self.jsonl, self._groups = jsonl, frozenset(groups)
         parts = [f"on, policy {self.policy}"]
         parts.append(f"{len(groups)} depth groups: {compact_groups(groups)}")
         group_of = grouping or depth_group
-        names = [n for n, p in pl_module.named_parameters() if p.requires_grad]
+        names = [n for n, p in module.named_parameters() if p.requires_grad]
         other = [n for n in names if group_of(n) == OTHER]
         if other:
             shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")

@@ -1,6 +1,6 @@
 """`LiveOutputs`: everything a step record or a finding goes to, behind one protocol.
 
-Notifications, the Trainer's loggers, ``stability.jsonl``, the console and TensorBoard's extras
+Notifications, the host's loggers, ``stability.jsonl``, the console and TensorBoard's extras
 are each an `Output`: ``write(record, found)`` per reported step (a None record: findings only)
 and ``close(end)`` once, at the end. Every output gets the findings as `LiveFacts` advise them
 (`stabilizer.core.advice`: only the remedies that fit the run), the same advice everywhere. They
@@ -16,23 +16,32 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import lightning.pytorch as pl
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from torch import nn
 
+from stabilizer import __version__
 from stabilizer.core.advice import LiveFacts
 from stabilizer.core.records import Finding, StepRecord
-from stabilizer.core.run import RunEnd
+from stabilizer.core.run import RunEnd, RunHeader
 from stabilizer.outputs.jsonl import JsonlWriter
 from stabilizer.outputs.notify import Notifier, as_notifier
 
 from .console import Console
-from .run_header import run_header
-from .tensorboard_output import TensorBoardOutput
+from .host import HostFacts
+from .tensorboard import TensorBoardOutput
 
-__all__ = ["JsonlOutput", "LiveOutputs", "LoggerOutput", "NotifyOutput", "Output"]
+__all__ = [
+    "JsonlOutput",
+    "LiveOutputs",
+    "LoggerOutput",
+    "MetricsLogger",
+    "NotifyOutput",
+    "Output",
+    "Sinks",
+]
 
 log = logging.getLogger("stabilizer")
 
@@ -45,6 +54,27 @@ class Output(Protocol):
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None: ...
 
     def close(self, end: RunEnd) -> None: ...
+
+
+class MetricsLogger(Protocol):
+    """A logger of metrics by step (Lightning's loggers are)."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Where a host's records may go besides the monitor's own outputs.
+
+    Args:
+        loggers: The host's loggers (records under ``stability/``).
+        every: Their cadence: log every N steps (and every step with a finding).
+        tensorboard: A ``SummaryWriter`` for TensorBoard's extras (heatmap, findings table).
+    """
+
+    loggers: Sequence[MetricsLogger] = ()
+    every: int = 1
+    tensorboard: Any = None
 
 
 class JsonlOutput:
@@ -74,13 +104,13 @@ class LoggerOutput:
     a step that goes back).
 
     Args:
-        loggers: The Trainer's loggers.
-        every: ``trainer.log_every_n_steps``.
+        loggers: The host's loggers.
+        every: Their cadence (``trainer.log_every_n_steps``).
     """
 
     name = "loggers"
 
-    def __init__(self, loggers: Sequence[Logger], every: int = 1) -> None:
+    def __init__(self, loggers: Sequence[MetricsLogger], every: int = 1) -> None:
         self.loggers, self.every = list(loggers), max(1, every)
         self._held: deque[StepRecord] = deque(maxlen=min(self.every, _HELD))
 
@@ -103,7 +133,7 @@ class LoggerOutput:
             logger.log_metrics(metrics, step=record.step)
 
     def close(self, end: RunEnd) -> None:
-        """The loggers are the Trainer's: it closes them."""
+        """The loggers are the host's: it closes them."""
 
 
 _HELD = 1000  # records held back at most (a cadence of more steps holds the latest ones)
@@ -164,36 +194,34 @@ class LiveOutputs:
 
     def open(
         self,
-        trainer: pl.Trainer,
-        module: pl.LightningModule,
+        facts: HostFacts,
+        module: nn.Module,
         groups: Sequence[str] | None,
         grouping: Callable[[str], str] | None,
         earlier: Sequence[Finding],
         policy: str,
+        sinks: Sinks,
     ) -> None:
         """Open every output (rank 0); `earlier`: the findings before a resume."""
-        # `trainer.log_dir` is a broadcast under DDP: every rank must ask, or rank 0 waits forever.
-        log_dir = trainer.log_dir or trainer.default_root_dir
-        if not trainer.is_global_zero:
+        if not facts.is_global_zero:
             return
-        self.facts = LiveFacts(str(trainer.precision))
+        self.facts = LiveFacts(facts.precision)
         if self.notifier is not None:
             self._outputs.append(NotifyOutput(self.notifier))
-        every = int(getattr(trainer, "log_every_n_steps", 1))  # Lightning's cadence
-        self._outputs.append(LoggerOutput(trainer.loggers, every))
+        if sinks.loggers:
+            self._outputs.append(LoggerOutput(sinks.loggers, sinks.every))
         if self.jsonl is not False:
-            path = self._default_jsonl(trainer, log_dir) if self.jsonl is True else None
-            self._safely("jsonl", self._open_jsonl, path or Path(str(self.jsonl)), trainer,
-                         groups or (), policy)  # fmt: skip
+            path = self._default_jsonl(facts) if self.jsonl is True else Path(str(self.jsonl))
+            header = _header(facts, policy, groups or ())
+            self._safely("jsonl", self._open_jsonl, path, header)
         if groups is None:  # the probes could not be built: no depth groups to show
             return
-        path = self.writer.path if self.writer is not None else None
-        self.console.start(trainer, module, groups, grouping, path)
+        written = self.writer.path if self.writer is not None else None
+        self.console.start(module, groups, grouping, written)
         self._outputs.append(self.console)
-        tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-        if tb:
+        if sinks.tensorboard is not None:
             self._outputs.append(TensorBoardOutput(
-                tb[0].experiment, list(groups), self.heatmap_every, earlier, every
+                sinks.tensorboard, list(groups), self.heatmap_every, earlier, sinks.every
             ))  # fmt: skip
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
@@ -219,19 +247,18 @@ class LiveOutputs:
         if self.notifier is not None:
             self.notifier.close()
 
-    def _open_jsonl(
-        self, path: Path, trainer: pl.Trainer, groups: Sequence[str], policy: str
-    ) -> None:
+    def _open_jsonl(self, path: Path, header: RunHeader) -> None:
         self.writer = JsonlWriter(path)
-        self.writer.write(run_header(trainer, policy, groups))  # the run's facts first
+        self.writer.write(header)  # the run's facts first
         self._outputs.append(JsonlOutput(self.writer))
 
-    def _default_jsonl(self, trainer: pl.Trainer, log_dir: str) -> Path:
-        """Beside the logs; without a logger, a new version directory per run (not on resume)."""
-        if trainer.loggers:
-            return Path(log_dir) / "stability.jsonl"
-        if self.default_path is None:  # a resumed run got its own path from the checkpoint
-            root = Path(trainer.default_root_dir) / "stability_logs"
+    def _default_jsonl(self, facts: HostFacts) -> Path:
+        """Beside the logs; without a log dir, a new version directory per run (not on a
+        resume, which keeps its own path from the checkpoint)."""
+        if facts.log_dir is not None:
+            return facts.log_dir / "stability.jsonl"
+        if self.default_path is None:
+            root = facts.root_dir / "stability_logs"
             free = next(v for v in itertools.count() if not (root / f"version_{v}").exists())
             self.default_path = root / f"version_{free}" / "stability.jsonl"
         return self.default_path
@@ -247,8 +274,18 @@ class LiveOutputs:
                 raise
             self._broken.add(name)
             log.warning(
-                "StabilityMonitor: the %s output stopped after an error (the other outputs and "
+                "stabilizer: the %s output stopped after an error (the other outputs and "
                 "the protection go on): %r",
                 name,
                 e,
             )
+
+
+def _header(facts: HostFacts, policy: str, groups: Sequence[str]) -> RunHeader:
+    """The run's facts that ``stability.jsonl`` opens with (the replayed report needs what the
+    live monitor knows: an fp32 run gets no fp32 islands as advice)."""
+    return RunHeader(
+        precision=facts.precision, accelerator=facts.accelerator, devices=max(1, facts.devices),
+        strategy=facts.strategy, world_size=max(1, facts.world_size), policy=policy,
+        groups=tuple(groups), version=__version__,
+    )  # fmt: skip

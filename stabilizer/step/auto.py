@@ -17,39 +17,33 @@ import logging
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import lightning.pytorch as pl
 from torch import nn
 
 from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.remedies import REWRITES, remedy
 from stabilizer.core.run import low_precision
 from stabilizer.core.signals import GRAD_NORM, LOSS, LR
 from stabilizer.live.remedies import (
     LRMultiplier,
     SkipWindow,
     Snapshots,
-    enable_gradient_clipping,
     swap_to_pre_ln,
     upcast_to_fp32,
 )
 from stabilizer.live.remedies.swap_to_pre_ln import has_post_ln
 
-from .ladder import NEXT, Ladder, Verdict, result_finding
-from .swap_checkpoint import add_param_group
+from .host import Host
+from .ladder import Ladder, Result, result_finding
+from .policies import Auto
+from .swap import add_param_group
 
-__all__ = ["CLIP_MARGIN", "REMEDY_NAMES", "REWRITES", "AutoRemedies", "from_scratch"]
+__all__ = ["CLIP_MARGIN", "AutoRemedies", "from_scratch"]
 
 log = logging.getLogger("stabilizer")
-
-REMEDY_NAMES = ("clip_gradients", "scale_lr", "upcast_to_fp32", "swap_to_pre_ln", "rollback")
-
-REWRITES = ("upcast_to_fp32", "swap_to_pre_ln")
-"""Remedies that change what the model computes: applied to a model trained from scratch, or to
-any model when `AutoRemedies(allow=...)` names them."""
 
 CLIP_MARGIN = 2.0
 """Where a run's typical healthy gradient norm (the median of its last `HEALTHY_NORMS` healthy
@@ -70,74 +64,43 @@ class _Applied:
 
 
 class AutoRemedies:
-    """Applies the remedies of the table above to a running Lightning fit.
+    """Applies the remedies of the table above to a running training (the `Auto` policy).
 
     Args:
-        allow: Remedy names that may be applied (default: all of `REMEDY_NAMES`, the model
-            rewrites of `REWRITES` only on a model trained from scratch: no frozen parameter,
-            no pretrained weights; naming a rewrite here allows it on any model).
-        snapshot_every: Steps between rollback snapshots (taken only after a snapshot interval
-            without any finding of WARNING or above).
-        keep_snapshots: Snapshots held; a rollback goes to the newest one from before the
-            trouble began, which a divergence reports only once the loss has stayed up ~100
-            steps, so they must span more than that.
-        max_rollbacks: Rollbacks allowed over the run.
-        skip_batches: Optimizer updates skipped after a rollback (past the bad data).
-        swap_before: ``depth_imbalance`` at or after this step recommends a restart instead of
-            a swap (mid-run surgery on a trained post-LN stack is a gamble).
-        warmup_steps: LR warmup re-armed after a swap to pre-LN.
-        snapshot_dir: Where snapshots larger than 1 GiB go (default: in memory anyway).
-        check_steps: Steps each remedy is watched for before it is said to have worked (for
-            ``swap_to_pre_ln``: after its re-warm, ``warmup_steps`` more).
+        host: The training loop.
+        policy: The `Auto` policy's knobs.
     """
 
-    def __init__(
-        self,
-        allow: Iterable[str] | None = None,
-        snapshot_every: int = 50,
-        keep_snapshots: int = 4,
-        max_rollbacks: int = 3,
-        skip_batches: int = 20,
-        swap_before: int = 2000,
-        warmup_steps: int = 100,
-        snapshot_dir: str | Path | None = None,
-        check_steps: int = 50,
-    ) -> None:
-        allowed = set(REMEDY_NAMES if allow is None else allow)
-        unknown = allowed - set(REMEDY_NAMES)
-        if unknown:
-            names = ", ".join(REMEDY_NAMES)
-            raise ValueError(f"`allow` must name remedies among {names}, got {sorted(unknown)}")
-        self.allow = allowed
-        self.explicit = frozenset(allow) if allow is not None else frozenset[str]()
-        self.snapshot_every, self.max_rollbacks = snapshot_every, max_rollbacks
-        self.keep_snapshots = keep_snapshots
-        self.skip_batches, self.swap_before = skip_batches, swap_before
-        self.warmup_steps, self.snapshot_dir = warmup_steps, snapshot_dir
+    def __init__(self, host: Host, policy: Auto) -> None:
+        self.host, self.policy = host, policy
+        self.allow, self.explicit = policy.allowed, policy.explicit
+        self.snapshot_every, self.max_rollbacks = policy.snapshot_every, policy.max_rollbacks
+        self.skip_batches, self.swap_before = policy.skip_batches, policy.swap_before
+        self.warmup_steps = policy.warmup_steps
         self.applied: dict[str, int] = {}  # remedy name -> times applied
         self.lr = LRMultiplier()
         self.skip = SkipWindow()
         self._snapshots: Snapshots | None = None
         self._last_trouble = -(10**9)  # step of the last finding at WARNING or above
         self._exhausted = False
-        self.ladder = Ladder(check_steps)
+        self.ladder = Ladder(policy.check_steps)
         self._snapshot_lr: dict[int, float] = {}  # snapshot step -> the highest LR used up to it
         self._step_lr = math.nan
         self._lr_high = -math.inf  # the highest LR the steps have used
         self._norms: deque[float] = deque(maxlen=HEALTHY_NORMS)  # healthy steps' gradient norms
         self.stop_reason = "no rollback left"
 
-    def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        optimizer = trainer.optimizers[0]
+    def start(self) -> None:
+        optimizer = self.host.optimizers[0]
         self.lr.attach(optimizer)
         if "rollback" in self.allow:
             self._snapshots = Snapshots(
-                pl_module,
+                self.host.module,
                 optimizer,
                 every=self.snapshot_every,
                 max_restores=self.max_rollbacks,
-                directory=self.snapshot_dir,
-                keep=self.keep_snapshots,
+                directory=self.policy.snapshot_dir,
+                keep=self.policy.keep_snapshots,
             )
 
     def stop(self) -> None:
@@ -145,8 +108,6 @@ class AutoRemedies:
 
     def after_step(
         self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
         step: int,
         found: Sequence[Finding],
         record: StepRecord | None = None,
@@ -172,12 +133,12 @@ class AutoRemedies:
         out: list[Finding] = []
         answered: dict[int, str] = {}  # id of a finding -> the remedy applied for it
         for finding in found:
-            applied = self._apply(trainer, pl_module, step, finding)
+            applied = self._apply(step, finding)
             if applied is not None:
                 answered[id(finding)] = applied.name
                 out.append(self._applied(step, finding, applied, loss))
         for verdict in verdicts:
-            out.extend(self._verdict(trainer, pl_module, step, verdict, answered, loss))
+            out.extend(self._verdict(step, verdict, answered, loss))
         quiet = step - self._last_trouble >= self.snapshot_every
         saving = self._snapshots is not None and quiet and not self.skip.active(step)
         if saving and self._snapshots is not None and self._snapshots.maybe_save(step):
@@ -193,10 +154,8 @@ class AutoRemedies:
 
     def _verdict(
         self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
         step: int,
-        verdict: Verdict,
+        verdict: Result,
         answered: dict[int, str],
         loss: float,
     ) -> list[Finding]:
@@ -207,7 +166,7 @@ class AutoRemedies:
         nxt = answered.get(id(because)) if because is not None else None
         extra: list[Finding] = []
         if nxt is None:
-            applied = self._escalate(trainer, pl_module, step, verdict)
+            applied = self._escalate(step, verdict)
             if applied is not None:
                 nxt = applied.name
                 extra.append(self._applied(step, because or _cause(verdict), applied, loss))
@@ -216,18 +175,16 @@ class AutoRemedies:
             self.stop_reason = f"{verdict.watch.remedy} did not work and nothing is left to try"
         return [result_finding(step, verdict, nxt, self.ladder.tried), *extra]
 
-    def _escalate(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, verdict: Verdict
-    ) -> _Applied | None:
-        name = NEXT.get(verdict.watch.remedy)
+    def _escalate(self, step: int, verdict: Result) -> _Applied | None:
+        name = remedy(verdict.watch.remedy).next
         if name is None or name not in self.allow:
             return None
         if name == "rollback":
             since = verdict.because.step if verdict.because is not None else verdict.watch.step
-            return self._rollback(trainer, step, since - 1)
+            return self._rollback(step, since - 1)
         if self.applied.get(name):
             return None
-        return self._remedy(trainer, pl_module, step, name)
+        return self._remedy(step, name)
 
     def exhausted(self) -> bool:
         """Whether the last step's findings called for a rollback that could not be done."""
@@ -238,45 +195,42 @@ class AutoRemedies:
         at = kind_of(f.kind).rollback_at
         return "rollback" in self.allow and at is not None and f.severity >= at
 
-    def _apply(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, f: Finding
-    ) -> _Applied | None:
+    def _apply(self, step: int, f: Finding) -> _Applied | None:
         if self._wants_rollback(f):
-            return self._rollback(trainer, step, _last_clean(f))
+            return self._rollback(step, _last_clean(f))
         if f.kind == CLIP_SATURATION and self.applied.get("clip_gradients"):
-            return self._raise_clip(trainer)  # the saturation is auto's own: no LR cut for it
+            return self._raise_clip()  # the saturation is auto's own: no LR cut for it
         name = kind_of(f.kind).auto
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
-        if name in REWRITES and name not in self.explicit and not from_scratch(pl_module):
+        if name in REWRITES and name not in self.explicit and not from_scratch(self.host.module):
             return None  # a pretrained or partly frozen model is not rewritten unasked
         if name == "swap_to_pre_ln" and f.kind == DEPTH_IMBALANCE:
-            return self._swap(pl_module, step, trainer, since=_last_clean(f))
-        return self._remedy(trainer, pl_module, step, name)
+            return self._swap(step, since=_last_clean(f))
+        return self._remedy(step, name)
 
-    def _remedy(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, name: str
-    ) -> _Applied | None:
+    def _remedy(self, step: int, name: str) -> _Applied | None:
         if name == "clip_gradients":
             threshold, why = self._clip_threshold()
-            report = enable_gradient_clipping(trainer, threshold)
-            if not report.changed:
-                return None
-            before = report.before if report.before is not None else float("inf")
+            before = self.host.clip
+            if before is not None and 0.0 < before <= threshold:
+                return None  # a tighter threshold is kept: the remedy never loosens clipping
+            self.host.set_clip(threshold)
             message = f"gradient clipping at norm {threshold:.3g} ({why})"
-            return _Applied(name, message, {"before": before, "after": threshold})
+            after = {"before": before if before else float("inf"), "after": threshold}
+            return _Applied(name, message, after)
         if name == "scale_lr":
             change = self.lr.scale(0.5)
             return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
         if name == "upcast_to_fp32":
-            if low_precision(str(trainer.precision)) is False:
+            if low_precision(self.host.facts.precision) is False:
                 return None  # norms and softmax already run in fp32 (or wider): nothing to do
-            up = upcast_to_fp32(pl_module)
+            up = upcast_to_fp32(self.host.module)
             if not up.changed:
                 return None
             count = {"norms": float(len(up.norms)), "attention": float(len(up.attention))}
             return _Applied(name, "norms and attention softmax now in fp32", count)
-        return self._swap(pl_module, step, trainer)
+        return self._swap(step)
 
     def _clip_threshold(self) -> tuple[float, str]:
         """The article's 1.0 where the run's typical healthy norm is below it; else
@@ -291,39 +245,34 @@ class AutoRemedies:
             "1.0 it would clip most healthy steps"
         )
 
-    def _raise_clip(self, trainer: pl.Trainer) -> _Applied | None:
+    def _raise_clip(self) -> _Applied | None:
         """Clipping that auto switched on saturates: the run's norms grew past the threshold.
         Raise it to fit them (never an LR cut for a saturation auto caused)."""
         threshold, why = self._clip_threshold()
-        before = trainer.gradient_clip_val
+        before = self.host.clip
         if before is None or threshold <= float(before) or len(self._norms) < 10:
             return None
-        trainer.gradient_clip_val = threshold
+        self.host.set_clip(threshold)
         message = f"clipping threshold raised from {float(before):.3g} to {threshold:.3g} ({why})"
         return _Applied("clip_gradients", message, {"before": float(before), "after": threshold})
 
-    def _swap(
-        self,
-        pl_module: pl.LightningModule,
-        step: int,
-        trainer: pl.Trainer,
-        since: int | None = None,
-    ) -> _Applied | None:
+    def _swap(self, step: int, since: int | None = None) -> _Applied | None:
         """Swap to pre-LN and re-warm the LR; first, when the oldest snapshot held is from
         before `since` (the last step before the band), restart from it: pre-LN learns from
         the weights of a stuck post-LN run far slower than from earlier ones (measured on
         post-ln-deep: a swap in place at step 29 ended 1.20x its twin, a restart from step 50
         1.13x, from step 0 0.90-1.04x over 5 seeds; docs/remedies.md, row 3). The restart uses
         one of the `max_rollbacks`."""
-        if step >= self.swap_before or not has_post_ln(pl_module):
+        module = self.host.module
+        if step >= self.swap_before or not has_post_ln(module):
             return None  # the finding's advice stands: restart with pre-LN
         snapshots, oldest = self._snapshots, self._oldest_before(since)
         restart = None  # (restored before the swap adds any parameter)
         if snapshots is not None and oldest is not None:
             restart = snapshots.restore(before=oldest + 1)
-        swap = swap_to_pre_ln(pl_module)
+        swap = swap_to_pre_ln(module)
         if swap.new_parameters:
-            add_param_group(trainer, list(swap.new_parameters))
+            add_param_group(self.host, list(swap.new_parameters))
         self.lr.warmup(self.warmup_steps)
         evidence = {"blocks": float(len(swap.blocks)), "warmup_steps": float(self.warmup_steps)}
         message = f"{len(swap.blocks)} blocks now pre-LN"
@@ -341,7 +290,7 @@ class AutoRemedies:
         oldest = snapshots.steps[0]
         return oldest if oldest < since and snapshots.can_restore(before=oldest + 1) else None
 
-    def _rollback(self, trainer: pl.Trainer, step: int, since: int) -> _Applied | None:
+    def _rollback(self, step: int, since: int) -> _Applied | None:
         if self._snapshots is None or not self._snapshots.can_restore(before=since):
             return None
         lr_now = self._step_lr
@@ -354,7 +303,7 @@ class AutoRemedies:
         evidence = {"restored_step": float(restored), "skip_until": float(until)}
         # A surge is an LR above any the run had trained with, or the schedule's own (the end of
         # a warmup after a snapshot from within it is none).
-        lr_then = max(self._snapshot_lr.get(restored, -math.inf), _initial_lr(trainer))
+        lr_then = max(self._snapshot_lr.get(restored, -math.inf), _initial_lr(self.host))
         if 0 < lr_then < math.inf and lr_now >= SURGE * lr_then:  # surged: cut it as much
             change = self.lr.scale(lr_then / lr_now)
             message += (
@@ -394,7 +343,7 @@ def from_scratch(module: nn.Module) -> bool:
     return True
 
 
-def _cause(verdict: Verdict) -> Finding:
+def _cause(verdict: Result) -> Finding:
     w = verdict.watch
     return Finding(
         kind=w.cause, step=w.step, end_step=w.step, severity=Severity.WARNING,
@@ -402,9 +351,9 @@ def _cause(verdict: Verdict) -> Finding:
     )  # fmt: skip
 
 
-def _initial_lr(trainer: pl.Trainer) -> float:
+def _initial_lr(host: Host) -> float:
     """The first param group's LR as its torch scheduler started it (``initial_lr``), or -inf."""
-    opts = trainer.optimizers
+    opts = host.optimizers
     groups = opts[0].param_groups if opts else []
     value = groups[0].get("initial_lr") if groups else None
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else -math.inf

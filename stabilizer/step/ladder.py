@@ -11,8 +11,9 @@ run is better off: the loss is finite and its level at the window's end (the med
 finite losses before the finding's first step) by more than `WORSE` of it. A run whose failure
 did not come back but whose loss stayed above that level is *not better*: said so, with the
 numbers, and left alone (no further remedy, no stop: nothing failed again). A remedy that did not
-work is followed by the next remedy for that finding (`NEXT`), and when none is left by a
-CRITICAL ``remedy_result`` that says what was tried and what to do, and a clean stop.
+work is followed by the next remedy for that finding (`Remedy.next` in the remedy table), and
+when none is left by a CRITICAL ``remedy_result`` that says what was tried and what to do, and a
+clean stop.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from dataclasses import dataclass, field
 
 from stabilizer.core.kinds import DEPTH_IMBALANCE, REMEDY_RESULT, TABLE
 from stabilizer.core.records import Finding, Severity
+from stabilizer.core.remedies import remedy
 
 __all__ = [
     "CHECK_STEPS",
     "FAILS",
     "LEVEL",
-    "NEXT",
     "Ladder",
-    "Verdict",
-    "Watch",
+    "Result",
+    "Trial",
     "result_finding",
     "stop_advice",
 ]
@@ -56,25 +57,9 @@ FAILS: dict[str, tuple[str, ...]] = {
 for spikes that would throw the run off: a loss spike that comes back down (bad data still has a
 high loss) is what it lets through, so it refutes nothing; a divergence is what clipping is for."""
 
-NEXT: dict[str, str] = {
-    "clip_gradients": "scale_lr",
-    "scale_lr": "rollback",
-    "upcast_to_fp32": "rollback",
-    "rollback": "rollback",
-}
-"""Remedy -> the next one to try when it did not work (none: a clean stop)."""
-
-_WHAT_TO_DO: dict[str, str] = {
-    "clip_gradients": "lower the LR or find the batches behind the spikes",
-    "scale_lr": "lower the peak LR and restart from a checkpoint before the trouble",
-    "upcast_to_fp32": "train in bf16 or fp32, or find the module that overflows (root_cause)",
-    "swap_to_pre_ln": "restart from scratch with pre-LN and LR warmup",
-    "rollback": "restart from a checkpoint before the trouble with a lower LR",
-}
-
 
 @dataclass
-class Watch:
+class Trial:
     """One applied remedy under watch."""
 
     remedy: str
@@ -88,10 +73,10 @@ class Watch:
 
 
 @dataclass
-class Verdict:
+class Result:
     """What became of one watched remedy."""
 
-    watch: Watch
+    watch: Trial
     worked: bool
     loss: float
     because: Finding | None = None
@@ -110,7 +95,7 @@ class Ladder:
         if check_steps < 1:
             raise ValueError(f"`check_steps` must be >= 1, got {check_steps}")
         self.check_steps = check_steps
-        self.watches: list[Watch] = []
+        self.watches: list[Trial] = []
         self.tried: list[str] = []  # remedies applied, in order
         self._recent: deque[float] = deque(maxlen=LEVEL)  # the last finite losses
         self._history: deque[tuple[int, float]] = deque(maxlen=1000)  # (step, finite loss)
@@ -120,13 +105,13 @@ class Ladder:
         self.tried.append(remedy)
         self.watches = [w for w in self.watches if w.remedy != remedy]  # the newest counts
         bands = {cause.step} if cause.kind == DEPTH_IMBALANCE else set()
-        watch = Watch(remedy, cause.kind, step, step + self.check_steps, loss, bands)
+        watch = Trial(remedy, cause.kind, step, step + self.check_steps, loss, bands)
         watch.level = self._level()
         earlier = [x for s, x in self._history if s < cause.step][-LEVEL:]
         watch.before = statistics.median(earlier) if earlier else math.nan
         self.watches.append(watch)
 
-    def check(self, step: int, found: Sequence[Finding], loss: float) -> list[Verdict]:
+    def check(self, step: int, found: Sequence[Finding], loss: float) -> list[Result]:
         """The verdicts due at `step`, given the step's findings and loss."""
         if math.isfinite(loss):
             self._recent.append(loss)
@@ -136,7 +121,7 @@ class Ladder:
             _track_bands(w, found)
             back = next((f for f in found if _fails(w, f)), None)
             if back is not None:
-                verdicts.append(Verdict(w, False, loss, back))
+                verdicts.append(Result(w, False, loss, back))
             elif step >= w.until:
                 verdicts.append(self._at_the_end(w, loss))
             else:
@@ -147,22 +132,22 @@ class Ladder:
     def _level(self) -> float:
         return statistics.median(self._recent) if self._recent else math.nan
 
-    def _at_the_end(self, w: Watch, loss: float) -> Verdict:
+    def _at_the_end(self, w: Trial, loss: float) -> Result:
         if w.open_bands:
-            return Verdict(w, False, loss, why="the band of starved blocks is still there")
+            return Result(w, False, loss, why="the band of starved blocks is still there")
         level = self._level()
         if w.remedy == "swap_to_pre_ln" and level >= w.level:  # (NaN: no level to compare)
             why = f"the loss did not fall (median of the last {LEVEL}: "
-            return Verdict(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
+            return Result(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
         if not math.isfinite(loss):
-            return Verdict(w, False, loss, why="the loss is not finite")
+            return Result(w, False, loss, why="the loss is not finite")
         if level > w.before + WORSE * abs(w.before):  # (NaN: nothing to compare with)
             why = (
                 f"the run is not better: its loss level is {_num(level)}, it was "
                 f"{_num(w.before)} before the trouble (median of {LEVEL} losses)"
             )
-            return Verdict(w, False, loss, why=why, failed=False)
-        return Verdict(w, True, loss)
+            return Result(w, False, loss, why=why, failed=False)
+        return Result(w, True, loss)
 
     def state_dict(self) -> dict[str, object]:
         return {"tried": list(self.tried)}
@@ -172,7 +157,7 @@ class Ladder:
         self.tried = [str(t) for t in tried] if isinstance(tried, list) else []
 
 
-def _track_bands(w: Watch, found: Sequence[Finding]) -> None:
+def _track_bands(w: Trial, found: Sequence[Finding]) -> None:
     if w.remedy != "swap_to_pre_ln":
         return
     for f in found:
@@ -183,7 +168,7 @@ def _track_bands(w: Watch, found: Sequence[Finding]) -> None:
                 w.open_bands.add(f.step)
 
 
-def _fails(w: Watch, f: Finding) -> bool:
+def _fails(w: Trial, f: Finding) -> bool:
     if f.kind not in FAILS.get(w.remedy, ()) or f.step <= w.step:
         return False
     if f.kind == DEPTH_IMBALANCE:
@@ -193,7 +178,7 @@ def _fails(w: Watch, f: Finding) -> bool:
 
 
 def result_finding(
-    step: int, verdict: Verdict, next_remedy: str | None, tried: Sequence[str]
+    step: int, verdict: Result, next_remedy: str | None, tried: Sequence[str]
 ) -> Finding:
     """The ``remedy_result`` finding of `verdict`; `next_remedy` is what comes next (None: a
     stop, when the remedy did not work); `tried`: the remedies applied so far."""
@@ -229,7 +214,7 @@ def result_finding(
 
 def stop_advice(tried: Sequence[str], last: str) -> str:
     """``tried clip_gradients, rollback; restart ...``: for the CRITICAL result's message."""
-    return f"tried {', '.join(dict.fromkeys(tried))}; {_WHAT_TO_DO.get(last, 'restart lower')}"
+    return f"tried {', '.join(dict.fromkeys(tried))}; {remedy(last).last_resort}"
 
 
 def _num(x: float) -> str:

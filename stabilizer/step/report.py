@@ -18,17 +18,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-import lightning.pytorch as pl
-
 from stabilizer.core.engine import Engine, is_restart
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 
 from .auto import AutoRemedies
+from .batch import InFlight
 from .cost import CostMeter, over_budget_advice
-from .measured import Measured
+from .host import Host
 from .outputs import LiveOutputs
-from .protection import Protection
+from .protect import Protection
 
 __all__ = ["Reporter"]
 
@@ -44,6 +43,7 @@ class Reporter:
     """Reports the monitor's steps, now or one step late.
 
     Args:
+        host: The training loop.
         make_engine: Makes a fresh detection engine (one per optimizer).
         outputs: Where records and findings go.
         cost: The monitor's cost meter (reporting is a part of it; it warns over budget).
@@ -54,6 +54,7 @@ class Reporter:
 
     def __init__(
         self,
+        host: Host,
         make_engine: Callable[[], Engine],
         outputs: LiveOutputs,
         cost: CostMeter,
@@ -61,45 +62,44 @@ class Reporter:
         protection: Protection | None,
         strict: bool,
     ) -> None:
-        self.make_engine, self.outputs, self.cost = make_engine, outputs, cost
-        self.engines = [make_engine()]  # one per optimizer, by its index in the Trainer's
+        self.host, self.make_engine, self.outputs, self.cost = host, make_engine, outputs, cost
+        self.engines = [make_engine()]  # one per optimizer, by its index in the host's
         self.auto, self.protection, self.strict = auto, protection, strict
         self.findings: list[Finding] = []
         self.defer: bool | None = None  # None: by the device (CUDA: yes); tests force it
-        self._pending: Measured | None = None  # stepped, its report deferred to the next step
+        self._pending: InFlight | None = None  # stepped, its report deferred to the next step
         self._working = True  # False after an internal error in reporting
 
-    def steps(
-        self, trainer: pl.Trainer, module: pl.LightningModule, steps: Sequence[Measured]
-    ) -> None:
+    def steps(self, steps: Sequence[InFlight]) -> None:
         """The batch's optimizer steps: each reported now, or held until the next step."""
         for step in steps:
             defer = self.defer
             if defer is None:
-                defer = step.numbers is not None and step.numbers.on_device
+                numbers = step.measurement.numbers
+                defer = numbers is not None and numbers.on_device
             if defer:
-                self.pending(trainer, module)
+                self.pending()
                 self._pending = step
             else:
-                self.safely(self._report, trainer, module, step)
+                self.safely(self._report, step)
 
-    def pending(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    def pending(self) -> None:
         """Report the step held back, if any."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self.safely(self._report, trainer, module, pending)
+            self.safely(self._report, pending)
 
-    def emit(self, trainer: pl.Trainer, record: StepRecord | None, found: list[Finding]) -> None:
+    def emit(self, record: StepRecord | None, found: list[Finding]) -> None:
         """Keep the findings (every rank); rank 0 writes them, and the record, out."""
         self.findings.extend(found)
-        if trainer.is_global_zero:
+        if self.host.facts.is_global_zero:
             self.outputs.write(record, found)
 
-    def finish(self, trainer: pl.Trainer, skipped: int, intact: bool | None) -> None:
+    def finish(self, skipped: int, intact: bool | None) -> None:
         """The engine's last findings, then the run's end to every output."""
         for i, engine in enumerate(self.engines):
-            self.emit(trainer, None, _of_optimizer(i, engine.finish()))
-        self.outputs.close(RunEnd(trainer.global_step, skipped, intact, self.cost.cost()))
+            self.emit(None, _of_optimizer(i, engine.finish()))
+        self.outputs.close(RunEnd(self.host.step, skipped, intact, self.cost.cost()))
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the engine, the findings, the remedies, the protection."""
@@ -144,31 +144,34 @@ class Reporter:
                 raise
             self._working = False
             log.warning(
-                "StabilityMonitor stopped reporting after an internal error (the protection "
+                "stabilizer stopped reporting after an internal error (the protection "
                 "stays on): %r",
                 e,
                 exc_info=True,
             )
 
-    def _report(self, trainer: pl.Trainer, module: pl.LightningModule, step: Measured) -> None:
+    def _report(self, step: InFlight) -> None:
         with self.cost.part("report"):
-            values, i = step.values(), step.optimizer_index
+            outcome = step.outcome()
+            values, i = outcome.values, outcome.measurement.optimizer_index
             record = StepRecord(step.step, values) if values is not None else None
-            found = _of_optimizer(i, self._engine(i).observe(record) if record else []) + step.found
+            found = _of_optimizer(i, self._engine(i).observe(record) if record else [])
+            found += outcome.found
             if record is not None and i:
                 prefixed = {f"opt{i + 1}/{k}": v for k, v in record.values.items()}
                 record = StepRecord(record.step, prefixed)
-            self.emit(trainer, record, found)
+            self.emit(record, found)
             auto = self.auto
             if auto is not None and record is not None:
-                done = auto.after_step(trainer, module, step.step, found, record)
+                done = auto.after_step(step.step, found, record)
                 if any(map(is_restart, done)):
                     for engine in self.engines:
                         engine.restart()
-                self.emit(trainer, None, done)
+                self.emit(None, done)
                 if auto.exhausted() and self.protection is not None:
-                    self.protection.stop(trainer, step, auto.stop_reason)
-        self.cost.waited += step.numbers.waited if step.numbers is not None else 0.0
+                    self.protection.stop(step, auto.stop_reason)
+        numbers = step.measurement.numbers
+        self.cost.waited += numbers.waited if numbers is not None else 0.0
         cost = self.cost.check()
-        if cost is not None and trainer.is_global_zero:
+        if cost is not None and self.host.facts.is_global_zero:
             log.warning("stabilizer: %s, %s", cost.describe(), over_budget_advice(cost))

@@ -1,0 +1,159 @@
+"""`Host`: what the step needs from the training loop that runs it.
+
+The step — measure, decide inside ``optimizer.step``, check, account, report — is the same code
+under every host: Lightning's ``Trainer`` (`stabilizer.callbacks`), a plain PyTorch loop or
+Fabric (`stabilizer.hosts.loop`), the Hugging Face ``Trainer`` (`stabilizer.hosts.hf`). A host
+hands over the step number, its rank and a way to reduce across ranks, the optimizers, the
+model, a way to stop, how to run a micro-batch again (for the root cause), and where outputs go.
+Everything else is the step's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from stabilizer.live.rootcause import RngState
+
+__all__ = ["Host", "HostFacts", "MicroBatch"]
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The run's facts as its host tells them (they open ``stability.jsonl``).
+
+    Args:
+        precision: Lightning's precision names (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``
+            ...), which every host maps its own setting to.
+        accelerator: ``"cpu"``, ``"cuda"`` ...
+        devices: Devices of this process's run.
+        strategy: The host's name for how it distributes (``"DDPStrategy"``, ``"loop"`` ...).
+        world_size: Processes in the run.
+        rank: This process's rank.
+        log_dir: Where the run's logs go (``stability.jsonl`` beside them); None: the host's
+            default root, a new ``stability_logs/version_N`` each run.
+        root_dir: The default root for logs when there is no `log_dir`.
+    """
+
+    precision: str = "32-true"
+    accelerator: str = "cpu"
+    devices: int = 1
+    strategy: str = ""
+    world_size: int = 1
+    rank: int = 0
+    log_dir: Path | None = None
+    root_dir: Path = field(default_factory=Path.cwd)
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Rank 0: the one that writes the outputs."""
+        return self.rank == 0
+
+
+@dataclass
+class MicroBatch:
+    """One forward-and-backward of a step: its batch, random state and losses.
+
+    Args:
+        batch: What the host needs to run it again (Lightning: the batch and its index; a plain
+            loop: the model's recorded call), kept for a root-cause replay only.
+        index: Its index (Lightning's ``batch_idx``).
+        rng: The torch random state before it (dropout masks), or None.
+        losses: The losses it backpropagated (device tensors: read only on a failing step).
+    """
+
+    batch: Any
+    index: int
+    rng: RngState | None
+    losses: list[torch.Tensor] = field(default_factory=list)
+
+
+class Host(Protocol):
+    """A training loop as the step sees it. Every member is read at the moment it is needed."""
+
+    @property
+    def facts(self) -> HostFacts:
+        """The run's facts (precision, where it runs, ranks, where logs go)."""
+        ...
+
+    @property
+    def step(self) -> int:
+        """The global optimizer step now (the one about to run, inside a batch)."""
+        ...
+
+    @property
+    def module(self) -> nn.Module:
+        """The model: its parameter names name the depth groups; the probes hook it."""
+        ...
+
+    @property
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        """The optimizers that step, now (one replaced mid-run is guarded at its next step)."""
+        ...
+
+    @property
+    def schedulers(self) -> Sequence[Any]:
+        """The LR schedulers (a parameter group added by a remedy is added to theirs too)."""
+        ...
+
+    @property
+    def loss_scale(self) -> torch.Tensor | float | None:
+        """The fp16 grad scaler's scale, the loss's factor before backward; None: no scaler."""
+        ...
+
+    @property
+    def clip(self) -> float | None:
+        """The gradient clipping threshold in force (None or 0: off)."""
+        ...
+
+    def set_clip(self, value: float) -> None:
+        """Clip the gradient norm at `value` from the next step on (a remedy)."""
+        ...
+
+    @property
+    def warmup(self) -> int | None:
+        """0: the LR starts at its peak; 1: it warms up; None: unknown (the preflight's)."""
+        ...
+
+    @property
+    def recount(self) -> bool:
+        """Whether code the step cannot see may write the gradients between their measurement
+        and the optimizer step (then the guard counts them again before it decides)."""
+        ...
+
+    def reduce(self, vec: torch.Tensor, norms: int) -> torch.Tensor:
+        """The step's numbers over all ranks: the mean (its first `norms` entries are gradient
+        norms, which sharded parameters sum as squares); `vec` as is on one process."""
+        ...
+
+    def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum over all ranks (every rank calls it, or none)."""
+        ...
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (``[obj]`` on one process)."""
+        ...
+
+    def stop(self) -> None:
+        """End the training gracefully after this step."""
+        ...
+
+    @property
+    def checkpoint(self) -> str:
+        """The last checkpoint the host saved ("" when none): the stop line names it."""
+        ...
+
+    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
+        """A closure that runs `micro` again and returns its loss (for the root cause)."""
+        ...
+
+    def replaying(self) -> AbstractContextManager[None]:
+        """The host's part of a replay's sandbox: no optimizer or scheduler steps, nothing
+        logged, no gradient synchronisation across ranks."""
+        ...

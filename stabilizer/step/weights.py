@@ -1,0 +1,159 @@
+"""`WeightsWatch`: the check that no value turned non-finite, and the buffers' restore.
+
+Every measurement counts the tensors among the parameters, optimizer state and buffers that
+turned non-finite (`weights_check`: nothing since the last step, the update or code outside it,
+may make a finite value NaN/Inf; read with the step's one host read). What a model holds as
+NaN/Inf by design when a tensor is first seen (a ``-inf`` causal mask, observers' ``+-inf``) is
+learned (`stabilizer.live.held.HeldNonFinite`), said once in a ``nonfinite_held`` note, and never
+judged. Every buffer is copied at each step's start (`BufferWatch`), for a skipped step's
+restore. Torch only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from stabilizer.core.kinds import NONFINITE_HELD
+from stabilizer.core.records import Finding, Severity
+from stabilizer.live.buffers import BufferWatch, registrations
+from stabilizer.live.held import Held, HeldNonFinite
+from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_state_tensors
+
+from .guard import held_tensors
+
+__all__ = ["CPU_SHARES", "WeightsWatch"]
+
+CPU_SHARES = 8
+"""On the CPU each step checks an eighth of the parameters, in turn (and all of the optimizer
+state, which nothing else would show before it reached the weights)."""
+
+
+class WeightsWatch:
+    """What the model and its optimizers hold, checked for values that turned non-finite.
+
+    Args:
+        module: The model.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.buffers = BufferWatch(module)
+        self.held = HeldNonFinite()  # what the model holds as NaN/Inf by design
+        self.buffers_nonfinite: torch.Tensor | None = None  # the buffers' count of this step
+        self._learned: tuple[int, ...] | None = None  # what `_learn` last saw
+
+    def begin(self, optimizers: Sequence[torch.optim.Optimizer], step: int) -> list[Finding]:
+        """At a step's start, before its forward: copy the buffers, learn what is new, count
+        the buffers that turned non-finite (a device count: read with the step). Returns the
+        notes of tensors that hold NaN/Inf by design, first seen now."""
+        self.buffers.begin()
+        notes = self._learn(optimizers, step)
+        device = next((p.device for p in self.module.parameters()), torch.device("cpu"))
+        noted = self.buffers.buffers
+        whole, partial = self.held.split([b for _, b in noted], [k for k, _ in noted])
+        self.buffers_nonfinite = count_nonfinite(whole, device) + self.held.count_new(
+            partial, device
+        )
+        return notes
+
+    def _learn(self, optimizers: Sequence[torch.optim.Optimizer], step: int) -> list[Finding]:
+        """Learn what each parameter and buffer holds when first seen (and the optimizer state
+        at the first step, a resumed run's): where it is NaN/Inf already, that is by design.
+        Looked at again only when a module registered something or a param group changed."""
+        sizes = tuple(len(g["params"]) for opt in optimizers for g in opt.param_groups)
+        seen = (registrations(), *sizes)
+        if seen == self._learned:
+            return []
+        first, self._learned = self._learned is None, seen
+        named: list[tuple[Any, str, torch.Tensor]] = [
+            (id(p), f"parameter {name}", p) for name, p in self.module.named_parameters()
+        ]
+        for prefix, owner in self.module.named_modules():
+            named += [
+                ((id(owner), name), f"buffer {prefix + '.' if prefix else ''}{name}", b)
+                for name, b in owner._buffers.items()
+                if b is not None
+            ]
+        for i, opt in enumerate(optimizers):
+            named += [(id(p), f"optimizer {i}'s tensor", p) for g in opt.param_groups
+                      for p in g["params"]]  # fmt: skip
+            if first:
+                state = optimizer_state_tensors(opt)
+                named += [(id(t), f"optimizer {i}'s state", t) for t in state]
+        return [_held_finding(h, step, first) for h in self.held.learn(named)]
+
+    def check(
+        self, optimizer: torch.optim.Optimizer, step: int, device: torch.device
+    ) -> torch.Tensor:
+        """The fast test before `optimizer` steps (a device scalar, nothing waits): above 0 when
+        a value turned non-finite among its parameters and state, or among the buffers before
+        this step's forward. Every state tensor is tested every step (a NaN written into Adam's
+        moments outside the step shows in no loss or gradient before it reaches the weights);
+        the parameters too on an accelerator, a `CPU_SHARES`-th in turn on the CPU (a NaN
+        parameter also makes the next loss NaN, and that step is then checked in full)."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if device.type == "cpu":
+            params = params[step % CPU_SHARES :: CPU_SHARES]
+        whole, partial = self.held.split([*params, *optimizer_state_tensors(optimizer)])
+        count = count_suspect(whole, device) + self.held.count_new(partial, device)
+        if self.buffers_nonfinite is not None:
+            count = count + self.buffers_nonfinite.to(device)
+        return count
+
+    def count(self, optimizer: torch.optim.Optimizer, buffers: torch.Tensor | None) -> float:
+        """How many of the optimizer's parameters and state, and of the buffers before the
+        step (`buffers`, their count), turned non-finite: exact, over all (a sync)."""
+        whole, partial = self.held.split(held_tensors(optimizer))
+        devices = {t.device for t in whole} | {t.device for t, _ in partial}
+        count = sum(float(count_nonfinite(whole, d)) for d in devices)
+        if partial:
+            count += float(self.held.count_new(partial, partial[0][0].device))
+        return count + (float(buffers) if buffers is not None else 0.0)
+
+    def changed(self, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
+        """Whether any parameter, optimizer state or buffer turned non-finite (a sync)."""
+        parts = list(self._named(optimizers))
+        plain = [t for _, ts, keys in parts if keys is None for t in ts]
+        keys = [k for _, _, ks in parts if ks is not None for k in ks]
+        buffers = [t for _, ts, ks in parts if ks is not None for t in ts]
+        return self.held.changed(plain) or self.held.changed(buffers, keys)
+
+    def first_changed(self, optimizers: Sequence[torch.optim.Optimizer]) -> str:
+        """The first tensor that turned non-finite (a failing step only: a sync per tensor)."""
+        for name, tensors, keys in self._named(optimizers):
+            if self.held.changed(tensors, keys):
+                return name
+        return "another optimizer's tensors"
+
+    def _named(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> Iterator[tuple[str, list[torch.Tensor], list[Any] | None]]:
+        """Parameters, optimizer state and buffers: ``(name, tensors, keys)`` (buffers are
+        keyed by module and name, the rest by identity)."""
+        for name, p in self.module.named_parameters():
+            yield f"parameter {name}", [p], None
+        for i, opt in enumerate(optimizers):
+            yield f"optimizer {i}'s state", list(optimizer_state_tensors(opt)), None
+            params = [p for g in opt.param_groups for p in g["params"]]
+            yield f"optimizer {i}'s tensors", params, None
+        for prefix, owner in self.module.named_modules():
+            for name, b in owner._buffers.items():
+                if b is not None:
+                    full = f"{prefix}.{name}" if prefix else name
+                    yield f"buffer {full}", [b], [(id(owner), name)]
+
+
+def _held_finding(held: Held, step: int, first: bool) -> Finding:
+    """The note that a tensor held NaN/Inf when first seen: by design, not judged."""
+    when = "before training" if first else f"when first seen at step {step}"
+    message = (
+        f"{held.name} holds {held.count} of {held.total} values as {held.sample} {when}: "
+        "held by design (a mask, an observer, an unused tensor), not judged; a value that "
+        "turns non-finite from now on is"
+    )
+    evidence = {"nonfinite_values": float(held.count), "values": float(held.total)}
+    return Finding(NONFINITE_HELD, step, step, Severity.INFO, message, evidence)
