@@ -6,43 +6,67 @@ from itertools import pairwise
 from math import isfinite
 from typing import Any, ClassVar
 
-from stabilizer.core.kinds import DIVERGENCE, LOSS_SPIKE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import LOSS
+from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
-from ._robust import RobustWindow, SpikeTracker
+from . import _loss_words as words
+from ._level import RunChanges, fall_rate, falls
+from ._robust import Regime, RobustWindow, SpikeTracker
 from .base import check_at_least
 
 __all__ = ["LossSpike"]
 
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
+_KEEP = 64  # losses of an open episode kept (to tell whether a new level falls)
+_LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
 
 
 class LossSpike:
     """Loss spikes that recover, and loss jumps that stay up (divergence).
 
-    Requires: ``loss``.
-    Rule: loss > med + k·max(σ, rel_floor·|med|), and ≥ min(min_ratio·med, med + min_jump) once
-    `min_history` losses are in the baseline, ≥ short_ratio·med before (from the third loss on).
+    Requires: ``loss``; ``lr`` and ``new_data`` where logged (changes the run made itself).
+    Rule: loss > med + k·max(σ, rel_floor·|med|), and ≥ min(min_ratio·med, med + min_jump) and
+    ≥ med + tail_ratio × the largest rise of the last `memory` records once `min_history` losses
+    are in the baseline; before, ≥ short_ratio·med, or ≥ min_ratio·med if it stays up, or after a
+    rise record after record; a divergence when it stays up `settle_steps` steps and
+    `settle_records` records, unless the run changed itself there and the loss then falls.
 
     Here med and σ (MAD-based) are those of the last `window` finite losses before the spike:
     the baseline rests on what is there, so a pasted excerpt of a few records is judged from its
     second record on (the evidence says how many records: ``baseline_records``). On so few, σ says
-    little, so the jump must be larger (a doubling) and stand out of the stretch's own spread; a
-    loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
-    has reached (1.9), not the median of its fall. After a single record a jump counts only if it
-    stays up: every loss after it at least `short_ratio` times that record, for `settle_records`
-    records; the loss at step 0 (before any update) is no baseline on its own.
+    little: a doubling that stands out of the stretch's spread is a spike at once; a jump of
+    `min_ratio` (BigScience tr8b-104B after a resume: 2.67 → 4.4) counts only once it has stayed
+    up `settle_records` records; a loss that rose record after record is measured from where the
+    rise began (interval-averaged Megatron losses turn one bad iteration into a ramp: 6.37, 6.60,
+    7.31, 9.12, 10.24); a loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured
+    against the level it has reached (1.9), not the median of its fall. After a single record a
+    jump counts only if it stays up (every loss after it at least `short_ratio` times that
+    record); the loss at step 0 is no baseline on its own when the next record comes steps later
+    (spaCy's later rows are sums over 200 steps), and is one when the next is step 1.
+
+    In a long log a spike must also be outsized for *this* run: `tail_ratio` times the largest
+    rise over the median of the last `memory` records, spikes reported included. A run whose
+    loss keeps jumping one step at a time (a 1B model's per-step loss) gets one episode for the
+    regime, not one per batch.
 
     While a spike lasts the baseline is frozen, so the spike cannot raise its own bar. The episode
     ends when the loss is back under ``med + recover_k·max(σ, rel_floor·|med|)``: one
     ``loss_spike`` (WARNING), emitted then, because only its end tells a spike from a divergence.
     Still up after `settle_steps` steps and `settle_records` records, and not falling back (the
     loss keeps half its largest excess of those records), it is a ``divergence`` (ERROR), emitted
-    at once (a live monitor rolls back on it); the episode then runs on, and a
-    second ``divergence`` finding with the same start closes it: INFO where the loss is back under
-    the bar, ERROR "until the end of the log" when the stream ends first. Non-finite losses are
-    skipped (`NonFinite` reports them).
+    at once (a live monitor rolls back on it); a second ``divergence`` finding with the same start
+    closes it: INFO where the loss came back, ERROR where it sat up there for most of the run (the
+    run lost it: an LR too high from the first step), and ERROR "until the end of the log" when
+    the stream ends first (also when the jump had not yet lasted `settle_steps` steps but has
+    stayed up `settle_records` records). A run that sat above its start for most of its records
+    and ends about where it started "never learned". Non-finite losses are skipped (`NonFinite`
+    reports them).
+
+    A new level is not a divergence (`stabilizer.core.detectors._level`): where the run changed
+    itself when the loss jumped (``new_data``, an LR restart to a level it had used) and the loss
+    then falls at its usual rate, the baseline starts over at the new level, silently; a loss
+    that was identically 0 (a warm-up with no supervised term yet) is no baseline for the loss
+    that starts after it.
 
     Why these defaults, and not those of other tools:
 
@@ -55,9 +79,10 @@ class LossSpike:
     - k = 6 on a MAD σ: minibatch noise of ±5-10% never reaches 6σ, while 2.5 → 5 clears it. The
       floor ``rel_floor = 0.05`` keeps a near-constant loss (σ ≈ 0) from firing on a 1% wobble.
       The jump test (≥ 1.5× or ≥ +0.5 nats) keeps tiny, very smooth losses from firing on noise.
-    - 20 steps and 3 records to call a divergence: a spike from one bad batch is back within a
+    - 20 steps and 5 records to call a divergence: a spike from one bad batch is back within a
       few steps; the loss of a run thrown into a worse region stays up. Calling it late costs the
-      rollback what the run learns meanwhile.
+      rollback what the run learns meanwhile. Five records, not three: a glitch of a log that
+      prints every 10 steps lasts a few records and comes back (a spike, not a divergence).
 
     Args:
         window: Number of recent finite losses in the baseline.
@@ -70,6 +95,8 @@ class LossSpike:
         recover_k: Recovered when the loss is within this many standard deviations of the baseline.
         settle_steps: Steps a spike may last before it counts as a divergence...
         settle_records: ...and records (for logs that print every N steps).
+        tail_ratio: Long logs: a spike rises at least this multiple of the run's largest rise...
+        memory: ...over this many records.
     """
 
     name: ClassVar[str] = "loss_spike"
@@ -86,7 +113,9 @@ class LossSpike:
         short_ratio: float = 2.0,
         recover_k: float = 3.0,
         settle_steps: int = 20,
-        settle_records: int = 3,
+        settle_records: int = 5,
+        tail_ratio: float = 2.0,
+        memory: int = 2000,
     ) -> None:
         self._tracker = SpikeTracker(window, self._classify)
         check_at_least("min_history", min_history, 2)
@@ -94,84 +123,146 @@ class LossSpike:
             raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
         for arg, value in (("k", k), ("rel_floor", rel_floor), ("min_jump", min_jump)):
             check_at_least(arg, value, 0.0)
-        check_at_least("min_ratio", min_ratio, 1.0)
-        check_at_least("short_ratio", short_ratio, 1.0)
+        for arg, value in (("min_ratio", min_ratio), ("short_ratio", short_ratio)):
+            check_at_least(arg, value, 1.0)
+        check_at_least("tail_ratio", tail_ratio, 1.0)
         check_at_least("recover_k", recover_k, 0.0)
         if recover_k > k:
             raise ValueError(f"`recover_k` must be <= k ({k}), got {recover_k}")
         check_at_least("settle_steps", settle_steps, 1)
         check_at_least("settle_records", settle_records, 2)
+        check_at_least("memory", memory, 1)
         self.min_history, self.k, self.rel_floor = min_history, k, rel_floor
         self.min_ratio, self.min_jump, self.short_ratio = min_ratio, min_jump, short_ratio
-        self.recover_k = recover_k
+        self.recover_k, self.tail_ratio = recover_k, tail_ratio
         self.settle_steps, self.settle_records = settle_steps, settle_records
-        self._zero = False  # whether the first loss of the baseline is that of step 0
+        self._regime = Regime(memory)  # the run's recent rises over its median
+        self._changes = RunChanges()
+        self._run: dict[str, Any] = {"records": 0}  # first, last, records, zero, lost
+        self._kind = ""  # how `_classify` opened the last spike ("", "provisional", "rise")
+        self._rise = 0.0  # the rise over its median of the loss `_classify` saw last
 
     def _classify(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         count = len(window.values)  # (the deque's own len: one Python call less a loss)
+        self._kind, self._rise = "", 0.0
         if count < self.min_history:
             return self._short(loss, window) if count else None
         med = window.median()
+        self._rise = loss - med
         if not (loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)):
             return None  # most losses: no jump, so no need to measure the noise
         band = max(window.sigma(med), self.rel_floor * abs(med))
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
-        """`_classify` on a short excerpt: against the level a falling loss has reached (its
-        last value), else the median; a doubling that stands out of the stretch's spread."""
+        """`_classify` on a short excerpt (class docstring): against the level a falling loss
+        has reached, where a rise began, else the median; a doubling, or a smaller jump that
+        must stay up, that stands out of the stretch's spread."""
         values = window.values
         falling = all(b <= a for a, b in pairwise(values))
-        med = values[-1] if falling else window.median()
-        if loss < med + (self.short_ratio - 1.0) * abs(med):
+        start = _rise_start(values, loss)
+        if start is not None:
+            med, self._kind = values[start], "rise"
+            before = [*values][: start + 1]
+        else:
+            med = values[-1] if falling else window.median()
+            before = None
+        ratio = self.short_ratio if start is None else self.min_ratio
+        if loss < med + (self.min_ratio - 1.0) * abs(med):
             return None
+        if loss < med + (ratio - 1.0) * abs(med):
+            if len(values) < 2:
+                return None
+            self._kind = "provisional"
         band = self.rel_floor * abs(med)
-        if not falling:
-            band = max(window.sigma(med), band)
+        if not falling or before is not None:
+            spread = window if before is None else _window(before)
+            band = max(spread.sigma(spread.median()) if len(spread) > 1 else 0.0, band)
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
 
     def update(self, record: StepRecord) -> list[Finding]:
-        loss = record.values.get(LOSS)
+        values = record.values
+        if LR in values or NEW_DATA in values:
+            self._changes.update(record.step, values)
+        loss = values.get(LOSS)
         if loss is None or not isfinite(loss):
             return []
-        tracker = self._tracker
-        if not tracker.window.values and tracker.episode is None:
-            self._zero = record.step == 0  # (a first record at step 0: see `_alone`)
+        tracker, run = self._tracker, self._run
+        window = tracker.window
+        if window.values and window.ordered[-1] == 0.0 == window.ordered[0] and loss != 0.0:
+            window.clear()  # the loss was identically 0: no baseline for the one that starts
+        if not window.values and tracker.episode is None:
+            run["zero"] = record.step == 0  # a first record at step 0 (see `_alone`)
+        elif len(window.values) == 1 and record.step == 1:
+            run["zero"] = False  # the next record is the next step: step 0 is a baseline
+        run["records"] += 1
+        run.setdefault("first", loss)
+        run["last"] = loss
+        opened = tracker.episode
+        self._rise = 0.0
         ended = tracker.observe(record.step, loss)
+        if opened is None and tracker.episode is not None:
+            tracker.episode["tail"] = self._regime.bumps.largest()  # the rises before it
+        self._regime.bumps.push(loss - opened["baseline"] if opened is not None else self._rise)
         if ended is not None:
-            back = record.step - ended["start"]
-            if "called" in ended:
-                return [self._back(ended, back)]
-            return [] if ended["baseline_records"] < 2 else [self._spike(ended, back)]
+            return self._ended(ended, record.step)
         episode = tracker.episode
         if episode is None:
             return []
-        if episode["baseline_records"] < 2 and self._alone(loss, episode["baseline"]):
-            tracker.episode = None
-            tracker.window.push(loss)
-            return []
+        if opened is None:
+            self._open(episode, window)
+        return self._follow(episode, loss, record.step)
+
+    def _open(self, episode: dict[str, Any], window: RobustWindow) -> None:
+        """Note how a new episode was opened, and whether the run changed itself there."""
+        if self._kind == "provisional" or episode["baseline_records"] < 2:
+            episode["provisional"] = True
+        why = self._changes.since(episode["start"] - self.settle_steps)
+        if why:
+            episode["change"] = why
+            episode["usual"] = fall_rate(list(window.values))
+
+    def _follow(self, episode: dict[str, Any], loss: float, step: int) -> list[Finding]:
+        """An open episode's new loss: drop a jump that did not stay up, let a new level the
+        run made start a new baseline, call a divergence once settled."""
+        tracker = self._tracker
+        if episode.get("provisional") and "called" not in episode:
+            if not self._stays(loss, episode):
+                tracker.episode = None
+                tracker.window.push(loss)
+                return []
+            if episode["records"] >= self.settle_records:
+                del episode["provisional"]
         episode["level"] = loss
-        # A new list, not an append: `state` copies the episode shallowly.
+        # New lists, not appends: `state` copies the episode shallowly.
         episode["recent"] = [*episode.get("recent", [])[1 - self.settle_records :], loss]
+        episode["losses"] = [*episode.get("losses", [])[1 - _KEEP :], loss]
         if "called" in episode or not self._settled(episode):
             return []
-        episode["called"] = record.step
-        return [self._divergence(episode, end_of_log=False)]
+        if "change" in episode and falls(episode["losses"], episode["usual"]):
+            tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
+            self._regime.new()
+            return []
+        episode["called"] = step
+        return [words.divergence(episode, end_of_log=False, start_of_run=False)]
 
-    def _alone(self, loss: float, baseline: float) -> bool:
-        """Whether a loss after a single record says nothing: it is back under `short_ratio`
-        times that record (a jump must stay up), or that record is the loss at step 0, before
-        any update (spaCy then sums the losses of 200 steps)."""
-        return self._zero or loss < self.short_ratio * baseline
+    def _stays(self, loss: float, episode: dict[str, Any]) -> bool:
+        """Whether a jump that counts only if it stays up still does: after a single record
+        (not step 0's alone), at least `short_ratio` times it; else at least halfway to the
+        `min_ratio` bar over the baseline."""
+        base = episode["baseline"]
+        if episode["baseline_records"] < 2:
+            return not self._run.get("zero") and bool(loss >= self.short_ratio * base)
+        return bool(loss >= base + 0.5 * (self.min_ratio - 1.0) * abs(base))
 
-    def _settled(self, episode: dict[str, Any]) -> bool:
+    def _settled(self, episode: dict[str, Any], end_of_log: bool = False) -> bool:
         """Whether the loss has stayed up long enough, and is not on its way back down.
 
         A spike that decays over several records (5.7, 4.7, 3.8, 3.0 on a 2.05 baseline) is not
         a divergence: the loss must hold at least `_HOLD` of its largest excess over the baseline
-        in the last `settle_records` records.
+        in the last `settle_records` records. At the end of the log the steps are not waited for.
         """
-        if episode["last"] - episode["start"] < self.settle_steps:
+        if not end_of_log and episode["last"] - episode["start"] < self.settle_steps:
             return False
         if episode["records"] < self.settle_records:
             return False
@@ -179,89 +270,82 @@ class LossSpike:
         recent: list[float] = episode["recent"]
         return recent[-1] - base >= _HOLD * (max(recent) - base)
 
-    def _spike(self, episode: dict[str, Any], back: int | None) -> Finding:
-        base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]
-        ratio = _ratio(peak, base)
-        how = "up until the end of the log" if back is None else f"back after {_steps(back)}"
-        evidence = _evidence(episode)
-        evidence["recovered"] = float(back is not None)
-        if back is not None:
-            evidence["recovery_steps"] = back
-        return Finding(
-            kind=LOSS_SPIKE,
-            step=episode["start"],
-            end_step=episode["last"],
-            severity=Severity.WARNING,
-            seen=f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
-            f"{how}",
-            evidence=evidence,
-            remedies=kind_of(LOSS_SPIKE).remedies,
-            advice="clip gradients (norm 1.0)",
-        )
-
-    def _divergence(self, episode: dict[str, Any], end_of_log: bool) -> Finding:
-        base, start, level = episode["baseline"], episode["start"], episode["level"]
-        if end_of_log:
-            span = "and stayed up until the end of the log"
-        else:
-            span = f"for {_steps(episode['last'] - start)} ({episode['records']} records)"
-        return Finding(
-            kind=DIVERGENCE,
-            step=start,
-            end_step=episode["last"],
-            severity=Severity.ERROR,
-            seen=f"loss diverged at step {start}: {level:.4g} against a {base:.4g} baseline {span}",
-            evidence=_evidence(episode),
-            remedies=kind_of(DIVERGENCE).remedies,
-            advice="roll back and lower the LR",
-        )
-
-    def _back(self, episode: dict[str, Any], back: int) -> Finding:
-        start = episode["start"]
-        return Finding(
-            kind=DIVERGENCE,
-            step=start,
-            end_step=episode["last"],
-            severity=Severity.INFO,
-            seen=f"loss back under its {episode['baseline']:.4g} baseline's band "
-            f"{_steps(back)} after it diverged at step {start}",
-            evidence={**_evidence(episode), "recovery_steps": float(back)},
-        )
+    def _ended(self, episode: dict[str, Any], step: int) -> list[Finding]:
+        """The loss came back under the limit: the episode's closing finding, if any."""
+        back = step - episode["start"]
+        if "called" in episode:
+            closing = words.back(episode, step, self._run["records"])
+            if closing.severity > Severity.INFO and episode["baseline_records"] < self.min_history:
+                self._run["lost"] = closing.to_dict()  # the run blew up at its start
+            return [closing]
+        if episode.get("provisional") or "change" in episode:
+            return []  # a jump that did not stay up; a level the run made and left again
+        rise = episode["peak"] - episode["baseline"]
+        if episode["baseline_records"] >= self.min_history and rise < self.tail_ratio * episode.get(
+            "tail", 0.0
+        ):
+            self._regime.fold(episode["last"])  # no larger than the run's recent rises
+            return []
+        return [self._regime.report(words.spike(episode, back))]
 
     def finish(self) -> list[Finding]:
-        episode = self._tracker.close()
+        found = self._close(self._tracker.close())
+        folded = self._regime.close()
+        if folded is not None:
+            found.insert(0, folded)
+        lost, run = self._run.pop("lost", None), self._run
+        if lost is not None and run["first"] > 0 and run["last"] >= _LEARNED * run["first"]:
+            closed = Finding.from_dict(lost)
+            found.append(words.never_learned(closed, run["first"], run["last"]))
+        return found
+
+    def _close(self, episode: dict[str, Any] | None) -> list[Finding]:
+        """End of the log: the open episode's finding."""
         if episode is None:
             return []
+        start_of_run = episode["baseline_records"] < self.min_history
         if "called" in episode:
-            return [self._divergence(episode, end_of_log=True)]
-        if episode["baseline_records"] < 2 and episode["records"] < self.settle_records:
-            return []  # after a single record, only a jump that stays up says something
-        return [self._spike(episode, back=None)]
+            return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
+        if "change" in episode and falls(episode.get("losses", []), episode["usual"]):
+            return []
+        if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
+            return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
+        if episode.get("provisional") or "change" in episode:
+            return []  # a jump that must stay up and has not yet: it says nothing
+        return [words.spike(episode, back_after=None)]
 
     def restart(self) -> None:
         """Training restarted from earlier weights: its baseline starts over (`Engine.restart`)."""
         self._tracker.restart()
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._tracker.state(), "zero": self._zero}
+        return {
+            **self._tracker.state(),
+            "regime": self._regime.state(),
+            "changes": self._changes.state(),
+            "run": dict(self._run),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._zero = bool(state.get("zero", False))  # absent in checkpoints of earlier rounds
-        self._tracker.load({k: v for k, v in state.items() if k != "zero"})
+        # Earlier rounds' checkpoints have none of these but the tracker's (and a "zero" flag).
+        self._regime.load(state.get("regime"))
+        self._changes.load(state.get("changes"))
+        self._run = dict(state.get("run", {"records": 0, "zero": bool(state.get("zero"))}))
+        self._tracker.load(state)
 
 
-def _evidence(episode: dict[str, Any]) -> dict[str, float]:
-    base, peak = episode["baseline"], episode["peak"]
-    evidence = {"baseline": base, "baseline_records": episode["baseline_records"], "peak": peak}
-    evidence.update(peak_step=episode["peak_step"], ratio=_ratio(peak, base))
-    if "level" in episode:
-        evidence["level"] = episode["level"]
-    return evidence
+def _rise_start(values: Any, loss: float) -> int | None:
+    """Where a rise record after record began, when ``loss`` ends one of 3 rises or more."""
+    index = len(values) - 1
+    if index < 2 or not loss > values[index]:
+        return None
+    while index > 0 and values[index - 1] < values[index]:
+        index -= 1
+    return index if len(values) - index >= 3 else None
 
 
-def _steps(count: int) -> str:
-    return f"{count} step" if count == 1 else f"{count} steps"
-
-
-def _ratio(value: float, baseline: float) -> float:
-    return value / baseline if baseline > 0 else float("inf")
+def _window(values: list[float]) -> RobustWindow:
+    window = RobustWindow(max(1, len(values)))
+    for value in values:
+        window.push(value)
+    return window
