@@ -35,6 +35,7 @@ from .measure import Measurer, Probes
 from .outputs import LiveOutputs
 from .protection import Protection
 from .reporting import Reporter
+from .run_header import run_header
 
 __all__ = ["StabilityMonitor"]
 
@@ -168,6 +169,8 @@ class StabilityMonitor(pl.Callback):
         self._fit = trainer, pl_module
         self.flow.fit_start(trainer, pl_module, self, self.grouping)
         groups = self.probes.grads.groups if self.probes is not None else None
+        header = run_header(trainer, self.policy, groups or ())
+        self.reporter.safely(self.engine.set_run, header)  # (an fp32 run has no fp16 range)
         self.reporter.safely(
             self.outputs.open, trainer, pl_module, groups, self.grouping, self.findings,
             self.policy,

@@ -116,6 +116,7 @@ class LossSpike:
         settle_records: int = 5,
         tail_ratio: float = 2.0,
         memory: int = 2000,
+        glitch: float = 0.1,
     ) -> None:
         self._tracker = SpikeTracker(window, self._classify)
         check_at_least("min_history", min_history, 2)
@@ -132,9 +133,10 @@ class LossSpike:
         check_at_least("settle_steps", settle_steps, 1)
         check_at_least("settle_records", settle_records, 2)
         check_at_least("memory", memory, 1)
+        check_at_least("glitch", glitch, 0.0)
         self.min_history, self.k, self.rel_floor = min_history, k, rel_floor
         self.min_ratio, self.min_jump, self.short_ratio = min_ratio, min_jump, short_ratio
-        self.recover_k, self.tail_ratio = recover_k, tail_ratio
+        self.recover_k, self.tail_ratio, self.glitch = recover_k, tail_ratio, glitch
         self.settle_steps, self.settle_records = settle_steps, settle_records
         self._regime = Regime(memory)  # the run's recent rises over its median
         self._changes = RunChanges()
@@ -150,9 +152,20 @@ class LossSpike:
         med = window.median()
         self._rise = loss - med
         if not (loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)):
-            return None  # most losses: no jump, so no need to measure the noise
+            return self._glitch(loss, med, window)
         band = max(window.sigma(med), self.rel_floor * abs(med))
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
+
+    def _glitch(self, loss: float, med: float, window: RobustWindow) -> tuple[float, float] | None:
+        """A jump under the long-log bar that is outsized for a smooth loss (interval-averaged
+        Megatron losses: a 2.2 ± 0.01 loss at 2.6): `glitch`·|med| and k·σ above the median."""
+        floor = self.glitch * abs(med)
+        if loss < med + floor:
+            return None  # most losses
+        if loss < med + self.k * window.sigma(med):
+            return None
+        self._kind = "glitch"
+        return med, med + 0.5 * floor
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         """`_classify` on a short excerpt (class docstring): against the level a falling loss
@@ -217,6 +230,8 @@ class LossSpike:
         """Note how a new episode was opened, and whether the run changed itself there."""
         if self._kind == "provisional" or episode["baseline_records"] < 2:
             episode["provisional"] = True
+        if self._kind == "glitch":
+            episode["glitch"] = True
         why = self._changes.since(episode["start"] - self.settle_steps)
         if why:
             episode["change"] = why
@@ -233,11 +248,16 @@ class LossSpike:
                 return []
             if episode["records"] >= self.settle_records:
                 del episode["provisional"]
+        if episode.get("glitch") and self._jumped(loss, episode["baseline"]):
+            del episode["glitch"]  # a glitch grown into a jump: judged as one
         episode["level"] = loss
         # New lists, not appends: `state` copies the episode shallowly.
         episode["recent"] = [*episode.get("recent", [])[1 - self.settle_records :], loss]
         episode["losses"] = [*episode.get("losses", [])[1 - _KEEP :], loss]
         if "called" in episode or not self._settled(episode):
+            return []
+        if episode.get("glitch"):
+            tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
             return []
         if "change" in episode and falls(episode["losses"], episode["usual"]):
             tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
@@ -245,6 +265,10 @@ class LossSpike:
             return []
         episode["called"] = step
         return [words.divergence(episode, end_of_log=False, start_of_run=False)]
+
+    def _jumped(self, loss: float, base: float) -> bool:
+        """Whether ``loss`` clears the long-log jump bar over ``base``."""
+        return loss >= base + self.min_jump or (base > 0 and loss >= self.min_ratio * base)
 
     def _stays(self, loss: float, episode: dict[str, Any]) -> bool:
         """Whether a jump that counts only if it stays up still does: after a single record
@@ -280,6 +304,8 @@ class LossSpike:
             return [closing]
         if episode.get("provisional") or "change" in episode:
             return []  # a jump that did not stay up; a level the run made and left again
+        if episode.get("glitch") and episode["records"] < 2:
+            return []  # a glitch must last: one record of a smooth loss may be one batch
         rise = episode["peak"] - episode["baseline"]
         if episode["baseline_records"] >= self.min_history and rise < self.tail_ratio * episode.get(
             "tail", 0.0
@@ -310,8 +336,8 @@ class LossSpike:
             return []
         if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
-        if episode.get("provisional") or "change" in episode:
-            return []  # a jump that must stay up and has not yet: it says nothing
+        if episode.get("provisional") or episode.get("glitch") or "change" in episode:
+            return []  # a jump that must stay up, a glitch that must come back: not yet
         return [words.spike(episode, back_after=None)]
 
     def restart(self) -> None:
