@@ -19,6 +19,7 @@ __all__ = ["LossSpike"]
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
 _KEEP = 64  # losses of an open episode kept (to tell whether a new level falls)
 _LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
+_FROM_START = 2  # a jump with at most this many records before it blew up where the log starts
 
 
 class LossSpike:
@@ -143,6 +144,7 @@ class LossSpike:
         self._run: dict[str, Any] = {"records": 0}  # first, last, records, zero, lost
         self._kind = ""  # how `_classify` opened the last spike ("", "provisional", "rise")
         self._rise = 0.0  # the rise over its median of the loss `_classify` saw last
+        self._band = 0.0  # the band of the glitch `_classify` opened last
 
     def _classify(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         count = len(window.values)  # (the deque's own len: one Python call less a loss)
@@ -154,43 +156,50 @@ class LossSpike:
         if not (loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)):
             return self._glitch(loss, med, window)
         band = max(window.sigma(med), self.rel_floor * abs(med))
+        if band <= 0.0:
+            return None  # a level of exactly 0 with no spread is no baseline (#31)
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
 
     def _glitch(self, loss: float, med: float, window: RobustWindow) -> tuple[float, float] | None:
         """A jump under the long-log bar that is outsized for a smooth loss (interval-averaged
         Megatron losses: a 2.2 ± 0.01 loss at 2.6): `glitch`·|med| and k·σ above the median."""
-        floor = self.glitch * abs(med)
-        if loss < med + floor:
-            return None  # most losses
-        if loss < med + self.k * window.sigma(med):
+        floor = self.glitch * med
+        if floor <= 0.0 or loss < med + floor:
+            return None  # most losses; a glitch is a share of a positive level
+        sigma = window.sigma(med)
+        if loss < med + self.k * sigma:
             return None
-        self._kind = "glitch"
+        self._kind, self._band = "glitch", max(sigma, self.rel_floor * med)
         return med, med + 0.5 * floor
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         """`_classify` on a short excerpt (class docstring): against the level a falling loss
-        has reached, where a rise began, else the median; a doubling, or a smaller jump that
-        must stay up, that stands out of the stretch's spread."""
+        has reached, where a rise began, else the median; a doubling (over a positive level;
+        `min_jump` over one that is not), or a smaller jump that must stay up, that stands out
+        of the stretch's spread."""
         values = window.values
         falling = all(b <= a for a, b in pairwise(values))
         start = _rise_start(values, loss)
+        spread: RobustWindow | None = window if not falling else None
         if start is not None:
-            med, self._kind = values[start], "rise"
-            before = [*values][: start + 1]
+            med, self._kind, spread = values[start], "rise", _window([*values][: start + 1])
         else:
             med = values[-1] if falling else window.median()
-            before = None
         ratio = self.short_ratio if start is None else self.min_ratio
-        if loss < med + (self.min_ratio - 1.0) * abs(med):
+        low, high = med * self.min_ratio, med * ratio
+        if med <= 0:  # no ratio of a level that is not positive: an absolute jump
+            low = high = med + self.min_jump
+        if loss < low:
             return None
-        if loss < med + (ratio - 1.0) * abs(med):
+        if loss < high:
             if len(values) < 2:
                 return None
             self._kind = "provisional"
         band = self.rel_floor * abs(med)
-        if not falling or before is not None:
-            spread = window if before is None else _window(before)
-            band = max(spread.sigma(spread.median()) if len(spread) > 1 else 0.0, band)
+        if spread is not None and len(spread) > 1:
+            band = max(spread.sigma(spread.median()), band)
+        if band <= 0.0:
+            return None  # a level of exactly 0 with no spread is no baseline (#31)
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -231,7 +240,7 @@ class LossSpike:
         if self._kind == "provisional" or episode["baseline_records"] < 2:
             episode["provisional"] = True
         if self._kind == "glitch":
-            episode["glitch"] = True
+            episode["glitch"] = self._band  # the band a jump must clear to be judged as one
         why = self._changes.since(episode["start"] - self.settle_steps)
         if why:
             episode["change"] = why
@@ -248,7 +257,7 @@ class LossSpike:
                 return []
             if episode["records"] >= self.settle_records:
                 del episode["provisional"]
-        if episode.get("glitch") and self._jumped(loss, episode["baseline"]):
+        if "glitch" in episode and self._jumped(loss, episode["baseline"], episode["glitch"]):
             del episode["glitch"]  # a glitch grown into a jump: judged as one
         episode["level"] = loss
         # New lists, not appends: `state` copies the episode shallowly.
@@ -256,7 +265,7 @@ class LossSpike:
         episode["losses"] = [*episode.get("losses", [])[1 - _KEEP :], loss]
         if "called" in episode or not self._settled(episode):
             return []
-        if episode.get("glitch"):
+        if "glitch" in episode:
             tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
             return []
         if "change" in episode and falls(episode["losses"], episode["usual"]):
@@ -266,9 +275,10 @@ class LossSpike:
         episode["called"] = step
         return [words.divergence(episode, end_of_log=False, start_of_run=False)]
 
-    def _jumped(self, loss: float, base: float) -> bool:
-        """Whether ``loss`` clears the long-log jump bar over ``base``."""
-        return loss >= base + self.min_jump or (base > 0 and loss >= self.min_ratio * base)
+    def _jumped(self, loss: float, base: float, band: float) -> bool:
+        """Whether ``loss`` clears the long-log bar over ``base`` and its ``band``."""
+        jump = loss >= base + self.min_jump or (base > 0 and loss >= self.min_ratio * base)
+        return jump and loss > base + self.k * band
 
     def _stays(self, loss: float, episode: dict[str, Any]) -> bool:
         """Whether a jump that counts only if it stays up still does: after a single record
@@ -299,12 +309,12 @@ class LossSpike:
         back = step - episode["start"]
         if "called" in episode:
             closing = words.back(episode, step, self._run["records"])
-            if closing.severity > Severity.INFO and episode["baseline_records"] < self.min_history:
-                self._run["lost"] = closing.to_dict()  # the run blew up at its start
+            if closing.severity > Severity.INFO and episode["baseline_records"] <= _FROM_START:
+                self._run["lost"] = closing.to_dict()  # the run blew up where the log starts
             return [closing]
         if episode.get("provisional") or "change" in episode:
             return []  # a jump that did not stay up; a level the run made and left again
-        if episode.get("glitch") and episode["records"] < 2:
+        if "glitch" in episode and episode["records"] < 2:
             return []  # a glitch must last: one record of a smooth loss may be one batch
         rise = episode["peak"] - episode["baseline"]
         if episode["baseline_records"] >= self.min_history and rise < self.tail_ratio * episode.get(
@@ -329,14 +339,14 @@ class LossSpike:
         """End of the log: the open episode's finding."""
         if episode is None:
             return []
-        start_of_run = episode["baseline_records"] < self.min_history
+        start_of_run = episode["baseline_records"] <= _FROM_START
         if "called" in episode:
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
         if "change" in episode and falls(episode.get("losses", []), episode["usual"]):
             return []
         if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
-        if episode.get("provisional") or episode.get("glitch") or "change" in episode:
+        if episode.get("provisional") or "glitch" in episode or "change" in episode:
             return []  # a jump that must stay up, a glitch that must come back: not yet
         return [words.spike(episode, back_after=None)]
 
