@@ -11,7 +11,8 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import CLIP_VAL, CLIPPED, GRAD_NORM
 
 from ._clipping import ClipWindow
-from ._robust import Regime, RobustWindow, SpikeTracker, exp10
+from ._regime import Regime
+from ._robust import RobustWindow, SpikeTracker, exp10
 from .base import check_at_least, check_fraction
 
 __all__ = ["GradSpike"]

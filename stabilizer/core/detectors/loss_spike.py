@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
 from math import isfinite
 from typing import Any, ClassVar
 
@@ -10,8 +9,10 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
 from . import _loss_words as words
+from ._excerpt import short_spike
 from ._level import RunChanges, fall_rate, falls
-from ._robust import Regime, RobustWindow, SpikeTracker
+from ._regime import Regime
+from ._robust import RobustWindow, SpikeTracker
 from .base import check_at_least
 
 __all__ = ["LossSpike"]
@@ -26,48 +27,24 @@ class LossSpike:
     """Loss spikes that recover, and loss jumps that stay up (divergence).
 
     Requires: ``loss``; ``lr`` and ``new_data`` where logged (changes the run made itself).
-    Rule: loss > med + k·max(σ, rel_floor·|med|), and ≥ min(min_ratio·med, med + min_jump) and
-    ≥ med + tail_ratio × the largest rise of the last `memory` records once `min_history` losses
-    are in the baseline; before, ≥ short_ratio·med, or ≥ min_ratio·med if it stays up, or after a
-    rise record after record; a divergence when it stays up `settle_steps` steps and
-    `settle_records` records, unless the run changed itself there and the loss then falls.
+    Rule: loss > med + k·max(σ, rel_floor·|med|) and ≥ min(min_ratio·med, med + min_jump) once
+    `min_history` losses are in the baseline (or, for a smooth loss, ≥ med + glitch·med for two
+    records), ≥ short_ratio·med before (≥ min_ratio·med if it stays up, or from where a rise
+    began); reported when it comes back if it rose `tail_ratio`× the largest rise of the last
+    `memory` records; a divergence when still up after `settle_steps` steps and `settle_records`
+    records, unless the run changed itself there and the loss then falls at its usual rate.
 
-    Here med and σ (MAD-based) are those of the last `window` finite losses before the spike:
-    the baseline rests on what is there, so a pasted excerpt of a few records is judged from its
-    second record on (the evidence says how many records: ``baseline_records``). On so few, σ says
-    little: a doubling that stands out of the stretch's spread is a spike at once; a jump of
-    `min_ratio` (BigScience tr8b-104B after a resume: 2.67 → 4.4) counts only once it has stayed
-    up `settle_records` records; a loss that rose record after record is measured from where the
-    rise began (interval-averaged Megatron losses turn one bad iteration into a ramp: 6.37, 6.60,
-    7.31, 9.12, 10.24); a loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured
-    against the level it has reached (1.9), not the median of its fall. After a single record a
-    jump counts only if it stays up (every loss after it at least `short_ratio` times that
-    record); the loss at step 0 is no baseline on its own when the next record comes steps later
-    (spaCy's later rows are sums over 200 steps), and is one when the next is step 1.
-
-    In a long log a spike must also be outsized for *this* run: `tail_ratio` times the largest
-    rise over the median of the last `memory` records, spikes reported included. A run whose
-    loss keeps jumping one step at a time (a 1B model's per-step loss) gets one episode for the
-    regime, not one per batch.
-
-    While a spike lasts the baseline is frozen, so the spike cannot raise its own bar. The episode
-    ends when the loss is back under ``med + recover_k·max(σ, rel_floor·|med|)``: one
-    ``loss_spike`` (WARNING), emitted then, because only its end tells a spike from a divergence.
-    Still up after `settle_steps` steps and `settle_records` records, and not falling back (the
-    loss keeps half its largest excess of those records), it is a ``divergence`` (ERROR), emitted
-    at once (a live monitor rolls back on it); a second ``divergence`` finding with the same start
-    closes it: INFO where the loss came back, ERROR where it sat up there for most of the run (the
-    run lost it: an LR too high from the first step), and ERROR "until the end of the log" when
-    the stream ends first (also when the jump had not yet lasted `settle_steps` steps but has
-    stayed up `settle_records` records). A run that sat above its start for most of its records
-    and ends about where it started "never learned". Non-finite losses are skipped (`NonFinite`
-    reports them).
-
-    A new level is not a divergence (`stabilizer.core.detectors._level`): where the run changed
-    itself when the loss jumped (``new_data``, an LR restart to a level it had used) and the loss
-    then falls at its usual rate, the baseline starts over at the new level, silently; a loss
-    that was identically 0 (a warm-up with no supervised term yet) is no baseline for the loss
-    that starts after it.
+    Here med and σ (MAD-based) are those of the last `window` finite losses before the spike,
+    frozen while it lasts, so that a spike cannot raise its own bar; a pasted excerpt is judged
+    from its second record on (``baseline_records`` in the evidence). A spike is one
+    ``loss_spike`` (WARNING) when the loss is back under ``med + recover_k·max(σ,
+    rel_floor·|med|)``: only its end tells a spike from a divergence. A jump that stays up and
+    does not fall back (it keeps half its largest excess) is a ``divergence`` (ERROR), emitted at
+    once (a live monitor rolls back on it); a second finding with the same start closes it: INFO
+    where the loss came back, ERROR where it sat up there for most of the log (and "never
+    learned" where that began at the log's start and the loss ends about where it started), ERROR
+    "until the end of the log" when the stream ends first. Non-finite losses are skipped
+    (`NonFinite` reports them). Each rule with the log that shows it: docs/findings.md.
 
     Why these defaults, and not those of other tools:
 
@@ -80,6 +57,9 @@ class LossSpike:
     - k = 6 on a MAD σ: minibatch noise of ±5-10% never reaches 6σ, while 2.5 → 5 clears it. The
       floor ``rel_floor = 0.05`` keeps a near-constant loss (σ ≈ 0) from firing on a 1% wobble.
       The jump test (≥ 1.5× or ≥ +0.5 nats) keeps tiny, very smooth losses from firing on noise.
+    - A MAD does not see a heavy tail: a 1B model's per-step loss jumps 1.4× every few hundred
+      steps. A spike no larger than twice the run's recent rises is its regime, folded into the
+      spike reported last (`Regime`): one episode per regime, not one per batch.
     - 20 steps and 5 records to call a divergence: a spike from one bad batch is back within a
       few steps; the loss of a run thrown into a worse region stays up. Calling it late costs the
       rollback what the run learns meanwhile. Five records, not three: a glitch of a log that
@@ -98,6 +78,7 @@ class LossSpike:
         settle_records: ...and records (for logs that print every N steps).
         tail_ratio: Long logs: a spike rises at least this multiple of the run's largest rise...
         memory: ...over this many records.
+        glitch: Long logs: a smooth loss's glitch rises at least this share of the median.
     """
 
     name: ClassVar[str] = "loss_spike"
@@ -173,34 +154,12 @@ class LossSpike:
         return med, med + 0.5 * floor
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
-        """`_classify` on a short excerpt (class docstring): against the level a falling loss
-        has reached, where a rise began, else the median; a doubling (over a positive level;
-        `min_jump` over one that is not), or a smaller jump that must stay up, that stands out
-        of the stretch's spread."""
-        values = window.values
-        falling = all(b <= a for a, b in pairwise(values))
-        start = _rise_start(values, loss)
-        spread: RobustWindow | None = window if not falling else None
-        if start is not None:
-            med, self._kind, spread = values[start], "rise", _window([*values][: start + 1])
-        else:
-            med = values[-1] if falling else window.median()
-        ratio = self.short_ratio if start is None else self.min_ratio
-        low, high = med * self.min_ratio, med * ratio
-        if med <= 0:  # no ratio of a level that is not positive: an absolute jump
-            low = high = med + self.min_jump
-        if loss < low:
+        """`_classify` on a short excerpt (`_excerpt.short_spike`)."""
+        spike = short_spike(loss, window, self)
+        if spike is None:
             return None
-        if loss < high:
-            if len(values) < 2:
-                return None
-            self._kind = "provisional"
-        band = self.rel_floor * abs(med)
-        if spread is not None and len(spread) > 1:
-            band = max(spread.sigma(spread.median()), band)
-        if band <= 0.0:
-            return None  # a level of exactly 0 with no spread is no baseline (#31)
-        return (med, med + self.recover_k * band) if loss > med + self.k * band else None
+        self._kind = spike[2]
+        return spike[0], spike[1]
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -368,20 +327,3 @@ class LossSpike:
         self._changes.load(state.get("changes"))
         self._run = dict(state.get("run", {"records": 0, "zero": bool(state.get("zero"))}))
         self._tracker.load(state)
-
-
-def _rise_start(values: Any, loss: float) -> int | None:
-    """Where a rise record after record began, when ``loss`` ends one of 3 rises or more."""
-    index = len(values) - 1
-    if index < 2 or not loss > values[index]:
-        return None
-    while index > 0 and values[index - 1] < values[index]:
-        index -= 1
-    return index if len(values) - index >= 3 else None
-
-
-def _window(values: list[float]) -> RobustWindow:
-    window = RobustWindow(max(1, len(values)))
-    for value in values:
-        window.push(value)
-    return window
