@@ -14,6 +14,7 @@ import random
 import pytest
 
 from stabilizer.core.detectors import LossSpike
+from stabilizer.core.detectors._level import RunChanges, falls
 from stabilizer.core.records import Finding, Severity, StepRecord
 
 from .streams import feed, records
@@ -237,3 +238,56 @@ def test_an_lr_surge_past_anything_the_run_used_is_no_restart() -> None:
     ]
     found = feed(LossSpike(), stream)
     assert found and found[0].kind == "divergence" and 150 <= found[0].step < 170
+
+
+@pytest.mark.parametrize(
+    ("lrs", "restart"),
+    [
+        ([1e-5 * i for i in range(1, 101)], None),  # a warm-up: a new highest LR every step
+        ([1e-3, 5e-4, 1e-4, 1e-6, 1e-3], 4),  # SGDR: back to the first peak
+        ([1e-3, 5e-4, 1e-4, 1e-6, 7e-4], 4),  # a restart to a decayed peak
+        ([3e-4, 3e-4, 0.9, 0.9], None),  # a surge 3000x past anything used: no restart
+        ([1e-3, 9e-4, 8e-4, 1e-3], None),  # a bump of 1.25x: no restart
+    ],
+    ids=["warm-up", "sgdr", "decayed-peak", "surge", "small-bump"],
+)
+def test_an_lr_restart_is_a_rise_back_to_a_level_the_run_used(
+    lrs: list[float], restart: int | None
+) -> None:
+    changes = RunChanges()
+    for step, lr in enumerate(lrs):
+        changes.update(step, {"lr": lr})
+    assert changes.step == restart
+    assert bool(changes.since(0)) is (restart is not None)
+
+
+def test_new_data_marks_the_step_the_run_started_on_it() -> None:
+    changes = RunChanges()
+    changes.update(7, {"new_data": 0.0})
+    assert changes.step is None
+    changes.update(8, {"new_data": 1.0})
+    assert (changes.step, changes.since(8), changes.since(9)) == (
+        8,
+        "the run started on new data",
+        "",
+    )
+    twin = RunChanges()
+    twin.load(changes.state())
+    assert twin.state() == changes.state()
+
+
+@pytest.mark.parametrize(
+    ("values", "usual", "expected"),
+    [
+        ([2.9, 2.8, 2.7, 2.6, 2.5, 2.4], 0.0, True),  # falls
+        ([2.9, 2.9, 2.9, 2.9, 2.9, 2.9], 0.0, False),  # holds
+        ([2.9, 2.91, 2.89, 2.9, 2.9, 2.91], 0.0, False),  # noise about a flat level
+        ([2.9, 3.2, 3.5, 3.8, 4.1, 4.4], 0.0, False),  # climbs
+        ([2.9, 2.89, 2.88, 2.87, 2.86, 2.85], 0.05, False),  # falls, slower than usual
+    ],
+    ids=["falls", "holds", "flat-noise", "climbs", "slower-than-usual"],
+)
+def test_a_new_level_falls_at_its_usual_rate(
+    values: list[float], usual: float, expected: bool
+) -> None:
+    assert falls(values, usual) is expected
