@@ -45,7 +45,8 @@ def test_an_lr_too_high_from_the_first_step_never_learned(tmp_path: Path) -> Non
     text = render_text(diagnosis)
     assert "never learned" in text and "most of the run was lost" in text
     assert "recovered" not in text and "loss spike" not in text
-    assert "lower the learning rate" in text.splitlines()[-1]  # the verdict: not a rollback
+    verdict = text.splitlines()[-1]
+    assert "(the run never learned): lower the learning rate" in verdict  # not a rollback
 
 
 def _hf_console(path: Path, hidden_from: int, every: int = 1) -> Path:

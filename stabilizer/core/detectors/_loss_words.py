@@ -93,7 +93,7 @@ def never_learned(closed: Finding, first: float, last: float) -> Finding:
         severity=Severity.ERROR,
         seen=f"{closed.seen}; the run never learned: its last loss, {last:.4g}, is about where "
         f"it started ({first:.4g})",
-        evidence={**closed.evidence, "first_loss": first, "last_loss": last},
+        evidence={**closed.evidence, "first_loss": first, "last_loss": last, "never_learned": 1.0},
         remedies=_LOST,
         advice=closed.advice,
     )
