@@ -16,8 +16,6 @@ from typing import Any
 
 from stabilizer.core.signals import LR, NEW_DATA
 
-from ._robust import finite
-
 __all__ = ["RunChanges", "fall_rate", "falls"]
 
 _RESTART = 1.5  # an LR at least this multiple of the record before's has restarted...
@@ -41,15 +39,17 @@ class RunChanges:
 
     def update(self, step: int, values: Mapping[str, float]) -> None:
         """Look at one record's ``new_data`` and ``lr``."""
-        if (values.get(NEW_DATA) or 0.0) >= 0.5:
+        if NEW_DATA in values and values[NEW_DATA] >= 0.5:
             self.step, self.why = step, "the run started on new data"
-        lr = finite(values, LR)
-        if lr is None or lr <= 0.0:
+        lr = values.get(LR)
+        if lr is None or not 0.0 < lr < math.inf:
             return
-        last, peak = self._lr, self._peak
-        if last is not None and lr >= _RESTART * last and lr <= _KNOWN * peak:
+        last = self._lr
+        if last is not None and lr >= _RESTART * last and lr <= _KNOWN * self._peak:
             self.step, self.why = step, f"the LR restarted ({last:.3g} -> {lr:.3g})"
-        self._lr, self._peak = lr, max(peak, lr)
+        self._lr = lr
+        if lr > self._peak:
+            self._peak = lr
 
     def since(self, step: int) -> str:
         """What the run did, if it changed itself at ``step`` or later; else ""."""

@@ -119,10 +119,14 @@ class LossSpike:
         self.min_history, self.k, self.rel_floor = min_history, k, rel_floor
         self.min_ratio, self.min_jump, self.short_ratio = min_ratio, min_jump, short_ratio
         self.recover_k, self.tail_ratio, self.glitch = recover_k, tail_ratio, glitch
+        self._glitch_bar = 1.0 + glitch
         self.settle_steps, self.settle_records = settle_steps, settle_records
         self._regime = Regime(memory)  # the run's recent rises over its median
         self._changes = RunChanges()
-        self._run: dict[str, Any] = {"records": 0}  # first, last, records, zero, lost
+        self._records, self._last = 0, 0.0  # finite losses, the last one
+        self._first: float | None = None  # the first finite loss
+        self._zero = False  # whether the log's first record is step 0's, the next steps later
+        self._lost: dict[str, Any] | None = None  # the closing of a blow-up from the start
         self._kind = ""  # how `_classify` opened the last spike ("", "provisional", "rise")
         self._rise = 0.0  # the rise over its median of the loss `_classify` saw last
         self._band = 0.0  # the band of the glitch `_classify` opened last
@@ -135,7 +139,8 @@ class LossSpike:
         med = window.median()
         self._rise = loss - med
         if not (loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)):
-            return self._glitch(loss, med, window)
+            # most losses: no jump, so no need to measure the noise; a glitch of a positive level
+            return self._glitch(loss, med, window) if loss >= self._glitch_bar * med > 0 else None
         band = max(window.sigma(med), self.rel_floor * abs(med))
         if band <= 0.0:
             return None  # a level of exactly 0 with no spread is no baseline (#31)
@@ -145,8 +150,6 @@ class LossSpike:
         """A jump under the long-log bar that is outsized for a smooth loss (interval-averaged
         Megatron losses: a 2.2 ± 0.01 loss at 2.6): `glitch`·|med| and k·σ above the median."""
         floor = self.glitch * med
-        if floor <= 0.0 or loss < med + floor:
-            return None  # most losses; a glitch is a share of a positive level
         sigma = window.sigma(med)
         if loss < med + self.k * sigma:
             return None
@@ -168,17 +171,9 @@ class LossSpike:
         loss = values.get(LOSS)
         if loss is None or not isfinite(loss):
             return []
-        tracker, run = self._tracker, self._run
+        tracker = self._tracker
         window = tracker.window
-        if window.values and window.ordered[-1] == 0.0 == window.ordered[0] and loss != 0.0:
-            window.clear()  # the loss was identically 0: no baseline for the one that starts
-        if not window.values and tracker.episode is None:
-            run["zero"] = record.step == 0  # a first record at step 0 (see `_alone`)
-        elif len(window.values) == 1 and record.step == 1:
-            run["zero"] = False  # the next record is the next step: step 0 is a baseline
-        run["records"] += 1
-        run.setdefault("first", loss)
-        run["last"] = loss
+        self._count(record.step, loss, window)
         opened = tracker.episode
         self._rise = 0.0
         ended = tracker.observe(record.step, loss)
@@ -193,6 +188,20 @@ class LossSpike:
         if opened is None:
             self._open(episode, window)
         return self._follow(episode, loss, record.step)
+
+    def _count(self, step: int, loss: float, window: RobustWindow) -> None:
+        """Count a finite loss; start the baseline over after a loss that was identically 0;
+        note whether the baseline's first record is step 0's alone (see `_stays`)."""
+        if window.values and window.ordered[-1] == 0.0 == window.ordered[0] and loss != 0.0:
+            window.clear()  # the loss was identically 0: no baseline for the one that starts
+        if not window.values and self._tracker.episode is None:
+            self._zero = step == 0
+        elif len(window.values) == 1 and step == 1:
+            self._zero = False  # the next record is the next step: step 0 is a baseline
+        self._records += 1
+        if self._first is None:
+            self._first = loss
+        self._last = loss
 
     def _open(self, episode: dict[str, Any], window: RobustWindow) -> None:
         """Note how a new episode was opened, and whether the run changed itself there."""
@@ -245,7 +254,7 @@ class LossSpike:
         `min_ratio` bar over the baseline."""
         base = episode["baseline"]
         if episode["baseline_records"] < 2:
-            return not self._run.get("zero") and bool(loss >= self.short_ratio * base)
+            return not self._zero and bool(loss >= self.short_ratio * base)
         return bool(loss >= base + 0.5 * (self.min_ratio - 1.0) * abs(base))
 
     def _settled(self, episode: dict[str, Any], end_of_log: bool = False) -> bool:
@@ -267,9 +276,9 @@ class LossSpike:
         """The loss came back under the limit: the episode's closing finding, if any."""
         back = step - episode["start"]
         if "called" in episode:
-            closing = words.back(episode, step, self._run["records"])
+            closing = words.back(episode, step, self._records)
             if closing.severity > Severity.INFO and episode["baseline_records"] <= _FROM_START:
-                self._run["lost"] = closing.to_dict()  # the run blew up where the log starts
+                self._lost = closing.to_dict()  # the run blew up where the log starts
             return [closing]
         if episode.get("provisional") or "change" in episode:
             return []  # a jump that did not stay up; a level the run made and left again
@@ -288,10 +297,9 @@ class LossSpike:
         folded = self._regime.close()
         if folded is not None:
             found.insert(0, folded)
-        lost, run = self._run.pop("lost", None), self._run
-        if lost is not None and run["first"] > 0 and run["last"] >= _LEARNED * run["first"]:
-            closed = Finding.from_dict(lost)
-            found.append(words.never_learned(closed, run["first"], run["last"]))
+        lost, first, self._lost = self._lost, self._first, None
+        if lost is not None and first is not None and first > 0 and self._last >= _LEARNED * first:
+            found.append(words.never_learned(Finding.from_dict(lost), first, self._last))
         return found
 
     def _close(self, episode: dict[str, Any] | None) -> list[Finding]:
@@ -314,16 +322,21 @@ class LossSpike:
         self._tracker.restart()
 
     def state_dict(self) -> dict[str, Any]:
+        run: dict[str, Any] = {"records": self._records, "first": self._first}
+        run.update(last=self._last, zero=self._zero, lost=self._lost)
         return {
             **self._tracker.state(),
             "regime": self._regime.state(),
             "changes": self._changes.state(),
-            "run": dict(self._run),
+            "run": run,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Earlier rounds' checkpoints have none of these but the tracker's (and a "zero" flag).
         self._regime.load(state.get("regime"))
         self._changes.load(state.get("changes"))
-        self._run = dict(state.get("run", {"records": 0, "zero": bool(state.get("zero"))}))
+        run = state.get("run", {})
+        self._records, self._first = int(run.get("records", 0)), run.get("first")
+        self._last = float(run.get("last", 0.0))
+        self._zero, self._lost = bool(run.get("zero", state.get("zero"))), run.get("lost")
         self._tracker.load(state)
