@@ -55,32 +55,34 @@ def divergence(episode: dict[str, Any], end_of_log: bool, start_of_run: bool) ->
     )
 
 
-def back(episode: dict[str, Any], back_step: int, run_records: int) -> Finding:
-    """A divergence whose loss came back under its baseline's band at ``back_step``: INFO,
-    unless it sat up there for most of the ``run_records`` records so far (the run lost most of
-    what it trained for: still an ERROR)."""
+def back(episode: dict[str, Any], back_step: int, lost: bool) -> Finding:
+    """A divergence whose loss came back under its baseline's band at ``back_step``; ``lost``:
+    it sat up there for most of the log's records, and the run lost what it trained for then.
+
+    INFO either way: the episode is an ERROR already (its call), and a live ``auto`` policy must
+    not roll back because the loss came back; what it says is the outcome."""
     base, start, records = episode["baseline"], episode["start"], episode["records"]
     back_after = back_step - start
     evidence = {**_evidence(episode), "recovery_steps": float(back_after)}
     peak = episode["peak"]
     diverged = f"loss diverged at step {start} ({peak:.4g} against a {base:.4g} baseline)"
-    severity, remedies, advice = Severity.INFO, tuple[str, ...](), ""
     seen = f"{diverged} and came back under its band {steps(back_after)} later"
-    if 2 * records > run_records:
-        severity, remedies, advice = Severity.ERROR, _LOST, "lower the LR"
+    remedies: tuple[str, ...] = ()
+    if lost:
         seen = (
-            f"{diverged} and sat far above it for {records} of the log's {run_records} records, "
-            f"until step {back_step}: most of the run was lost"
+            f"{diverged} and sat far above it for {records} records, most of the log, until "
+            f"step {back_step}: most of the run was lost"
         )
+        remedies = _LOST
     return Finding(
         kind=DIVERGENCE,
         step=start,
         end_step=episode["last"],
-        severity=severity,
+        severity=Severity.INFO,
         seen=seen,
         evidence=evidence,
         remedies=remedies,
-        advice=advice,
+        advice="lower the LR" if lost else "",
     )
 
 

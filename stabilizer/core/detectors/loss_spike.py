@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import isfinite
 from typing import Any, ClassVar
 
-from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
 from . import _loss_words as words
@@ -276,8 +276,9 @@ class LossSpike:
         """The loss came back under the limit: the episode's closing finding, if any."""
         back = step - episode["start"]
         if "called" in episode:
-            closing = words.back(episode, step, self._records)
-            if closing.severity > Severity.INFO and episode["baseline_records"] <= _FROM_START:
+            lost = 2 * episode["records"] > self._records  # up for most of the log
+            closing = words.back(episode, step, lost)
+            if lost and episode["baseline_records"] <= _FROM_START:
                 self._lost = closing.to_dict()  # the run blew up where the log starts
             return [closing]
         if episode.get("provisional") or "change" in episode:
