@@ -41,9 +41,9 @@ class LossSpike:
     rel_floor·|med|)``: only its end tells a spike from a divergence. A jump that stays up and
     does not fall back (it keeps half its largest excess) is a ``divergence`` (ERROR), emitted at
     once (a live monitor rolls back on it); a second finding with the same start closes it: INFO
-    where the loss came back, ERROR where it sat up there for most of the log (and "never
-    learned" where that began at the log's start and the loss ends about where it started), ERROR
-    "until the end of the log" when the stream ends first. Non-finite losses are skipped
+    where the loss came back (saying so where it sat up there for most of the log; an ERROR
+    "never learned" follows at the end where that began at the log's start and the loss ends
+    about where it started), ERROR "until the end of the log" when the stream ends first. Non-finite losses are skipped
     (`NonFinite` reports them). Each rule with the log that shows it: docs/findings.md.
 
     Why these defaults, and not those of other tools:
