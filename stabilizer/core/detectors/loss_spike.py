@@ -43,8 +43,9 @@ class LossSpike:
     once (a live monitor rolls back on it); a second finding with the same start closes it: INFO
     where the loss came back (saying so where it sat up there for most of the log; an ERROR
     "never learned" follows at the end where that began at the log's start and the loss ends
-    about where it started), ERROR "until the end of the log" when the stream ends first. Non-finite losses are skipped
-    (`NonFinite` reports them). Each rule with the log that shows it: docs/findings.md.
+    about where it started), ERROR "until the end of the log" when the stream ends first.
+    Non-finite losses are skipped (`NonFinite` reports them). Each rule with the log that shows
+    it: docs/findings.md.
 
     Why these defaults, and not those of other tools:
 
