@@ -38,6 +38,7 @@ from .measure import Measurer, Probes
 from .outputs import LiveOutputs
 from .protection import Protection
 from .reporting import Reporter
+from .run_header import run_header
 from .swap_checkpoint import SWAPPED, add_param_group, pre_ln_hparams, watch_checkpoint_loads
 
 __all__ = ["StabilityMonitor"]
@@ -237,6 +238,8 @@ class StabilityMonitor(pl.Callback):
             add_param_group(trainer, list(self._swap.new_parameters))
         self.flow.fit_start(trainer, pl_module, self, self.grouping)
         groups = self.probes.grads.groups if self.probes is not None else None
+        header = run_header(trainer, self.policy, groups or ())
+        self.reporter.safely(self.engine.set_run, header)  # (an fp32 run has no fp16 range)
         self.reporter.safely(
             self.outputs.open, trainer, pl_module, groups, self.grouping, self.findings,
             self.policy,
