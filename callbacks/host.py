@@ -59,6 +59,12 @@ class LightningHost:
         return self._module
 
     @property
+    def data(self) -> object | None:
+        # A new object when Lightning loads the dataloaders again (a new stage, a
+        # `reload_dataloaders_every_n_epochs`).
+        return self.trainer.train_dataloader
+
+    @property
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
         return self.trainer.optimizers
 

@@ -274,3 +274,22 @@ def test_a_restart_keeps_an_open_spike_open() -> None:
     engine.restart()  # the spike's episode is open: it is judged against its frozen baseline
     found = [f for r in _curve([3.3] * 5, 102) for f in engine.observe(r)]
     assert [(f.kind, f.step) for f in found] == [("loss_spike", 100)]
+
+
+def test_set_run_reaches_the_detectors_that_judge_by_the_run() -> None:
+    """`Engine.set_run`: `OverflowRisk` learns the precision; a detector without `set_run` is
+    left alone, and one whose `set_run` raises is disabled like one whose `update` does."""
+    from stabilizer.core.detectors import LossSpike, OverflowRisk
+    from stabilizer.core.run import RunHeader
+
+    class Raising(LossSpike):
+        name = "raising"
+
+        def set_run(self, run: RunHeader) -> None:
+            raise RuntimeError("boom")
+
+    engine = Engine([OverflowRisk(), LossSpike(), Raising()])
+    engine.set_run(RunHeader(precision="32-true"))
+    assert engine.disabled == frozenset({"raising"})
+    record = StepRecord(0, {"act_absmax/blocks.0.mlp": 4e8, "loss": 2.5})
+    assert engine.observe(record) == []

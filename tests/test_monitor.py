@@ -15,6 +15,7 @@ from conftest import TracedRun
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE
 from stabilizer.demo.scenarios import get_scenario
 from stabilizer.replay.diagnose import LIVE_KINDS
@@ -132,10 +133,19 @@ def _jsonl_records(traced: TracedRun) -> list[StepRecord]:
     return [StepRecord.from_dict(d) for d in map(json.loads, lines) if d["type"] == "step"]
 
 
+def _engine(traced: TracedRun) -> Engine:
+    """A replay's engine, told what the run is by the header its JSONL opens with, as
+    `diagnose` tells it (the live monitor told its own at fit start)."""
+    lines = (traced.log_dir / "stability.jsonl").read_text().splitlines()
+    engine = Engine()
+    engine.set_run(RunHeader.from_dict(json.loads(lines[0])))
+    return engine
+
+
 @pytest.mark.parametrize("name", PARITY_SCENARIOS)
 def test_parity_replay_of_jsonl(scenario_run: Callable[[str], TracedRun], name: str) -> None:
     traced = scenario_run(name)
-    replayed = Engine().replay(_jsonl_records(traced))
+    replayed = _engine(traced).replay(_jsonl_records(traced))
     assert replayed == replayable(traced.monitor.findings)
 
 
@@ -151,4 +161,4 @@ def test_parity_replay_of_tensorboard(scenario_run: Callable[[str], TracedRun], 
     keys = set().union(*(r.values for r in jsonl))
     ours = [StepRecord(r.step, {k: v for k, v in r.values.items() if k in keys}) for r in records]
     assert ours[: len(jsonl)] == jsonl
-    assert Engine().replay(records) == replayable(traced.monitor.findings)
+    assert _engine(traced).replay(records) == replayable(traced.monitor.findings)

@@ -102,3 +102,14 @@ def test_buffer_watch_sees_modules_and_buffers_registered_mid_run() -> None:
     model(torch.full((4, 2), float("nan")))
     watch.end(restore=True)
     assert all(bool(torch.isfinite(b.float()).all()) for b in model.buffers())
+
+
+def test_buffer_watch_restores_a_buffer_resized_in_place() -> None:
+    # A per-channel observer's min/max start empty and are resized on their first batch.
+    model = nn.Module()
+    model.register_buffer("amin", torch.tensor([]))
+    watch = BufferWatch(model)
+    watch.begin()
+    model.amin.resize_(3).fill_(float("nan"))
+    watch.end(restore=True)
+    assert model.amin.shape == (0,)

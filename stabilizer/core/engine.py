@@ -16,6 +16,7 @@ from stabilizer.core.detectors.base import check_at_least
 from .detectors import Detector, default_detectors
 from .kinds import REMEDY_APPLIED
 from .records import Finding, StepRecord
+from .run import RunHeader
 
 __all__ = ["Engine", "is_restart"]
 
@@ -150,6 +151,16 @@ class Engine:
             method = getattr(detector, "restart", None)
             if callable(method):
                 self._call(detector, method)
+
+    def set_run(self, run: RunHeader) -> None:
+        """What the run is (its header: precision, hardware, ...): every detector with a
+        ``set_run(run)`` method learns it (`OverflowRisk` judges the fp16 range only in a run that
+        computes in fp16). Live, the monitor calls it at fit start; a replay, at the header its log
+        opens with."""
+        for detector in self._enabled():
+            method = getattr(detector, "set_run", None)
+            if callable(method):
+                self._call(detector, method, run)
 
     def replay(self, records: Iterable[StepRecord]) -> list[Finding]:
         """Observe every record, then `finish`; return all findings of the stream."""

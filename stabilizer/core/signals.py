@@ -25,6 +25,7 @@ __all__ = [
     "LOSS",
     "LOSS_SCALE",
     "LR",
+    "NEW_DATA",
     "NONFINITE_GRADS",
     "NONFINITE_UPDATE",
     "NONFINITE_WEIGHTS",
@@ -54,6 +55,9 @@ SKIPPED = "skipped"  # 1.0 when the optimizer step was skipped (grad scaler, gua
 CLIPPED = "clipped"  # 1.0 when gradient clipping changed the gradients this step, else 0.0
 CLIP_VAL = "clip_val"  # the gradient clipping threshold in force (absent when clipping is off)
 LR = "lr"  # learning rate of the first parameter group, after the scheduler
+# 1.0 on the first step drawn from a training dataloader the run had not used before (a new
+# stage); live only. A jump of the loss there is the run's own doing, not a divergence (LossSpike)
+NEW_DATA = "new_data"
 ACT_ABSMAX_PREFIX = "act_absmax/"  # + module name: max |output activation|; sampled steps only
 
 TB_PREFIX = "stability/"  # loggers write every key under this prefix; readers strip it

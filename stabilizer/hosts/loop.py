@@ -83,6 +83,10 @@ class LoopHost:
         return self.model
 
     @property
+    def data(self) -> object | None:
+        return None  # a plain loop does not say (a level change is then told by the loss)
+
+    @property
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
         return self._optimizers
 

@@ -90,10 +90,13 @@ class BufferWatch:
         if restore:
             with torch.no_grad():
                 for module, name, buf in self._refs:
-                    if module._buffers.get(name) is not buf:
+                    copy = self._copies[id(buf)]
+                    if copy.shape != buf.shape:  # resized in place (an observer's first batch)
+                        module._buffers[name] = copy  # the copy, at its old size, is the buffer
+                    elif module._buffers.get(name) is not buf:
                         module._buffers[name] = buf
-                buffers = [b for _, _, b in self._refs]
-                _copy(buffers, [self._copies[id(b)] for b in buffers])
+                kept = [b for _, _, b in self._refs if self._copies[id(b)].shape == b.shape]
+                _copy(kept, [self._copies[id(b)] for b in kept])
         self._refs = []
 
 

@@ -22,7 +22,7 @@ from stabilizer.core.episode import Episodes
 from stabilizer.core.kinds import LIVE_ONLY
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunHeader
-from stabilizer.core.signals import LOSS
+from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from .document import document_kind
 from .history import History
@@ -69,7 +69,8 @@ class Segment:
         records: Its number of records.
         why: What gave the restart away ("" for the first segment).
         line: The log line of the restart, when known.
-        nonfinite: Records whose loss is NaN or Inf.
+        nonfinite: Records whose loss is NaN or Inf, or 0 beside a NaN/Inf gradient norm (the
+            HF Trainer's hidden NaN).
         nonfinite_since: First step of the non-finite losses the segment ends with, or None when
             its last loss is finite.
     """
@@ -179,6 +180,7 @@ class _Replay:
         if isinstance(item, RunHeader):
             if self.diagnosis.run is None:
                 self.diagnosis.run = item
+                self.engine.set_run(item)  # (the detectors judge by what the run is)
             return
         if isinstance(item, Restart):
             if self.segment is not None:  # (a restart before any record starts nothing)
@@ -224,6 +226,8 @@ class _Replay:
         if self.segment is not None:
             self.finish()
             self.engine, self.episodes = Engine(), Episodes()
+            if self.diagnosis.run is not None:
+                self.engine.set_run(self.diagnosis.run)
             self.base = len(self.diagnosis.findings)
         index = len(self.diagnosis.segments) + 1
         why, line = ("", None) if restart is None else (_why(restart, index), restart.line)
@@ -269,12 +273,18 @@ def _count(segment: Segment, record: StepRecord) -> None:
     loss = record.values.get(LOSS)
     if loss is None:
         return
-    if math.isfinite(loss):
+    if math.isfinite(loss) and not _hidden_nan(loss, record.values.get(GRAD_NORM)):
         segment.nonfinite_since = None
         return
     segment.nonfinite += 1
     if segment.nonfinite_since is None:
         segment.nonfinite_since = record.step
+
+
+def _hidden_nan(loss: float, grad_norm: float | None) -> bool:
+    """Whether a loss of exactly 0 beside a NaN/Inf gradient norm is a NaN hidden: the HF
+    Trainer's ``logging_nan_inf_filter`` logs 0 when every loss of the interval was NaN."""
+    return loss == 0.0 and grad_norm is not None and not math.isfinite(grad_norm)
 
 
 def diagnose(

@@ -39,6 +39,8 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     head = first.worst.severity.name.lower()
     act = f"act first on #{first.number}, {advice_for(first.worst.kind).title} at "
     act += step_range(first.start, first.end)
+    if first.worst.evidence.get("never_learned"):  # a blow-up from the start: say which failure
+        act += " (the run never learned)"
     if first.remedies:
         act += f": {remedy_text(first.remedies[0], first.worst.kind)}"
     below = _below(first.worst.severity, fail_on)

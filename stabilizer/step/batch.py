@@ -28,6 +28,7 @@ from stabilizer.core.signals import (
     GRAD_NORM,
     LOSS,
     LOSS_SCALE,
+    NEW_DATA,
     NONFINITE_GRADS,
     NONFINITE_UPDATE,
     NONFINITE_WEIGHTS,
@@ -59,6 +60,7 @@ class InFlight:
         replayed: Its root cause was looked for.
         found: The step's findings that only the monitor knows (root cause, set-up notes).
         recount: Counts the weights that turned non-finite, exactly (a sync), if guarded.
+        new_data: The step drew the first batch of a dataloader the run had not used before.
     """
 
     measurement: Measurement
@@ -68,6 +70,7 @@ class InFlight:
     replayed: bool = False
     found: list[Finding] = field(default_factory=list)
     recount: Callable[[], float] | None = None
+    new_data: bool = False
     _confirmed: float | None = None  # `weights_nonfinite`, counted exactly
 
     @property
@@ -185,6 +188,8 @@ def _values(step: InFlight) -> dict[str, float]:
         values[NONFINITE_WEIGHTS] = step.weights_nonfinite
     if step.reverted:
         values[NONFINITE_UPDATE] = 1.0
+    if step.new_data:
+        values[NEW_DATA] = 1.0
     return values
 
 

@@ -93,6 +93,13 @@ class Host(Protocol):
         ...
 
     @property
+    def data(self) -> object | None:
+        """What the step draws its batches from (a dataloader), when the host knows: a new one
+        is a new stage the run made itself (a loss that jumps there is a new level); None
+        when it cannot tell."""
+        ...
+
+    @property
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
         """The optimizers that step, now (one replaced mid-run is guarded at its next step)."""
         ...

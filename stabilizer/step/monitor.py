@@ -34,6 +34,7 @@ from stabilizer.core.detectors import default_detectors
 from stabilizer.core.detectors.base import Detector
 from stabilizer.core.engine import Engine
 from stabilizer.core.records import Finding
+from stabilizer.core.run import RunHeader
 from stabilizer.live.preflight import preflight_switches
 from stabilizer.outputs.notify import Notifier
 
@@ -45,7 +46,7 @@ from .first_batch import Preflight
 from .guard import StepGuard
 from .host import Host
 from .measurement import Measurer, Probes
-from .outputs import LiveOutputs, Sinks
+from .outputs import LiveOutputs, Sinks, run_header
 from .policies import Auto, Policy, Protect
 from .protect import Protection
 from .report import Reporter
@@ -114,6 +115,7 @@ class RunMonitor:
         self, host: Host, policy: Policy, options: Options, sinks: Sinks | None = None
     ) -> None:
         self.host, self.policy, self.options = host, policy, options
+        self._header: RunHeader | None = None  # the run's facts, from the start
         self.sinks = sinks or Sinks()
         strict = options.strict
         self.cost = CostMeter(options.cost_budget)
@@ -138,11 +140,17 @@ class RunMonitor:
         self.preflight = Preflight(options.switches, strict)
         self.inert = False  # the monitor's own replay or preflight is running
         self._extra: list[Finding] = []  # the preflight's findings, reported with the first step
+        self._data: object | None = None  # the dataloader the last step drew from
+        self._new_data = False  # the coming step draws from a new one
 
     def _new_engine(self) -> Engine:
-        """A fresh engine, from the detectors as given (one per optimizer)."""
+        """A fresh engine, from the detectors as given (one per optimizer), told the run's
+        facts once they are known (an fp32 run has no fp16 range to watch)."""
         given = self.options.detectors
-        return Engine(copy.deepcopy(list(given)) if given is not None else default_detectors())
+        engine = Engine(copy.deepcopy(list(given)) if given is not None else default_detectors())
+        if self._header is not None:
+            engine.set_run(self._header)
+        return engine
 
     # --- the properties a host shows -------------------------------------------------------
 
@@ -194,6 +202,9 @@ class RunMonitor:
                 raise
             log.error("stabilizer could not start: %r", e, exc_info=True)
         groups = self.probes.grads.groups if self.probes is not None else None
+        self._header = run_header(host.facts, self.policy.name, groups or ())
+        for engine in self.reporter.engines:
+            self.reporter.safely(engine.set_run, self._header)
         self.reporter.safely(
             self.outputs.open, host.facts, host.module, groups, self.options.grouping,
             list(earlier) or self.findings, self.policy.name, self.sinks,
@@ -204,6 +215,9 @@ class RunMonitor:
         if self.inert:
             return
         self.cost.batch_start(self.host.step)
+        data = self.host.data
+        if data is not None and data is not self._data:
+            self._new_data, self._data = self._data is not None, data
         with self.cost.part("measure"):
             if self.protection is not None:
                 self.protection.begin(batch, index)
@@ -237,8 +251,8 @@ class RunMonitor:
             weights = prot.weights.check if prot is not None else None
             factor = self.auto.lr.factor if self.auto is not None else 1.0
             measured = self.measurer(self.host, optimizer, loss, weights, factor)
-        step = InFlight(measured, found=self._extra)
-        self._extra = []
+        step = InFlight(measured, found=self._extra, new_data=self._new_data)
+        self._extra, self._new_data = [], False
         self.batch.add(optimizer, step)
         if prot is not None:
             with self.cost.part("guard"):

@@ -41,6 +41,7 @@ __all__ = [
     "NotifyOutput",
     "Output",
     "Sinks",
+    "run_header",
 ]
 
 log = logging.getLogger("stabilizer")
@@ -212,7 +213,7 @@ class LiveOutputs:
             self._outputs.append(LoggerOutput(sinks.loggers, sinks.every))
         if self.jsonl is not False:
             path = self._default_jsonl(facts) if self.jsonl is True else Path(str(self.jsonl))
-            header = _header(facts, policy, groups or ())
+            header = run_header(facts, policy, groups or ())
             self._safely("jsonl", self._open_jsonl, path, header)
         if groups is None:  # the probes could not be built: no depth groups to show
             return
@@ -281,7 +282,7 @@ class LiveOutputs:
             )
 
 
-def _header(facts: HostFacts, policy: str, groups: Sequence[str]) -> RunHeader:
+def run_header(facts: HostFacts, policy: str, groups: Sequence[str]) -> RunHeader:
     """The run's facts that ``stability.jsonl`` opens with (the replayed report needs what the
     live monitor knows: an fp32 run gets no fp32 islands as advice)."""
     return RunHeader(

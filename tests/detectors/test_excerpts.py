@@ -74,8 +74,9 @@ def test_a_norm_that_grows_but_not_every_record_is_not_growing_geometrically() -
     assert _warnings(_stream([10, 20, 30, 40], grad_norm=[1.0, 2.1, 3.0, 9.0])) == []
 
 
-def test_nanogpt_divergence_is_called_within_three_records_and_lasts_to_the_end() -> None:
-    # examples/logs/nanogpt_shakespeare_char.log, iterations 1300-1590 (one record per 10).
+def test_nanogpt_divergence_is_called_within_five_records_and_lasts_to_the_end() -> None:
+    # examples/logs/nanogpt_shakespeare_char.log, iterations 1300-1590 (one record per 10). Five
+    # records, not three: a glitch of a few records ten iterations apart is a spike (#33).
     losses = [1.4337, 1.4440, 1.4964, 1.4850, 1.4920, 1.4850, 1.4552, 1.3905, 1.4547, 1.4446]
     losses += [1.4473, 1.4035, 1.4184, 2.9469, 3.1989, 3.2936, 3.2789, 3.3181, 3.2922, 3.2949]
     losses += [3.3270, 3.2761, 3.2915, 3.2906, 3.2505, 3.3352, 3.2938, 3.3336, 3.3296, 3.2829]
@@ -84,7 +85,7 @@ def test_nanogpt_divergence_is_called_within_three_records_and_lasts_to_the_end(
         "divergence",
         Severity.ERROR,
         1430,
-        1450,
+        1470,
     )
     assert (closing.kind, closing.step, closing.end_step) == ("divergence", 1430, 1590)
     assert closing.message.startswith("loss diverged at step 1430: 3.283 against a 1.447")
@@ -285,11 +286,13 @@ def test_a_falling_warm_up_does_not_inflate_the_baseline() -> None:
 
 
 def test_a_jump_after_one_record_that_stays_up_is_called_one_that_falls_back_is_not() -> None:
-    """litgpt_issue628: 1.70, then 11.46 ... 10.55 (every one above 2x): called; DLE BERT's
-    0.70, 2.59, 1.02, 0.83 (back under 2x at once): silent."""
+    """litgpt_issue628: 1.70, then 11.46 ... 10.55 (every one above 2x, eight records, to the
+    end of the excerpt): a divergence that never got back; DLE BERT's 0.70, 2.59, 1.02, 0.83
+    (back under 2x at once): silent."""
     litgpt = [1.7019, 11.463, 11.7545, 11.5019, 11.4807, 12.1935, 10.022, 10.9364, 10.5513]
     found = _warnings(_stream(list(range(1151, 1160)), loss=litgpt))
-    assert [(f.kind, f.step) for f in found] == [("loss_spike", 1152)]
+    assert [(f.kind, f.step) for f in found] == [("divergence", 1152)]
+    assert found[0].seen.endswith("never got back to where it started")
     dle = [0.6954, 2.5930, 1.0190, 0.8280, 1.3229, 0.0895, 0.7768, 0.3423, 0.4845]
     assert _warnings(_stream(list(range(2872, 3273, 50)), loss=dle)) == []
 

@@ -9,6 +9,7 @@ import pytest
 from stabilizer.core.detectors import OverflowRisk
 from stabilizer.core.detectors.overflow_risk import FP16_MAX
 from stabilizer.core.records import Severity, StepRecord
+from stabilizer.core.run import RunHeader
 
 from .streams import feed
 
@@ -103,3 +104,36 @@ def test_records_without_its_signals_change_nothing() -> None:
 def test_argument_checks(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         OverflowRisk(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("precision", "warns"),
+    [
+        ("16-mixed", True),
+        ("16-true", True),
+        ("fp16", True),
+        ("", True),  # not known: watched
+        ("32-true", False),
+        ("64-true", False),
+        ("bf16-mixed", False),  # bf16 has fp32's range
+        ("bf16-true", False),
+    ],
+)
+def test_the_fp16_range_is_judged_only_in_a_run_that_computes_in_fp16(
+    precision: str, warns: bool
+) -> None:
+    """#33 item 6: an fp32 run got "reach 3.79e+08, 578152% of the fp16 max ... keep this module
+    in fp32" 21 times. The run's header says its precision; only fp16 can overflow fp16."""
+    detector = OverflowRisk()
+    detector.set_run(RunHeader(precision=precision))
+    found = feed(detector, _sampled(MLP, [100.0, 200.0, 3.79e8, 4e8]))
+    assert bool(found) is warns
+    assert OverflowRisk().state_dict()["fp16"] is None
+
+
+def test_the_precision_rides_in_the_state() -> None:
+    detector = OverflowRisk()
+    detector.set_run(RunHeader(precision="32-true"))
+    twin = OverflowRisk()
+    twin.load_state_dict(detector.state_dict())
+    assert feed(twin, _sampled(MLP, [3.79e8])) == []

@@ -53,6 +53,13 @@ SEEN = {
     # lead's development set
     "bigscience_tr11_176B_throughput_drop": seen(5, (42780, 42784), LOSS, GNORM, LR),
     "bigscience_tr8_104B_exp11_spike": seen(3, (11446, 11448), LOSS, GNORM, LR, SCALE),
+    # issue #32 class 7 (DIAG-B): BigScience chronicles, per-iteration and 10-iteration averages
+    "bigscience_tr8b_104B_resume_divergence": seen(9, (17060, 17068), LOSS, GNORM, LR, SCALE),
+    "bigscience_tr8_104B_glitch_ramp": seen(5, (6900, 6940), LOSS, GNORM, LR, SCALE),
+    "bigscience_tr1_13B_loss_jump": seen(8, (29020, 29090), LOSS, GNORM, LR, SCALE),
+    "bigscience_tr11_176B_first_spike": seen(11, (31214, 31251), LOSS, GNORM, LR),
+    # issue #32 class 5 (DIAG-B): 3,001 records of llm.c, validation every 250 steps
+    "llmc_gpt2_124m_norm_bumps_long": seen(3001, (7000, 10000), LOSS, GNORM, LR, VAL),
     "custom_llm_pretrain_ep_batch": seen(13, (20, 260), LOSS),
     # one overflow (three ranks, three lines each), scale 8 -> 4; no step printed: position 1
     "deepspeed_fused_optimizer_issue697_low_scale": seen(1, (1, 1), SKIP, SCALE),
@@ -211,6 +218,9 @@ SEEN = {
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
 MISREAD = {
+    "bigscience_tr8b_104B_resume_divergence": "each DeepSpeed 'OVERFLOW! Rank 0 Skipping step' "
+    "line is a record of its own at the step of the iteration line after it (skipped, the new "
+    "scale): 15 records for 9 iterations; the losses and scales are read right",
     "bmn_issue22_no_step_total_loss_nan": "'(epoch 0)' on every batch line is taken for the "
     "step: the four batches merge into one record at step 0 (later values win); the NaN is kept",
     "pccai_issue1_batch_count_epoch_healthy": "the iteration restarts each epoch and the epoch is "

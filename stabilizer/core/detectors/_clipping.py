@@ -56,6 +56,8 @@ class ClipWindow:
             return []
         self.saturated = True
         window, start = len(flags), flags[0][0]
+        # A log that prints every N steps has N steps to a record: say records, not steps.
+        span = f"{window} steps" if step - start + 1 == window else f"{window} records"
         evidence = {"fraction": fraction, "window": window}
         clip_val = finite(values, CLIP_VAL)
         if clip_val is not None:
@@ -65,7 +67,7 @@ class ClipWindow:
             step=start,
             end_step=step,
             severity=Severity.WARNING,
-            seen=f"{fraction:.0%} of the last {window} steps were clipped",
+            seen=f"{fraction:.0%} of the last {span} were clipped",
             evidence=evidence,
             remedies=kind_of(CLIP_SATURATION).remedies,
             advice="lower the LR instead",

@@ -137,11 +137,12 @@ class SpikeTracker:
             episode["peak"], episode["peak_step"] = value, step
         return None
 
-    def rebaseline(self, value: float) -> None:
-        """End the open episode: a lasting shift, the baseline starts over from ``value``."""
+    def rebaseline(self, values: Iterable[float]) -> None:
+        """End the open episode: a lasting shift, the baseline starts over from ``values``."""
         self.episode = None
         self.window.clear()
-        self.window.push(value)
+        for value in values:
+            self.window.push(value)
 
     def restart(self) -> None:
         """Training went back to earlier weights: the baseline starts over from the next value

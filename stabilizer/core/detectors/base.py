@@ -31,7 +31,9 @@ class Detector(Protocol):
 
     A detector that keeps a baseline of the loss or the gradients may also define ``restart()``
     (no arguments): training went back to earlier weights, the baseline starts over
-    (`Engine.restart`; `LossSpike`, `GradSpike`).
+    (`Engine.restart`; `LossSpike`, `GradSpike`). One whose judgement depends on what the run is
+    may define ``set_run(run)``, a `stabilizer.core.run.RunHeader` (`Engine.set_run`;
+    `OverflowRisk`: the fp16 range matters only in a run that computes in fp16).
 
     Attributes:
         name: The snake_case name: registry key, CLI value, log tag segment.

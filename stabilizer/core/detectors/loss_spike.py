@@ -2,47 +2,50 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
 from math import isfinite
 from typing import Any, ClassVar
 
-from stabilizer.core.kinds import DIVERGENCE, LOSS_SPIKE, kind_of
-from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import LOSS
+from stabilizer.core.records import Finding, StepRecord
+from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
+from . import _loss_words as words
+from ._excerpt import short_spike
+from ._level import RunChanges, fall_rate, falls
+from ._regime import Regime
 from ._robust import RobustWindow, SpikeTracker
 from .base import check_at_least
 
 __all__ = ["LossSpike"]
 
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
+_KEEP = 64  # losses of an open episode kept (to tell whether a new level falls)
+_LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
+_FROM_START = 2  # a jump with at most this many records before it blew up where the log starts
 
 
 class LossSpike:
     """Loss spikes that recover, and loss jumps that stay up (divergence).
 
-    Requires: ``loss``.
-    Rule: loss > med + k·max(σ, rel_floor·|med|), and ≥ min(min_ratio·med, med + min_jump) once
-    `min_history` losses are in the baseline, ≥ short_ratio·med before (from the third loss on).
+    Requires: ``loss``; ``lr`` and ``new_data`` where logged (changes the run made itself).
+    Rule: loss > med + k·max(σ, rel_floor·|med|) and ≥ min(min_ratio·med, med + min_jump) once
+    `min_history` losses are in the baseline (or, for a smooth loss, ≥ med + glitch·med for two
+    records), ≥ short_ratio·med before (≥ min_ratio·med if it stays up, or from where a rise
+    began); reported when it comes back if it rose `tail_ratio`× the largest rise of the last
+    `memory` records; a divergence when still up after `settle_steps` steps and `settle_records`
+    records, unless the run changed itself there and the loss then falls at its usual rate.
 
-    Here med and σ (MAD-based) are those of the last `window` finite losses before the spike:
-    the baseline rests on what is there, so a pasted excerpt of a few records is judged from its
-    second record on (the evidence says how many records: ``baseline_records``). On so few, σ says
-    little, so the jump must be larger (a doubling) and stand out of the stretch's own spread; a
-    loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
-    has reached (1.9), not the median of its fall. After a single record a jump counts only if it
-    stays up: every loss after it at least `short_ratio` times that record, for `settle_records`
-    records; the loss at step 0 (before any update) is no baseline on its own.
-
-    While a spike lasts the baseline is frozen, so the spike cannot raise its own bar. The episode
-    ends when the loss is back under ``med + recover_k·max(σ, rel_floor·|med|)``: one
-    ``loss_spike`` (WARNING), emitted then, because only its end tells a spike from a divergence.
-    Still up after `settle_steps` steps and `settle_records` records, and not falling back (the
-    loss keeps half its largest excess of those records), it is a ``divergence`` (ERROR), emitted
-    at once (a live monitor rolls back on it); the episode then runs on, and a
-    second ``divergence`` finding with the same start closes it: INFO where the loss is back under
-    the bar, ERROR "until the end of the log" when the stream ends first. Non-finite losses are
-    skipped (`NonFinite` reports them).
+    Here med and σ (MAD-based) are those of the last `window` finite losses before the spike,
+    frozen while it lasts, so that a spike cannot raise its own bar; a pasted excerpt is judged
+    from its second record on (``baseline_records`` in the evidence). A spike is one
+    ``loss_spike`` (WARNING) when the loss is back under ``med + recover_k·max(σ,
+    rel_floor·|med|)``: only its end tells a spike from a divergence. A jump that stays up and
+    does not fall back (it keeps half its largest excess) is a ``divergence`` (ERROR), emitted at
+    once (a live monitor rolls back on it); a second finding with the same start closes it: INFO
+    where the loss came back (saying so where it sat up there for most of the log; an ERROR
+    "never learned" follows at the end where that began at the log's start and the loss ends
+    about where it started), ERROR "until the end of the log" when the stream ends first.
+    Non-finite losses are skipped (`NonFinite` reports them). Each rule with the log that shows
+    it: docs/findings.md.
 
     Why these defaults, and not those of other tools:
 
@@ -55,9 +58,13 @@ class LossSpike:
     - k = 6 on a MAD σ: minibatch noise of ±5-10% never reaches 6σ, while 2.5 → 5 clears it. The
       floor ``rel_floor = 0.05`` keeps a near-constant loss (σ ≈ 0) from firing on a 1% wobble.
       The jump test (≥ 1.5× or ≥ +0.5 nats) keeps tiny, very smooth losses from firing on noise.
-    - 20 steps and 3 records to call a divergence: a spike from one bad batch is back within a
+    - A MAD does not see a heavy tail: a 1B model's per-step loss jumps 1.4× every few hundred
+      steps. A spike no larger than twice the run's recent rises is its regime, folded into the
+      spike reported last (`Regime`): one episode per regime, not one per batch.
+    - 20 steps and 5 records to call a divergence: a spike from one bad batch is back within a
       few steps; the loss of a run thrown into a worse region stays up. Calling it late costs the
-      rollback what the run learns meanwhile.
+      rollback what the run learns meanwhile. Five records, not three: a glitch of a log that
+      prints every 10 steps lasts a few records and comes back (a spike, not a divergence).
 
     Args:
         window: Number of recent finite losses in the baseline.
@@ -70,6 +77,9 @@ class LossSpike:
         recover_k: Recovered when the loss is within this many standard deviations of the baseline.
         settle_steps: Steps a spike may last before it counts as a divergence...
         settle_records: ...and records (for logs that print every N steps).
+        tail_ratio: Long logs: a spike rises at least this multiple of the run's largest rise...
+        memory: ...over this many records.
+        glitch: Long logs: a smooth loss's glitch rises at least this share of the median.
     """
 
     name: ClassVar[str] = "loss_spike"
@@ -86,7 +96,10 @@ class LossSpike:
         short_ratio: float = 2.0,
         recover_k: float = 3.0,
         settle_steps: int = 20,
-        settle_records: int = 3,
+        settle_records: int = 5,
+        tail_ratio: float = 2.0,
+        memory: int = 2000,
+        glitch: float = 0.1,
     ) -> None:
         self._tracker = SpikeTracker(window, self._classify)
         check_at_least("min_history", min_history, 2)
@@ -94,84 +107,165 @@ class LossSpike:
             raise ValueError(f"`min_history` must be <= window ({window}), got {min_history}")
         for arg, value in (("k", k), ("rel_floor", rel_floor), ("min_jump", min_jump)):
             check_at_least(arg, value, 0.0)
-        check_at_least("min_ratio", min_ratio, 1.0)
-        check_at_least("short_ratio", short_ratio, 1.0)
+        for arg, value in (("min_ratio", min_ratio), ("short_ratio", short_ratio)):
+            check_at_least(arg, value, 1.0)
+        check_at_least("tail_ratio", tail_ratio, 1.0)
         check_at_least("recover_k", recover_k, 0.0)
         if recover_k > k:
             raise ValueError(f"`recover_k` must be <= k ({k}), got {recover_k}")
         check_at_least("settle_steps", settle_steps, 1)
         check_at_least("settle_records", settle_records, 2)
+        check_at_least("memory", memory, 1)
+        check_at_least("glitch", glitch, 0.0)
         self.min_history, self.k, self.rel_floor = min_history, k, rel_floor
         self.min_ratio, self.min_jump, self.short_ratio = min_ratio, min_jump, short_ratio
-        self.recover_k = recover_k
+        self.recover_k, self.tail_ratio, self.glitch = recover_k, tail_ratio, glitch
+        self._glitch_bar = 1.0 + glitch
         self.settle_steps, self.settle_records = settle_steps, settle_records
-        self._zero = False  # whether the first loss of the baseline is that of step 0
+        self._regime = Regime(memory)  # the run's recent rises over its median
+        self._changes = RunChanges()
+        self._records, self._last = 0, 0.0  # finite losses, the last one
+        self._first: float | None = None  # the first finite loss
+        self._zero = False  # whether the log's first record is step 0's, the next steps later
+        self._lost: dict[str, Any] | None = None  # the closing of a blow-up from the start
+        self._kind = ""  # how `_classify` opened the last spike ("", "provisional", "rise")
+        self._rise = 0.0  # the rise over its median of the loss `_classify` saw last
+        self._band = 0.0  # the band of the glitch `_classify` opened last
 
     def _classify(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         count = len(window.values)  # (the deque's own len: one Python call less a loss)
+        self._kind, self._rise = "", 0.0
         if count < self.min_history:
             return self._short(loss, window) if count else None
         med = window.median()
+        self._rise = loss - med
         if not (loss >= med + self.min_jump or (med > 0 and loss >= self.min_ratio * med)):
-            return None  # most losses: no jump, so no need to measure the noise
+            # most losses: no jump, so no need to measure the noise; a glitch of a positive level
+            return self._glitch(loss, med, window) if loss >= self._glitch_bar * med > 0 else None
         band = max(window.sigma(med), self.rel_floor * abs(med))
+        if band <= 0.0:
+            return None  # a level of exactly 0 with no spread is no baseline (#31)
         return (med, med + self.recover_k * band) if loss > med + self.k * band else None
+
+    def _glitch(self, loss: float, med: float, window: RobustWindow) -> tuple[float, float] | None:
+        """A jump under the long-log bar that is outsized for a smooth loss (interval-averaged
+        Megatron losses: a 2.2 ± 0.01 loss at 2.6): `glitch`·|med| and k·σ above the median."""
+        floor = self.glitch * med
+        sigma = window.sigma(med)
+        if loss < med + self.k * sigma:
+            return None
+        self._kind, self._band = "glitch", max(sigma, self.rel_floor * med)
+        return med, med + 0.5 * floor
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
-        """`_classify` on a short excerpt: against the level a falling loss has reached (its
-        last value), else the median; a doubling that stands out of the stretch's spread."""
-        values = window.values
-        falling = all(b <= a for a, b in pairwise(values))
-        med = values[-1] if falling else window.median()
-        if loss < med + (self.short_ratio - 1.0) * abs(med):
+        """`_classify` on a short excerpt (`_excerpt.short_spike`)."""
+        spike = short_spike(loss, window, self)
+        if spike is None:
             return None
-        band = self.rel_floor * abs(med)
-        if not falling:
-            band = max(window.sigma(med), band)
-        return (med, med + self.recover_k * band) if loss > med + self.k * band else None
+        self._kind = spike[2]
+        return spike[0], spike[1]
 
     def update(self, record: StepRecord) -> list[Finding]:
-        loss = record.values.get(LOSS)
+        values = record.values
+        if LR in values or NEW_DATA in values:
+            self._changes.update(record.step, values)
+        loss = values.get(LOSS)
         if loss is None or not isfinite(loss):
             return []
         tracker = self._tracker
-        if not tracker.window.values and tracker.episode is None:
-            self._zero = record.step == 0  # (a first record at step 0: see `_alone`)
+        window = tracker.window
+        self._count(record.step, loss, window)
+        opened = tracker.episode
+        self._rise = 0.0
         ended = tracker.observe(record.step, loss)
+        if opened is None and tracker.episode is not None:
+            tracker.episode["tail"] = self._regime.bumps.largest()  # the rises before it
+        self._regime.bumps.push(loss - opened["baseline"] if opened is not None else self._rise)
         if ended is not None:
-            back = record.step - ended["start"]
-            if "called" in ended:
-                return [self._back(ended, back)]
-            return [] if ended["baseline_records"] < 2 else [self._spike(ended, back)]
+            return self._ended(ended, record.step)
         episode = tracker.episode
         if episode is None:
             return []
-        if episode["baseline_records"] < 2 and self._alone(loss, episode["baseline"]):
-            tracker.episode = None
-            tracker.window.push(loss)
-            return []
+        if opened is None:
+            self._open(episode, window)
+        return self._follow(episode, loss, record.step)
+
+    def _count(self, step: int, loss: float, window: RobustWindow) -> None:
+        """Count a finite loss; start the baseline over after a loss that was identically 0;
+        note whether the baseline's first record is step 0's alone (see `_stays`)."""
+        if window.values and window.ordered[-1] == 0.0 == window.ordered[0] and loss != 0.0:
+            window.clear()  # the loss was identically 0: no baseline for the one that starts
+        if not window.values and self._tracker.episode is None:
+            self._zero = step == 0
+        elif len(window.values) == 1 and step == 1:
+            self._zero = False  # the next record is the next step: step 0 is a baseline
+        self._records += 1
+        if self._first is None:
+            self._first = loss
+        self._last = loss
+
+    def _open(self, episode: dict[str, Any], window: RobustWindow) -> None:
+        """Note how a new episode was opened, and whether the run changed itself there."""
+        if self._kind == "provisional" or episode["baseline_records"] < 2:
+            episode["provisional"] = True
+        if self._kind == "glitch":
+            episode["glitch"] = self._band  # the band a jump must clear to be judged as one
+        why = self._changes.since(episode["start"] - self.settle_steps)
+        if why:
+            episode["change"] = why
+            episode["usual"] = fall_rate(list(window.values))
+
+    def _follow(self, episode: dict[str, Any], loss: float, step: int) -> list[Finding]:
+        """An open episode's new loss: drop a jump that did not stay up, let a new level the
+        run made start a new baseline, call a divergence once settled."""
+        tracker = self._tracker
+        if episode.get("provisional") and "called" not in episode:
+            if not self._stays(loss, episode):
+                tracker.episode = None
+                tracker.window.push(loss)
+                return []
+            if episode["records"] >= self.settle_records:
+                del episode["provisional"]
+        if "glitch" in episode and self._jumped(loss, episode["baseline"], episode["glitch"]):
+            del episode["glitch"]  # a glitch grown into a jump: judged as one
         episode["level"] = loss
-        # A new list, not an append: `state` copies the episode shallowly.
+        # New lists, not appends: `state` copies the episode shallowly.
         episode["recent"] = [*episode.get("recent", [])[1 - self.settle_records :], loss]
+        episode["losses"] = [*episode.get("losses", [])[1 - _KEEP :], loss]
         if "called" in episode or not self._settled(episode):
             return []
-        episode["called"] = record.step
-        return [self._divergence(episode, end_of_log=False)]
+        if "glitch" in episode:
+            tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
+            return []
+        if "change" in episode and falls(episode["losses"], episode["usual"]):
+            tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
+            self._regime.new()
+            return []
+        episode["called"] = step
+        return [words.divergence(episode, end_of_log=False, start_of_run=False)]
 
-    def _alone(self, loss: float, baseline: float) -> bool:
-        """Whether a loss after a single record says nothing: it is back under `short_ratio`
-        times that record (a jump must stay up), or that record is the loss at step 0, before
-        any update (spaCy then sums the losses of 200 steps)."""
-        return self._zero or loss < self.short_ratio * baseline
+    def _jumped(self, loss: float, base: float, band: float) -> bool:
+        """Whether ``loss`` clears the long-log bar over ``base`` and its ``band``."""
+        jump = loss >= base + self.min_jump or (base > 0 and loss >= self.min_ratio * base)
+        return jump and loss > base + self.k * band
 
-    def _settled(self, episode: dict[str, Any]) -> bool:
+    def _stays(self, loss: float, episode: dict[str, Any]) -> bool:
+        """Whether a jump that counts only if it stays up still does: after a single record
+        (not step 0's alone), at least `short_ratio` times it; else at least halfway to the
+        `min_ratio` bar over the baseline."""
+        base = episode["baseline"]
+        if episode["baseline_records"] < 2:
+            return not self._zero and bool(loss >= self.short_ratio * base)
+        return bool(loss >= base + 0.5 * (self.min_ratio - 1.0) * abs(base))
+
+    def _settled(self, episode: dict[str, Any], end_of_log: bool = False) -> bool:
         """Whether the loss has stayed up long enough, and is not on its way back down.
 
         A spike that decays over several records (5.7, 4.7, 3.8, 3.0 on a 2.05 baseline) is not
         a divergence: the loss must hold at least `_HOLD` of its largest excess over the baseline
-        in the last `settle_records` records.
+        in the last `settle_records` records. At the end of the log the steps are not waited for.
         """
-        if episode["last"] - episode["start"] < self.settle_steps:
+        if not end_of_log and episode["last"] - episode["start"] < self.settle_steps:
             return False
         if episode["records"] < self.settle_records:
             return False
@@ -179,89 +273,72 @@ class LossSpike:
         recent: list[float] = episode["recent"]
         return recent[-1] - base >= _HOLD * (max(recent) - base)
 
-    def _spike(self, episode: dict[str, Any], back: int | None) -> Finding:
-        base, peak, peak_step = episode["baseline"], episode["peak"], episode["peak_step"]
-        ratio = _ratio(peak, base)
-        how = "up until the end of the log" if back is None else f"back after {_steps(back)}"
-        evidence = _evidence(episode)
-        evidence["recovered"] = float(back is not None)
-        if back is not None:
-            evidence["recovery_steps"] = back
-        return Finding(
-            kind=LOSS_SPIKE,
-            step=episode["start"],
-            end_step=episode["last"],
-            severity=Severity.WARNING,
-            seen=f"loss spiked from {base:.4g} to {peak:.4g} ({ratio:.1f}x) at step {peak_step}, "
-            f"{how}",
-            evidence=evidence,
-            remedies=kind_of(LOSS_SPIKE).remedies,
-            advice="clip gradients (norm 1.0)",
-        )
-
-    def _divergence(self, episode: dict[str, Any], end_of_log: bool) -> Finding:
-        base, start, level = episode["baseline"], episode["start"], episode["level"]
-        if end_of_log:
-            span = "and stayed up until the end of the log"
-        else:
-            span = f"for {_steps(episode['last'] - start)} ({episode['records']} records)"
-        return Finding(
-            kind=DIVERGENCE,
-            step=start,
-            end_step=episode["last"],
-            severity=Severity.ERROR,
-            seen=f"loss diverged at step {start}: {level:.4g} against a {base:.4g} baseline {span}",
-            evidence=_evidence(episode),
-            remedies=kind_of(DIVERGENCE).remedies,
-            advice="roll back and lower the LR",
-        )
-
-    def _back(self, episode: dict[str, Any], back: int) -> Finding:
-        start = episode["start"]
-        return Finding(
-            kind=DIVERGENCE,
-            step=start,
-            end_step=episode["last"],
-            severity=Severity.INFO,
-            seen=f"loss back under its {episode['baseline']:.4g} baseline's band "
-            f"{_steps(back)} after it diverged at step {start}",
-            evidence={**_evidence(episode), "recovery_steps": float(back)},
-        )
+    def _ended(self, episode: dict[str, Any], step: int) -> list[Finding]:
+        """The loss came back under the limit: the episode's closing finding, if any."""
+        back = step - episode["start"]
+        if "called" in episode:
+            lost = 2 * episode["records"] > self._records  # up for most of the log
+            closing = words.back(episode, step, lost)
+            if lost and episode["baseline_records"] <= _FROM_START:
+                self._lost = closing.to_dict()  # the run blew up where the log starts
+            return [closing]
+        if episode.get("provisional") or "change" in episode:
+            return []  # a jump that did not stay up; a level the run made and left again
+        if "glitch" in episode and episode["records"] < 2:
+            return []  # a glitch must last: one record of a smooth loss may be one batch
+        rise = episode["peak"] - episode["baseline"]
+        if episode["baseline_records"] >= self.min_history and rise < self.tail_ratio * episode.get(
+            "tail", 0.0
+        ):
+            self._regime.fold(episode["last"])  # no larger than the run's recent rises
+            return []
+        return [self._regime.report(words.spike(episode, back))]
 
     def finish(self) -> list[Finding]:
-        episode = self._tracker.close()
+        found = self._close(self._tracker.close())
+        folded = self._regime.close()
+        if folded is not None:
+            found.insert(0, folded)
+        lost, first, self._lost = self._lost, self._first, None
+        if lost is not None and first is not None and first > 0 and self._last >= _LEARNED * first:
+            found.append(words.never_learned(Finding.from_dict(lost), first, self._last))
+        return found
+
+    def _close(self, episode: dict[str, Any] | None) -> list[Finding]:
+        """End of the log: the open episode's finding."""
         if episode is None:
             return []
+        start_of_run = episode["baseline_records"] <= _FROM_START
         if "called" in episode:
-            return [self._divergence(episode, end_of_log=True)]
-        if episode["baseline_records"] < 2 and episode["records"] < self.settle_records:
-            return []  # after a single record, only a jump that stays up says something
-        return [self._spike(episode, back=None)]
+            return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
+        if "change" in episode and falls(episode.get("losses", []), episode["usual"]):
+            return []
+        if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
+            return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
+        if episode.get("provisional") or "glitch" in episode or "change" in episode:
+            return []  # a jump that must stay up, a glitch that must come back: not yet
+        return [words.spike(episode, back_after=None)]
 
     def restart(self) -> None:
         """Training restarted from earlier weights: its baseline starts over (`Engine.restart`)."""
         self._tracker.restart()
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._tracker.state(), "zero": self._zero}
+        run: dict[str, Any] = {"records": self._records, "first": self._first}
+        run.update(last=self._last, zero=self._zero, lost=self._lost)
+        return {
+            **self._tracker.state(),
+            "regime": self._regime.state(),
+            "changes": self._changes.state(),
+            "run": run,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._zero = bool(state.get("zero", False))  # absent in checkpoints of earlier rounds
-        self._tracker.load({k: v for k, v in state.items() if k != "zero"})
-
-
-def _evidence(episode: dict[str, Any]) -> dict[str, float]:
-    base, peak = episode["baseline"], episode["peak"]
-    evidence = {"baseline": base, "baseline_records": episode["baseline_records"], "peak": peak}
-    evidence.update(peak_step=episode["peak_step"], ratio=_ratio(peak, base))
-    if "level" in episode:
-        evidence["level"] = episode["level"]
-    return evidence
-
-
-def _steps(count: int) -> str:
-    return f"{count} step" if count == 1 else f"{count} steps"
-
-
-def _ratio(value: float, baseline: float) -> float:
-    return value / baseline if baseline > 0 else float("inf")
+        # Earlier rounds' checkpoints have none of these but the tracker's (and a "zero" flag).
+        self._regime.load(state.get("regime"))
+        self._changes.load(state.get("changes"))
+        run = state.get("run", {})
+        self._records, self._first = int(run.get("records", 0)), run.get("first")
+        self._last = float(run.get("last", 0.0))
+        self._zero, self._lost = bool(run.get("zero", state.get("zero"))), run.get("lost")
+        self._tracker.load(state)

@@ -99,7 +99,7 @@ class NonFinite:
             self._start = record.step
             return [self._first(record.step, loss if bad_loss else None, groups)]
         if self._length == self.persistent_after:
-            return [self._persistent(f"for {self._length} steps", Severity.CRITICAL)]
+            return [self._persistent(f"for {self._span()}", Severity.CRITICAL)]
         return []
 
     def _pinned(self, loss: float) -> bool:
@@ -121,13 +121,18 @@ class NonFinite:
                 step=self._start,
                 end_step=self._last,
                 severity=Severity.INFO,
-                seen=f"{what} finite again at step {step} after {self._length} non-finite steps "
+                seen=f"{what} finite again at step {step} after {self._span('non-finite ')} "
                 f"since step {self._start}",
                 evidence={"steps": float(self._length)},
             )
             found.append(finding)
         self._start, self._length, self._loss_seen = None, 0, False
         return found
+
+    def _span(self, what: str = "") -> str:
+        """``"41 steps"``, or ``"41 records"`` where the log prints one record every N steps."""
+        steps = self._start is not None and self._last - self._start + 1 == self._length
+        return f"{self._length} {what}{'steps' if steps else 'records'}"
 
     def _first(self, step: int, loss: float | None, groups: tuple[str, ...]) -> Finding:
         location = tuple(g for g in groups if g != GRAD_NORM)
@@ -191,7 +196,7 @@ class NonFinite:
     def finish(self) -> list[Finding]:
         found = []
         if self._length >= self.persistent_after:
-            span = f"until the end of the log ({self._length} steps)"
+            span = f"until the end of the log ({self._span()})"
             found.append(self._persistent(span, Severity.CRITICAL))
         self._start, self._length, self._loss_seen = None, 0, False
         return found

@@ -8,11 +8,12 @@ from typing import Any, ClassVar
 
 from stabilizer.core.kinds import OVERFLOW_RISK, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX
 
 from .base import check_at_least, check_fraction
 
-__all__ = ["FP16_MAX", "OverflowRisk"]
+__all__ = ["FP16_MAX", "OverflowRisk", "computes_in_fp16"]
 
 FP16_MAX = 65504.0  # the largest finite float16
 
@@ -28,6 +29,11 @@ class OverflowRisk:
     remedy (keep that module in fp32, or train in bf16) must land before the overflow does. An Inf
     absmax has overflowed already and is reported too. An episode ends when the value is back under
     half the limit and no longer growing; the module can then be reported again.
+
+    The fp16 range matters only where the run computes in fp16: once the run's header says its
+    precision (`set_run`: the live monitor's, or the one a ``stability.jsonl`` opens with), an
+    fp32, fp64 or bf16 run gets no such warning (bf16 has fp32's range). A run whose precision
+    is not known is watched.
 
     Args:
         fraction: Fraction of the fp16 maximum that counts as too close.
@@ -54,8 +60,15 @@ class OverflowRisk:
         )
         self._history: dict[str, list[float]] = {}  # module -> its last samples + 1 finite values
         self._open: set[str] = set()  # modules with an open (already reported) episode
+        self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
+
+    def set_run(self, run: RunHeader) -> None:
+        """What the run is: only a run that computes in fp16 can overflow fp16's range."""
+        self._fp16 = computes_in_fp16(run.precision)
 
     def update(self, record: StepRecord) -> list[Finding]:
+        if self._fp16 is False:
+            return []
         findings = []
         for key, value in record.values.items():
             if not key.startswith(ACT_ABSMAX_PREFIX) or math.isnan(value):
@@ -101,11 +114,23 @@ class OverflowRisk:
         return {
             "history": {module: list(values) for module, values in self._history.items()},
             "open": sorted(self._open),
+            "fp16": self._fp16,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._history = {m: [float(v) for v in values] for m, values in state["history"].items()}
         self._open = {str(module) for module in state["open"]}
+        fp16 = state.get("fp16")  # absent in checkpoints of earlier rounds
+        self._fp16 = None if fp16 is None else bool(fp16)
+
+
+def computes_in_fp16(precision: str) -> bool | None:
+    """Whether a precision (Lightning's names: ``"16-mixed"``, ``"16-true"``, ``"bf16-mixed"``,
+    ``"32-true"``, ..., or ``"fp16"``) computes in fp16; None when it is not known (``""``)."""
+    if not precision:
+        return None
+    name = precision.strip().lower()
+    return name.startswith("16") or name in ("fp16", "half", "float16")
 
 
 def _growth(history: list[float]) -> float:

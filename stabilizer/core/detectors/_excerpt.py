@@ -1,0 +1,82 @@
+"""`short_spike`: `LossSpike`'s rule for a pasted excerpt, when few losses make the baseline.
+
+On a few records σ says little, so the jump must be larger and stand out of the stretch's own
+spread: a doubling counts at once; a smaller jump of `min_ratio` counts only if it stays up
+("provisional": BigScience tr8b-104B right after a resume, 2.67 then 4.4 and staying); a loss
+that rose record after record is measured from where the rise began ("rise": Megatron averages
+the loss over the log interval, so one bad iteration is a ramp, 6.37, 6.60, 7.31, 9.12, 10.24);
+a loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
+has reached (1.9), not the median of its fall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Protocol
+
+from ._robust import RobustWindow
+
+__all__ = ["Bars", "short_spike"]
+
+
+class Bars(Protocol):
+    """The thresholds `short_spike` reads (a `LossSpike`'s arguments)."""
+
+    k: float
+    rel_floor: float
+    min_ratio: float
+    min_jump: float
+    short_ratio: float
+    recover_k: float
+
+
+def short_spike(loss: float, window: RobustWindow, bars: Bars) -> tuple[float, float, str] | None:
+    """``(baseline, recovery limit, how)`` when ``loss`` is a spike over the few losses of
+    ``window``, else None; ``how`` is ``""``, ``"provisional"`` (it must stay up) or ``"rise"``.
+
+    The jump is a doubling of a positive level, or `min_jump` over one that is not (no ratio of
+    a level at or below 0); a level of exactly 0 with no spread is no baseline at all (#31).
+    """
+    values = window.values
+    falling = all(b <= a for a, b in pairwise(values))
+    start = _rise_start(values, loss)
+    spread: RobustWindow | None = window if not falling else None
+    how = ""
+    if start is not None:
+        med, how, spread = values[start], "rise", _window([*values][: start + 1])
+    else:
+        med = values[-1] if falling else window.median()
+    ratio = bars.short_ratio if start is None else bars.min_ratio
+    low, high = med * bars.min_ratio, med * ratio
+    if med <= 0:
+        low = high = med + bars.min_jump
+    if loss < low:
+        return None
+    if loss < high:
+        if len(values) < 2:
+            return None
+        how = "provisional"
+    band = bars.rel_floor * abs(med)
+    if spread is not None and len(spread) > 1:
+        band = max(spread.sigma(spread.median()), band)
+    if band <= 0.0 or loss <= med + bars.k * band:
+        return None
+    return med, med + bars.recover_k * band, how
+
+
+def _rise_start(values: Sequence[float], loss: float) -> int | None:
+    """Where a rise record after record began, when ``loss`` ends one of 3 rises or more."""
+    index = len(values) - 1
+    if index < 2 or not loss > values[index]:
+        return None
+    while index > 0 and values[index - 1] < values[index]:
+        index -= 1
+    return index if len(values) - index >= 3 else None
+
+
+def _window(values: list[float]) -> RobustWindow:
+    window = RobustWindow(max(1, len(values)))
+    for value in values:
+        window.push(value)
+    return window

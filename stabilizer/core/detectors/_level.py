@@ -1,0 +1,91 @@
+"""`RunChanges` and `falls`: a loss at a new level that the run made itself, for `LossSpike`.
+
+A divergence is a failure; a new level is not. A run changes itself at a step: it starts on a
+dataloader it had not used (a second stage, a curriculum's next part: the live monitor's
+``new_data`` signal), or its scheduler restarts the LR (SGDR's warm restarts, a schedule started
+over). The loss then jumps to a new level, and from there falls at its usual rate. Such a jump
+is judged from its new level; one that does not fall (it holds, or climbs on) is still a
+divergence, whatever the run changed. Why: docs/findings.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stabilizer.core.signals import LR, NEW_DATA
+
+__all__ = ["RunChanges", "fall_rate", "falls"]
+
+_RESTART = 1.5  # an LR at least this multiple of the record before's has restarted...
+_KNOWN = 1.05  # ...when it is at most this multiple of the highest LR the run used before
+
+
+class RunChanges:
+    """The last step at which the run changed itself, and what it did.
+
+    An LR restart is an LR that rises `_RESTART`× or more over the record before to a level the
+    run has used before (at most `_KNOWN`× its highest LR so far). A warm-up sets a new highest
+    LR at every step, and an LR surge past anything the run used (the ``diverge`` scenario's
+    3000×) is no restart: neither is a change the run made to itself in this sense.
+    """
+
+    def __init__(self) -> None:
+        self.step: int | None = None  # the step of the last change
+        self.why = ""  # what the run did there
+        self._lr: float | None = None  # the LR of the record before
+        self._peak = 0.0  # the highest LR so far
+
+    def update(self, step: int, values: Mapping[str, float]) -> None:
+        """Look at one record's ``new_data`` and ``lr``."""
+        if NEW_DATA in values and values[NEW_DATA] >= 0.5:
+            self.step, self.why = step, "the run started on new data"
+        lr = values.get(LR)
+        if lr is None or not 0.0 < lr < math.inf:
+            return
+        last = self._lr
+        if last is not None and lr >= _RESTART * last and lr <= _KNOWN * self._peak:
+            self.step, self.why = step, f"the LR restarted ({last:.3g} -> {lr:.3g})"
+        self._lr = lr
+        if lr > self._peak:
+            self._peak = lr
+
+    def since(self, step: int) -> str:
+        """What the run did, if it changed itself at ``step`` or later; else ""."""
+        return self.why if self.step is not None and self.step >= step else ""
+
+    def state(self) -> dict[str, Any]:
+        """The last change and the LR history, as plain data."""
+        return {"step": self.step, "why": self.why, "lr": self._lr, "peak": self._peak}
+
+    def load(self, state: Mapping[str, Any] | None) -> None:
+        """Restore from `state` (None: a checkpoint of an earlier version, no change seen)."""
+        state = state or {}
+        step, lr = state.get("step"), state.get("lr")
+        self.step = None if step is None else int(step)
+        self.why = str(state.get("why", ""))
+        self._lr = None if lr is None else float(lr)
+        self._peak = float(state.get("peak", 0.0))
+
+
+def fall_rate(values: Sequence[float]) -> float:
+    """How fast ``values`` fall, per record: the mean of their first third less that of their
+    last third, over the records between (negative when they rise; 0 for fewer than 3)."""
+    if len(values) < 3:
+        return 0.0
+    third = len(values) // 3
+    first = math.fsum(values[:third]) / third
+    last = math.fsum(values[-third:]) / third
+    return (first - last) / (len(values) - third)
+
+
+def falls(values: Sequence[float], usual: float, rel: float = 0.02) -> bool:
+    """Whether a loss at a new level (``values``, in order) falls at its usual rate: at least
+    half of ``usual`` (the fall per record before the change, 0 when it did not fall), and by
+    more than ``rel`` of its level over the records, so that noise about a flat level is no fall.
+    """
+    if len(values) < 3:
+        return False
+    rate = fall_rate(values)
+    return rate > 0.0 and rate >= 0.5 * usual and rate * len(values) > rel * abs(values[0])
