@@ -53,6 +53,7 @@ class FairseqReader(BaseReader):
     """Reads fairseq training logs (see the module docstring)."""
 
     format: ClassVar[str] = "fairseq"
+    prefixed: ClassVar[bool] = True  # its lines are found with `search`
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:

@@ -79,6 +79,7 @@ class HfTrainerReader(BaseReader):
     """Reads the console output of a Hugging Face ``Trainer`` run (see the module docstring)."""
 
     format: ClassVar[str] = "hf_trainer"
+    prefixed: ClassVar[bool] = True  # its lines are found with `search`
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
