@@ -32,6 +32,7 @@ __all__ = [
     "SKIPPED",
     "TB_PREFIX",
     "UPDATE_RATIO_PREFIX",
+    "VOCAB_SIZE",
     "block_group",
     "block_index",
     "group_key",
@@ -52,6 +53,7 @@ SKIPPED = "skipped"  # 1.0 when the optimizer step was skipped (grad scaler, gua
 CLIPPED = "clipped"  # 1.0 when gradient clipping changed the gradients this step, else 0.0
 CLIP_VAL = "clip_val"  # the gradient clipping threshold in force (absent when clipping is off)
 LR = "lr"  # learning rate of the first parameter group, after the scheduler
+VOCAB_SIZE = "vocab_size"  # the vocabulary (or class count) a log states: chance level is ln of it
 ACT_ABSMAX_PREFIX = "act_absmax/"  # + module name: max |output activation|; sampled steps only
 
 TB_PREFIX = "stability/"  # loggers write every key under this prefix; readers strip it

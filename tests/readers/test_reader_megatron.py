@@ -120,3 +120,13 @@ def test_layout_changes_restarts_and_odd_values() -> None:
     assert math.isnan(recs[7].values["loss"])
     assert recs[8].values["grad_norm"] == math.inf and "loss" not in recs[8].values
     assert recs[9].values["loss"] == 3.141593
+
+
+def test_the_padded_vocabulary_rides_on_the_next_record() -> None:
+    """``> padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)``: chance level is
+    ln of the vocabulary (`Stall`); the first record carries it, once."""
+    text = " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)\n" + OLD + "\n"
+    text += OLD.replace("100/", "200/") + "\n"
+    first, second = parse("megatron", text)
+    assert first.values["vocab_size"] == 50257
+    assert "vocab_size" not in second.values

@@ -659,3 +659,25 @@ def test_a_signals_nan_with_trailing_junk_is_a_nan_a_timers_is_no_value() -> Non
     (record,) = records("step 7 loss: nanxxx grad_norm: 1.5 step_avg:nanms")
     assert math.isnan(record.values["loss"]) and record.values["grad_norm"] == 1.5
     assert "step_avg" not in record.values
+
+
+@pytest.mark.parametrize(
+    ("line", "vocab"),
+    [
+        ("{'model_name': 'pythia-70m', 'vocab_size': 50254, 'padded_vocab_size': 50304}", 50304),
+        ("found vocab_size = 65 (inside data/shakespeare_char/meta.pkl)", 65),  # nanoGPT
+        ("Vocabulary size: 32000", 32000),
+        ("vocab is 1000 words", 1000),
+    ],
+)
+def test_a_stated_vocabulary_rides_on_the_next_record(line: str, vocab: int) -> None:
+    """Chance level is ln of the vocabulary: the first record after a line that states it
+    carries it (``vocab_size``), once."""
+    first, second = records(f"{line}\niter 1: loss 4.17\niter 2: loss 4.16\n")
+    assert first.values["vocab_size"] == vocab
+    assert "vocab_size" not in second.values
+
+
+def test_no_vocabulary_without_its_number() -> None:
+    text = "defaulting to vocab_size of GPT-2 to 50304\niter 1: loss 4.17\n"
+    assert "vocab_size" not in records(text)[0].values

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED, VOCAB_SIZE
 
 from ._lines import IDLE, Segments, numbered_lines
+from ._shapes import vocab_of
 from .base import BaseReader, Item
 
 __all__ = ["MegatronReader"]
@@ -35,6 +36,7 @@ _KEYS = {  # the labels read → their keys
     "learning rate": LR,
     "number of skipped iterations": "skipped_iterations",
     "number of nan iterations": "nan_iterations",
+    VOCAB_SIZE: VOCAB_SIZE,  # (``padded vocab (size: N)`` above, on the next record)
 }
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
@@ -94,6 +96,7 @@ class MegatronReader(BaseReader):
     """Reads Megatron-LM console logs; one record per logged interval (see the module doc)."""
 
     format: ClassVar[str] = "megatron"
+    _interval = 0  # the log interval, once known
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -102,8 +105,9 @@ class MegatronReader(BaseReader):
         return 0.4 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        segments, interval = Segments(), 0  # the log interval, once known
+        segments, self._interval = Segments(), 0
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
+        stated: float | None = None  # the vocabulary a line stated, for the next record
         for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
                 yield StepRecord(step, _values(fields))
@@ -112,6 +116,7 @@ class MegatronReader(BaseReader):
             if match is None:
                 if fields and _more(fields, line):  # the record goes on on this line
                     continue
+                stated = vocab_of(line) or stated
                 if fields:
                     yield StepRecord(step, _values(fields))
                     fields = {}
@@ -123,14 +128,19 @@ class MegatronReader(BaseReader):
             restart = segments.restart(step, lineno)
             if restart is not None:
                 yield restart
-            elif not interval and last is not None and 0 <= last < step:
-                interval = step - last
-                self._note_interval(interval, lineno)
+            else:
+                self._note_interval(last, step, lineno)
             fields = _fields(line[match.end() :]) or {"iteration": match[1]}
+            if stated is not None:
+                fields[VOCAB_SIZE], stated = str(stated), None
         if fields:
             yield StepRecord(step, _values(fields))
 
-    def _note_interval(self, interval: int, lineno: int) -> None:
+    def _note_interval(self, last: int | None, step: int, lineno: int) -> None:
+        """Note the log interval once: the steps between the first two records in a row."""
+        if self._interval or last is None or not 0 <= last < step:
+            return
+        self._interval = interval = step - last
         self.note(
             "format",
             f"Megatron losses are averages over the log interval of {interval} iterations, "
