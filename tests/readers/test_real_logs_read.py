@@ -214,6 +214,7 @@ SEEN = {
     ),
     # two iterations an optimizer step: 23 lines, steps 38-49 (each step twice)
     "litgpt_issue689_loss_at_ln_vocab": seen(23, (38, 49), LOSS),
+    "openpi_issue814_loss_1e8_gradnorm_1e6": seen(17, (5900, 7500), LOSS, GNORM),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).
