@@ -67,12 +67,28 @@ def test_a_record_over_several_lines_is_one_record() -> None:
     )
     first, second = parse("megatron", text, [])
     assert first.step == 5 and math.isnan(first.values["grad_norm"])
-    assert (first.values["lr"], first.values["loss_scale"], first.values["skipped"]) == (
-        1.35e-4,
-        1.0,
-        0.0,
-    )
+    assert (first.values["lr"], first.values["skipped"]) == (1.35e-4, 0.0)
+    assert "loss_scale" not in first.values  # 1.0 and never moved: no fp16 scaler
     assert second.step == 6 and second.values == {"loss": 2.5}
+
+
+def test_a_loss_scale_that_never_leaves_one_is_no_scaler() -> None:
+    """Issue #33: a bf16 run (``loss scale: 1.0`` on every line) with NaN iterations is no fp16
+    overflow cascade; its scale is left out, with a note, until it moves (fp16 after all)."""
+    bf16 = OLD.replace("loss scale: 4096.0", "loss scale: 1.0")
+    nan = bf16.replace("lm loss: 3.141593E+00 | ", "").replace(
+        "skipped iterations:   0 | number of nan iterations:   0",
+        "skipped iterations:  10 | number of nan iterations:  10",
+    )
+    lines = [bf16.replace(" 100/", f" {step}/") for step in range(100, 600, 100)]
+    lines += [nan.replace(" 100/", f" {step}/") for step in range(600, 1100, 100)]
+    notes: list[Note] = []
+    recs = parse("megatron", "\n".join(lines) + "\n", notes)
+    assert all("loss_scale" not in r.values for r in recs)
+    assert any("no fp16 scaler" in note.message for note in notes)
+    assert kinds(findings(recs)) == {"nonfinite_loss"}
+    moved = parse("megatron", OLD.replace("4096.0", "2.0") + "\n" + bf16 + "\n")
+    assert [r.values["loss_scale"] for r in moved] == [2.0, 1.0]  # a scaler, at its floor
 
 
 def test_healthy_fixture() -> None:

@@ -97,6 +97,8 @@ class MegatronReader(BaseReader):
 
     format: ClassVar[str] = "megatron"
     _interval = 0  # the log interval, once known
+    _scaled = False  # whether a loss scale other than 1.0 was printed: an fp16 scaler
+    _fixed = False  # whether the constant scale of 1.0 was noted
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -105,12 +107,12 @@ class MegatronReader(BaseReader):
         return 0.4 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        segments, self._interval = Segments(), 0
+        segments, self._interval, self._scaled, self._fixed = Segments(), 0, False, False
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
         stated: float | None = None  # the vocabulary a line stated, for the next record
         for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
-                yield StepRecord(step, _values(fields))
+                yield self._record(step, fields)
                 fields = {}
             match = _ITERATION.search(line) if "iteration" in line else None
             if match is None:
@@ -118,12 +120,12 @@ class MegatronReader(BaseReader):
                     continue
                 stated = vocab_of(line) or stated
                 if fields:
-                    yield StepRecord(step, _values(fields))
+                    yield self._record(step, fields)
                     fields = {}
                 segments.other(line)
                 continue
             if fields:
-                yield StepRecord(step, _values(fields))
+                yield self._record(step, fields)
             step, last = int(match[1]), segments.last
             restart = segments.restart(step, lineno)
             if restart is not None:
@@ -134,7 +136,22 @@ class MegatronReader(BaseReader):
             if stated is not None:
                 fields[VOCAB_SIZE], stated = str(stated), None
         if fields:
-            yield StepRecord(step, _values(fields))
+            yield self._record(step, fields)
+
+    def _record(self, step: int, fields: dict[str, str]) -> StepRecord:
+        """The record of an interval's fields. A loss scale of 1.0 on every line so far is no
+        fp16 scaler: Megatron prints 1.0 in bf16 and fp32, where skipped iterations are the
+        run's own NaN skips, so it is left out (with a note) until it moves."""
+        values = _values(fields)
+        scale = values.get(LOSS_SCALE)
+        if scale is not None and scale != 1.0:
+            self._scaled = True
+        elif scale is not None and not self._scaled:
+            del values[LOSS_SCALE]
+            if not self._fixed:
+                self._fixed = True
+                self.note("format", "loss scale 1.0 on every line: no fp16 scaler (bf16 or fp32)")
+        return StepRecord(step, values)
 
     def _note_interval(self, last: int | None, step: int, lineno: int) -> None:
         """Note the log interval once: the steps between the first two records in a row."""

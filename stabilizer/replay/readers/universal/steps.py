@@ -88,9 +88,24 @@ class Steps:
         self.weak = False  # whether the last line's step is only its epoch
         self.counted: tuple[int | None, int, int] | None = None  # last count: epoch, n, offset
         self.run_on: int | None = None  # the offset of counts that run on across epochs
+        self.counter: int | None = None  # the last step a counter or a count gave
 
     def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
-        """The step of a lower-cased line (or None), and all the counters it prints."""
+        """The step of a lower-cased line (or None), and all the counters it prints.
+
+        A line that names only its epoch, in a log whose steps a counter gives, below the last
+        of them, has no step of its own (fairseq's ``| epoch 003 | valid on 'valid' subset |
+        valid_loss ...`` after ``| epoch 003 | loss ... | num_updates 1101``): it goes with the
+        records around it, not back to step 3 (no restart)."""
+        step, where = self._read(low)
+        if not self.weak:
+            self.counter = step if step is not None else self.counter
+        elif step is not None and self.counter is not None and step < self.counter:
+            self.weak = False
+            return None, ()
+        return step, where
+
+    def _read(self, low: str) -> tuple[int | None, tuple[int, ...]]:
         epoch, self.weak = _EPOCH.search(low) if "epoch" in low else None, False
         if epoch is not None:
             self._epoch(int(epoch[1]))
