@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from reader_cases import (
     findings,
@@ -15,6 +16,7 @@ from reader_cases import (
     serious,
 )
 
+from stabilizer.replay.diagnose import diagnose
 from stabilizer.replay.readers import Note
 
 OLD = (
@@ -146,3 +148,21 @@ def test_the_padded_vocabulary_rides_on_the_next_record() -> None:
     first, second = parse("megatron", text)
     assert first.values["vocab_size"] == 50257
     assert "vocab_size" not in second.values
+
+
+def test_a_bf16_nan_stretch_is_no_overflow_and_no_advice_to_switch_to_bf16(tmp_path: Path) -> None:
+    """Issue #33: a bf16 Megatron run (``loss scale: 1.0`` on every line) with NaN iterations:
+    a NaN stretch, never "an fp16 overflow cascade, loss scale 1 -> 1 ... switch to bf16"."""
+    bf16 = OLD.replace("loss scale: 4096.0", "loss scale: 1.0")
+    nan = bf16.replace("lm loss: 3.141593E+00 | ", "").replace(
+        "skipped iterations:   0 | number of nan iterations:   0",
+        "skipped iterations:  10 | number of nan iterations:  10",
+    )
+    lines = [bf16.replace(" 100/", f" {step}/") for step in range(100, 1100, 100)]
+    lines += [nan.replace(" 100/", f" {step}/") for step in range(1100, 1700, 100)]
+    lines += [bf16.replace(" 100/", f" {step}/") for step in range(1700, 2000, 100)]
+    path = tmp_path / "bf16.log"
+    path.write_text("\n".join(lines) + "\n")
+    found = [item.finding for item in diagnose(str(path)).findings]
+    assert {f.kind for f in found} == {"nonfinite_loss"}
+    assert not any("bf16" in f.message or "overflow" in f.message for f in found)
