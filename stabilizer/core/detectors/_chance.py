@@ -8,9 +8,9 @@ uses `ChanceWatch` to say so on any stretch of the run, an excerpt from mid-run 
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -107,7 +107,7 @@ _REACH = list(itertools.accumulate((high for _, high in _BANDS), max))  # the hi
 def _near_some(loss: float, stated: float | None) -> bool:
     """Whether ``loss`` is within the band of some chance level (one bisection: of the bands
     that begin below it, the one that reaches highest holds it, if any does)."""
-    at = bisect.bisect_right(_LOWS, loss)
+    at = bisect_right(_LOWS, loss)
     if at and loss <= _REACH[at - 1]:
         return True
     return (
@@ -147,7 +147,8 @@ class ChanceWatch:
                 return []
             return self.finish("")
         if not _near_some(loss, stated):  # (most losses: one bisection)
-            self.recent.clear()
+            if self.recent:
+                self.recent.clear()
             return []
         self.recent.append((step, loss))
         if len(self.recent) < RECORDS:

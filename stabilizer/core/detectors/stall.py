@@ -83,8 +83,10 @@ class Stall:
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
-        self._note_lr(values.get(LR))
-        self._stated = values.get(VOCAB_SIZE, self._stated)
+        if LR in values:
+            self._note_lr(values[LR])
+        if VOCAB_SIZE in values:
+            self._stated = values[VOCAB_SIZE]
         loss = values.get(LOSS)
         if loss is None or not math.isfinite(loss):
             return []
@@ -116,8 +118,8 @@ class Stall:
         self._done = True
         return self._decide(step)
 
-    def _note_lr(self, lr: float | None) -> None:
-        if lr is not None and math.isfinite(lr):
+    def _note_lr(self, lr: float) -> None:
+        if math.isfinite(lr):
             self._rising = self._lr is not None and lr > self._lr
             self._lr = lr
 
