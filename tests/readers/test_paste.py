@@ -11,7 +11,8 @@ from stabilizer.cli import main
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.diagnose import diagnose
 from stabilizer.replay.readers import read_log
-from stabilizer.replay.readers._paste import Paste, head_paste, unwrapped_head
+from stabilizer.replay.readers._paste import Paste
+from stabilizer.replay.readers._unwrap import head_paste, unwrapped_head
 
 LOG = ["iter 100: loss 2.3456, time 12.34ms", "", "iter 110: loss nan, time 12.30ms"]
 

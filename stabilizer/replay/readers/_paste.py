@@ -19,18 +19,12 @@ of the lines. Words of the message (``step 5``) are never a field.
 
 from __future__ import annotations
 
-import codecs
-import io
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import IO
 
-from ._lines import ANSI, CHUNK, MAX_LINE, encoding_of, text_lines
-from ._source import Source
-
-__all__ = ["Paste", "head_paste", "unwrapped", "unwrapped_head"]
+__all__ = ["Paste"]
 
 _SHARE = 0.9  # of the lines that must have a layer
 _LINES = 200  # non-blank lines a layer is learnt from
@@ -41,7 +35,6 @@ _PROMPT = r"(?:\([\w.-]+\) ?)?(?:[\w.-]+@[\w.-]+(?::\S*)?[$#]|\$) \S[^\r\n]*"
 _BLANK = re.compile(rf"(?:{_FENCE}|{_PROMPT})$")
 """A fence, or a shell prompt and its command: no line of the log."""
 
-_BREAK = re.compile(r"[\r\n]")
 _QUOTE = r" {0,3}> ?"
 _INDENTS = ("\t", "    ")  # a markdown code block's indent
 _NUMBERED = re.compile(r"( *)(\d+)(\t| ?[|│] ?|: ?)")
@@ -205,72 +198,3 @@ def _prefix(lines: list[str]) -> str | None:
     if not shape:
         return None
     return "".join(f"(?:{_FIELD_PATTERNS[kind]}){_SEP_PATTERNS[sep]}" for kind, sep in shape)
-
-
-def unwrapped(source: Source, paste: Paste) -> Source:
-    """``source`` without the wrapper: its head and its stream, as UTF-8 (whatever it was)."""
-    encoding, pattern = encoding_of(source.head), paste.pattern()
-    stream = io.BufferedReader(_Unwrapped(source.stream, pattern, encoding), buffer_size=CHUNK)
-    head = unwrapped_head(source.head, paste)
-    return Source(source.name, head, stream, source.counter, source.size)
-
-
-def unwrapped_head(head: bytes, paste: Paste) -> bytes:
-    """A log's first bytes without the wrapper, as UTF-8."""
-    return _Unwrapped(io.BytesIO(head), paste.pattern(), encoding_of(head)).readall()
-
-
-def head_paste(head: bytes) -> Paste | None:
-    """`Paste.of` the lines of a log's first bytes."""
-    return Paste.of(list(text_lines(io.BytesIO(head), [])))
-
-
-class _Unwrapped(io.RawIOBase):
-    """The text of a binary stream with a wrapper's `pattern` taken off each line, as UTF-8.
-
-    Decoded a chunk at a time (undecodable UTF-8 bytes pass through as they were); the unfinished
-    last line waits for the next chunk, unless it grows past `MAX_LINE` (no log line: passed on
-    as it is, with the rest of it).
-    """
-
-    def __init__(self, stream: IO[bytes], pattern: re.Pattern[str], encoding: str) -> None:
-        self._stream, self._pattern = stream, pattern
-        self._read = getattr(stream, "read1", stream.read)
-        errors = "surrogateescape" if encoding.startswith("utf-8") else "replace"
-        self._decoder = codecs.getincrementaldecoder(encoding)(errors)
-        self._tail, self._ready, self._ended = "", memoryview(b""), False
-        self._inside = False  # passing on the rest of an over-long line
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._ready and not self._ended:
-            self._ready = memoryview(self._more().encode("utf-8", "surrogateescape"))
-        size = min(len(buffer), len(self._ready))
-        buffer[:size], self._ready = self._ready[:size], self._ready[size:]
-        return size
-
-    def _more(self) -> str:
-        """The next piece of the text, unwrapped."""
-        raw = self._read(CHUNK)
-        self._ended = not raw
-        text = self._decoder.decode(raw, final=self._ended)
-        done = ""
-        if self._inside:  # the rest of an over-long line, up to its end, as it is
-            end = _BREAK.search(text)
-            cut = len(text) if end is None else end.end()
-            done, text, self._inside = text[:cut], text[cut:], end is None
-        text = self._tail + text
-        if "\x1b" in text:  # (a colour code would hide a prefix; the readers drop them too)
-            text = ANSI.sub("", text)
-        cut = len(text) if self._ended else max(text.rfind("\n"), text.rfind("\r")) + 1
-        if cut == 0 and len(text) > MAX_LINE:
-            self._tail, self._inside = "", True
-            return done + text
-        self._tail = text[cut:]
-        return done + self._pattern.sub("", text[:cut])
-
-    def close(self) -> None:
-        self._stream.close()
-        super().close()

@@ -17,9 +17,9 @@ from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 
 from ._lines import text_lines
-from ._paste import head_paste, unwrapped, unwrapped_head
 from ._rundir import find_logs
 from ._source import Source, is_binary, open_source
+from ._unwrap import head_paste, unwrapped, unwrapped_head
 from .base import BaseReader, Item, LogReadError, Note, add_note
 from .csv_table import CsvTableReader
 from .deepspeed import DeepSpeedReader
