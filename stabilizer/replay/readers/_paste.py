@@ -7,8 +7,9 @@ editor's gutter), indented as a markdown code block, each line behind a ``loggin
 None of that is what the trainer printed, and the readers' rules that look at the start of a line
 (a table's header, a count first on the line, a CSV header) would misread it. `Paste.of` learns
 the wrapper from the first lines, one *layer* at a time, each a shape that (nearly) every line
-has; `Paste.sub` takes the layers off every line (where a line has them) and empties fence and
-prompt lines. Lines are never dropped or joined, so line numbers stay those of the file.
+has; `Paste.pattern` is one regex that takes the layers off every line (where a line has them)
+and empties fence and prompt lines (`_unwrap` streams the text through it). Lines are never
+dropped or joined, so line numbers stay those of the file.
 
 A layer is only what a person sees as a wrapper: ``>`` (on 90% of the lines), a number that
 counts the lines (90%: the line's own number, or behind a tab or a bar), one tab or four blanks
