@@ -23,6 +23,7 @@ __all__ = [
     "CLIP_SATURATION",
     "CONFIG_RISK",
     "DEPTH_IMBALANCE",
+    "DIVERGED",
     "DIVERGENCE",
     "FP16_OVERFLOW",
     "GRAD_SPIKE",
@@ -53,6 +54,7 @@ NONFINITE_UPDATE = "nonfinite_update"
 NONFINITE_HELD = "nonfinite_held"
 LOSS_SPIKE = "loss_spike"
 DIVERGENCE = "divergence"
+DIVERGED = "diverged"
 GRAD_SPIKE = "grad_spike"
 CLIP_SATURATION = "clip_saturation"
 FP16_OVERFLOW = "fp16_overflow"
@@ -191,6 +193,15 @@ TABLE: tuple[Kind, ...] = (
         rollback_at=Severity.ERROR,
         refutes=("clip_gradients", "scale_lr", "swap_to_pre_ln", "rollback"),
         family=_SPIKE,
+    ),
+    Kind(
+        DIVERGED,
+        "diverged from the first record",
+        "the run blew up before its first logged step (an LR far too high, unnormalised inputs "
+        "or targets, a loss summed where it should be averaged): its gradient norm is orders of "
+        "magnitude beyond any healthy run's from the first record on",
+        detector="diverged",
+        remedies=("rollback", "scale_lr", "clip_gradients"),
     ),
     Kind(
         LOSS_SPIKE,

@@ -35,6 +35,7 @@ __all__ = [
     "TB_PREFIX",
     "UPDATE_RATIO_PREFIX",
     "VIEWS",
+    "VOCAB_SIZE",
     "block_group",
     "block_index",
     "group_key",
@@ -58,6 +59,7 @@ LR = "lr"  # learning rate of the first parameter group, after the scheduler
 # 1.0 on the first step drawn from a training dataloader the run had not used before (a new
 # stage); live only. A jump of the loss there is the run's own doing, not a divergence (LossSpike)
 NEW_DATA = "new_data"
+VOCAB_SIZE = "vocab_size"  # the vocabulary (or class count) a log states: chance level is ln of it
 ACT_ABSMAX_PREFIX = "act_absmax/"  # + module name: max |output activation|; sampled steps only
 
 TB_PREFIX = "stability/"  # loggers write every key under this prefix; readers strip it

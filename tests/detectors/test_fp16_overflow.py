@@ -116,12 +116,32 @@ def test_scale_falling_32x_within_the_window_is_a_cascade() -> None:
 
 
 def test_scale_at_floor_during_start_up_is_a_cascade() -> None:
-    # NaN from the first step: the scaler never finds a working scale.
+    # NaN from the first step: the scaler never finds a working scale. No calibration of a fresh
+    # scale ends at 16 or below: the cascade is called there, before the floor.
     events = [(65536.0 / 2 ** (i + 1), 1) for i in range(40)]
     [finding, closing] = feed(Fp16Overflow(), _run(events))
-    assert (finding.step, finding.end_step) == (0, 15)
-    assert finding.evidence["scale_min"] == 1.0
+    assert (finding.step, finding.end_step) == (0, 11)
+    assert finding.evidence["scale_min"] == 16.0
     assert (closing.step, closing.end_step) == (0, 39)
+
+
+def test_calibration_stops_before_16() -> None:
+    """stylegan2-pytorch#100: apex halves from 16384 to 2 skip after skip, no good step: no
+    calibration (from 2^32, DeepSpeed's settles at 2^16); fairseq's scaler starts at 128 and
+    may settle low, so a start below 2^14 stays calibration."""
+    apex = [(16384.0 / 2**i, 1) for i in range(14)]
+    [finding, _] = feed(Fp16Overflow(), _run(apex))
+    assert (finding.step, finding.evidence["scale_min"]) == (0, 16.0)
+    deepspeed = [(2.0**32 / 2**i, 1) for i in range(17)] + [(65536.0, 0)] * 5
+    assert feed(Fp16Overflow(), _run(deepspeed)) == []
+    fairseq = [(128.0 / 2**i, 1) for i in range(6)] + [(2.0, 0)] * 5
+    assert feed(Fp16Overflow(), _run(fairseq)) == []
+
+
+def test_a_scale_that_never_moves_says_where_it_stays() -> None:
+    [first, last] = feed(Fp16Overflow(), _run([(1.0, 1)] * 4))
+    assert "1 skipped step at step 0, at loss scale 1:" in first.message
+    assert "4 skipped steps since step 0, loss scale stuck at 1" in last.message
 
 
 def test_a_new_cascade_after_a_quiet_stretch_is_a_new_episode() -> None:

@@ -140,3 +140,103 @@ def test_the_reference_gpt_at_a_sound_lr_does_not_stall() -> None:
 
 def test_the_default_engine_runs_stall() -> None:
     assert "stall" in [d.name for d in Engine().detectors]
+
+
+# --- chance level, at any step (issue #32) -------------------------------------------------------
+
+
+def _records(losses: list[float], first: int = 1000, every: int = 10) -> list[StepRecord]:
+    return [StepRecord(first + every * i, {"loss": loss}) for i, loss in enumerate(losses)]
+
+
+def _run(records: list[StepRecord], stall: Stall | None = None) -> list[Finding]:
+    stall = stall or Stall()
+    found = [f for record in records for f in stall.update(record)]
+    return found + stall.finish()
+
+
+def test_a_loss_flat_at_ln_vocab_mid_run_is_a_stall() -> None:
+    """litgpt#689's shape: ``loss 10.8259`` on every iteration, ln(50304) (GPT-2's vocabulary
+    padded): a uniform guess, at any step."""
+    first, last = _run(_records([10.8259] * 23))
+    assert (first.kind, first.step, first.end_step, first.severity) == (
+        "stall",
+        1000,
+        1070,
+        Severity.WARNING,
+    )
+    assert (last.step, last.end_step) == (1000, 1220)  # the same episode, to the end of the log
+    assert first.evidence["outputs"] == 50304
+    assert "ln(50304) = 10.826, the loss of a uniform guess over 50304 tokens" in first.message
+
+
+@pytest.mark.parametrize(
+    ("losses", "outputs"),
+    [
+        ([2.3030, 2.3030, 2.3029, 2.3029, 2.3029, 2.3029, 2.3028, 2.3029], 10),  # fractalnet
+        ([4.6052] * 10, 100),  # CIFAR-100 in Keras
+        ([6.9078, 6.9081, 6.9075, 6.9079] * 3, 1000),  # ImageNet
+        ([10.37, 10.33, 10.36, 10.39, 10.41, 10.35, 10.37, 10.32], 32000),  # within 1%
+        ([11.93, 11.95, 11.91, 11.94, 11.92, 11.96, 11.93, 11.94], 151936),  # Qwen
+    ],
+    ids=["cifar10", "cifar100", "imagenet", "llama", "qwen"],
+)
+def test_each_recognised_count(losses: list[float], outputs: int) -> None:
+    [stall] = _run(_records(losses))[:1]
+    assert stall.evidence["outputs"] == outputs
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [10.8259] * 7,  # seven records: too few
+        [2.30 + 0.01 * (-1) ** i for i in range(12)],  # an LM's plateau at 2.30 +- 0.4%
+        [10.92 - 0.025 * i for i in range(10)],  # a slow fall through the band: learning
+        [10.5 + 0.01 * (-1) ** i for i in range(12)],  # flat, but at no chance level
+        [1.0986] * 12,  # ln(3): no round class count
+        [0.6931] * 12,  # ln(2): DPO's start, GAN equilibria
+    ],
+    ids=["seven", "lm-plateau", "falling", "no-level", "three-classes", "two-classes"],
+)
+def test_what_is_no_chance_level(losses: list[float]) -> None:
+    assert _run(_records(losses)) == []
+
+
+def test_a_warm_up_plateau_near_chance_at_the_start_is_no_stall() -> None:
+    """custom_llm_pretrain_ep_batch's shape, logged more often: a from-scratch LM sits near
+    ln(vocab) while its LR warms up; at the start only a uniform guess (to 0.05%) is a stall."""
+    plateau = [10.984375, 10.976562, 10.984375, 10.914062] * 3
+    assert _run(_records(plateau, first=5, every=5)) == []
+    [stall] = _run(_records([10.8259] * 8, first=5, every=5))
+    assert stall.step == 5
+
+
+def test_silent_at_chance_while_the_lr_is_zero() -> None:
+    records = [StepRecord(100 + i, {"loss": 10.8259, "lr": 0.0}) for i in range(20)]
+    assert _run(records) == []
+
+
+def test_the_vocabulary_the_log_states() -> None:
+    """ln(5000) = 8.517 is no common size; a log that states ``vocab_size`` 5000 makes it one."""
+    losses = [8.52, 8.51, 8.53, 8.52, 8.50, 8.52, 8.53, 8.51]
+    assert _run(_records(losses)) == []
+    records = _records(losses)
+    records[0] = StepRecord(records[0].step, {"loss": losses[0], "vocab_size": 5000.0})
+    [stall] = _run(records)
+    assert "uniform guess over 5000 tokens or classes (as the log states)" in stall.message
+
+
+def test_a_chance_stretch_that_ends_says_where() -> None:
+    losses = [2.3026] * 10 + [1.9, 1.7, 1.5]
+    first, last = _run(_records(losses, first=0, every=100))
+    assert (first.end_step, last.end_step) == (700, 900)
+    assert "to the end" not in last.message
+
+
+def test_chance_state_round_trip() -> None:
+    first, second = Stall(), Stall()
+    records = _records([4.6052] * 12)
+    for record in records[:5]:
+        first.update(record)
+    second.load_state_dict(first.state_dict())
+    assert [f.step for f in _run(records[5:], second)] == [1000, 1000]

@@ -15,13 +15,23 @@ REAL = ROOT / "tests" / "fixtures" / "real" / "logs"
 
 
 def test_markdown_and_source_are_documents() -> None:
-    assert document_kind(["# Title", "", "```text", "step 1 loss nan", "```"]) == (
+    two = ["## A", "see [x](y)", "## B", "some text", "more text", "step 1 loss 2"]
+    assert document_kind(two) == "a markdown document"
+    readme = ["# Tool", "Install it, see [docs](d).", "## Use", "```", "tool run", "```"]
+    assert document_kind([*readme, "some prose", "more prose", "step 1 loss 2"]) == (
         "a markdown document"
     )
-    assert document_kind(["## A", "see [x](y)", "## B", "step 1 loss 2"]) == "a markdown document"
     assert document_kind(["import math", "from x import y", "print('step 1 loss nan')"]) == (
         "Python source code"
     )
+
+
+def test_a_fenced_log_is_no_document() -> None:
+    """A log is told apart from a README by its training records, not by its fences: a
+    fenced paste (issue #32: refused as markdown) and an issue with headings around its log."""
+    assert document_kind(["# Title", "", "```text", "step 1 loss nan", "```"]) is None
+    issue = ["### Bug", "see [x](y)", "### Logs", "```", *(f"step {i} loss 2" for i in range(5))]
+    assert document_kind(issue) is None
 
 
 def test_logs_are_no_documents() -> None:

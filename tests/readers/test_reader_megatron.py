@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from reader_cases import (
     findings,
@@ -15,6 +16,7 @@ from reader_cases import (
     serious,
 )
 
+from stabilizer.replay.diagnose import diagnose
 from stabilizer.replay.readers import Note
 
 OLD = (
@@ -67,12 +69,28 @@ def test_a_record_over_several_lines_is_one_record() -> None:
     )
     first, second = parse("megatron", text, [])
     assert first.step == 5 and math.isnan(first.values["grad_norm"])
-    assert (first.values["lr"], first.values["loss_scale"], first.values["skipped"]) == (
-        1.35e-4,
-        1.0,
-        0.0,
-    )
+    assert (first.values["lr"], first.values["skipped"]) == (1.35e-4, 0.0)
+    assert "loss_scale" not in first.values  # 1.0 and never moved: no fp16 scaler
     assert second.step == 6 and second.values == {"loss": 2.5}
+
+
+def test_a_loss_scale_that_never_leaves_one_is_no_scaler() -> None:
+    """Issue #33: a bf16 run (``loss scale: 1.0`` on every line) with NaN iterations is no fp16
+    overflow cascade; its scale is left out, with a note, until it moves (fp16 after all)."""
+    bf16 = OLD.replace("loss scale: 4096.0", "loss scale: 1.0")
+    nan = bf16.replace("lm loss: 3.141593E+00 | ", "").replace(
+        "skipped iterations:   0 | number of nan iterations:   0",
+        "skipped iterations:  10 | number of nan iterations:  10",
+    )
+    lines = [bf16.replace(" 100/", f" {step}/") for step in range(100, 600, 100)]
+    lines += [nan.replace(" 100/", f" {step}/") for step in range(600, 1100, 100)]
+    notes: list[Note] = []
+    recs = parse("megatron", "\n".join(lines) + "\n", notes)
+    assert all("loss_scale" not in r.values for r in recs)
+    assert any("no fp16 scaler" in note.message for note in notes)
+    assert kinds(findings(recs)) == {"nonfinite_loss"}
+    moved = parse("megatron", OLD.replace("4096.0", "2.0") + "\n" + bf16 + "\n")
+    assert [r.values["loss_scale"] for r in moved] == [2.0, 1.0]  # a scaler, at its floor
 
 
 def test_healthy_fixture() -> None:
@@ -120,3 +138,31 @@ def test_layout_changes_restarts_and_odd_values() -> None:
     assert math.isnan(recs[7].values["loss"])
     assert recs[8].values["grad_norm"] == math.inf and "loss" not in recs[8].values
     assert recs[9].values["loss"] == 3.141593
+
+
+def test_the_padded_vocabulary_rides_on_the_next_record() -> None:
+    """``> padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)``: chance level is
+    ln of the vocabulary (`Stall`); the first record carries it, once."""
+    text = " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)\n" + OLD + "\n"
+    text += OLD.replace("100/", "200/") + "\n"
+    first, second = parse("megatron", text)
+    assert first.values["vocab_size"] == 50257
+    assert "vocab_size" not in second.values
+
+
+def test_a_bf16_nan_stretch_is_no_overflow_and_no_advice_to_switch_to_bf16(tmp_path: Path) -> None:
+    """Issue #33: a bf16 Megatron run (``loss scale: 1.0`` on every line) with NaN iterations:
+    a NaN stretch, never "an fp16 overflow cascade, loss scale 1 -> 1 ... switch to bf16"."""
+    bf16 = OLD.replace("loss scale: 4096.0", "loss scale: 1.0")
+    nan = bf16.replace("lm loss: 3.141593E+00 | ", "").replace(
+        "skipped iterations:   0 | number of nan iterations:   0",
+        "skipped iterations:  10 | number of nan iterations:  10",
+    )
+    lines = [bf16.replace(" 100/", f" {step}/") for step in range(100, 1100, 100)]
+    lines += [nan.replace(" 100/", f" {step}/") for step in range(1100, 1700, 100)]
+    lines += [bf16.replace(" 100/", f" {step}/") for step in range(1700, 2000, 100)]
+    path = tmp_path / "bf16.log"
+    path.write_text("\n".join(lines) + "\n")
+    found = [item.finding for item in diagnose(str(path)).findings]
+    assert {f.kind for f in found} == {"nonfinite_loss"}
+    assert not any("bf16" in f.message or "overflow" in f.message for f in found)

@@ -659,3 +659,55 @@ def test_a_signals_nan_with_trailing_junk_is_a_nan_a_timers_is_no_value() -> Non
     (record,) = records("step 7 loss: nanxxx grad_norm: 1.5 step_avg:nanms")
     assert math.isnan(record.values["loss"]) and record.values["grad_norm"] == 1.5
     assert "step_avg" not in record.values
+
+
+@pytest.mark.parametrize(
+    ("line", "vocab"),
+    [
+        ("{'model_name': 'pythia-70m', 'vocab_size': 50254, 'padded_vocab_size': 50304}", 50304),
+        ("found vocab_size = 65 (inside data/shakespeare_char/meta.pkl)", 65),  # nanoGPT
+        ("Vocabulary size: 32000", 32000),
+        ("vocab is 1000 words", 1000),
+    ],
+)
+def test_a_stated_vocabulary_rides_on_the_next_record(line: str, vocab: int) -> None:
+    """Chance level is ln of the vocabulary: the first record after a line that states it
+    carries it (``vocab_size``), once."""
+    first, second = records(f"{line}\niter 1: loss 4.17\niter 2: loss 4.16\n")
+    assert first.values["vocab_size"] == vocab
+    assert "vocab_size" not in second.values
+
+
+def test_no_vocabulary_without_its_number() -> None:
+    text = "defaulting to vocab_size of GPT-2 to 50304\niter 1: loss 4.17\n"
+    assert "vocab_size" not in records(text)[0].values
+
+
+def test_a_line_that_names_only_its_epoch_goes_with_the_counted_records() -> None:
+    """fairseq's ``| epoch 003 | valid on 'valid' subset | valid_loss ...`` after a summary at
+    ``num_updates 1101``: no step 3 (no restart); it joins the record above it."""
+    text = (
+        "| epoch 001 | loss 8.7 | num_updates 367 | loss_scale 256\n"
+        "| epoch 001 | valid on 'valid' subset | valid_loss 8.2 | valid_nll_loss 6.9\n"
+        "| epoch 002 | loss 8.4 | num_updates 734 | loss_scale 128\n"
+        "| epoch 002 | valid on 'valid' subset | valid_loss 7.9 | valid_nll_loss 6.8\n"
+    )
+    found = items(text)
+    assert not any(isinstance(item, Restart) for item in found)
+    assert [(r.step, r.values["loss"], r.values["val_loss"]) for r in records(text)] == [
+        (367, 8.7, 8.2),
+        (734, 8.4, 7.9),
+    ]
+
+
+def test_an_epoch_log_that_goes_back_still_restarts() -> None:
+    text = "Epoch 5: loss 2.1\nEpoch 6: loss 2.0\nEpoch 3: loss 2.4\nEpoch 4: loss 2.3\n"
+    assert [item.step for item in items(text) if isinstance(item, Restart)] == [3]
+
+
+def test_held_out_parts_are_no_training_loss() -> None:
+    """A validation line's ``valid_nll_loss`` or ``val/box_loss`` is no part of the loss."""
+    [record] = records("step 5 val_loss 2.2 valid_nll_loss 1.9 val/box_loss 0.3\n")
+    assert "loss" not in record.values
+    [parts] = records("step 5 box_loss 0.3 cls_loss 0.2 val/box_loss 0.4\n")
+    assert parts.values["loss"] == 0.5

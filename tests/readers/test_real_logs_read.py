@@ -214,6 +214,20 @@ SEEN = {
     "megatron_deepspeed_issue396_gradnorm_nan_no_loss": seen(
         3, (5426, 5428), GNORM, LR, SCALE, nan=(5426, GNORM)
     ),
+    # fourth hunt (issue #32): chance level, runs broken from the start, short cascades
+    # Keras: 50000 samples an epoch, epochs 34-42
+    "keras_fractalnet_issue3_chance_level_stall": seen(
+        9, (33 * 50000 + 50000, 41 * 50000 + 50000), LOSS, VAL
+    ),
+    # two iterations an optimizer step: 23 lines, steps 38-49 (each step twice)
+    "litgpt_issue689_loss_at_ln_vocab": seen(23, (38, 49), LOSS),
+    "openpi_issue814_loss_1e8_gradnorm_1e6": seen(17, (5900, 7500), LOSS, GNORM),
+    # overflow lines without a step: positions 1-14 (the bar between them counts iterations)
+    "stylegan2_issue100_apex_cascade": seen(14, (1, 14), SCALE, SKIP),
+    # epoch summaries at num_updates; each valid line (its epoch only) joins its summary
+    "fairseq_issue506_epoch_summaries_healthy": seen(
+        4, (17604, 18705), LOSS, GNORM, LR, SCALE, VAL
+    ),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).

@@ -15,6 +15,7 @@ from stabilizer.core.kinds import detector_names
 
 from .base import Detector
 from .depth_imbalance import DepthImbalance
+from .diverged import Diverged
 from .fp16_overflow import Fp16Overflow
 from .grad_spike import GradSpike
 from .loss_spike import LossSpike
@@ -26,6 +27,7 @@ __all__ = [
     "DETECTORS",
     "DepthImbalance",
     "Detector",
+    "Diverged",
     "Fp16Overflow",
     "GradSpike",
     "LossSpike",

@@ -15,13 +15,15 @@ from .base import check_at_least
 __all__ = ["Fp16Overflow"]
 
 _FRESH = 2.0**15  # a fresh scaler halves from 65536 (torch, DeepSpeed) or 2^32: 32768 and up
+_SETTLED = 16.0  # a fresh scaler's calibration never ends at or below this (see `_cascade`)
 
 
 class Fp16Overflow:
     """An fp16 overflow cascade: the dynamic loss scaler cannot find a scale that works.
 
     Requires: ``loss_scale``; ``skipped`` (else a falling scale counts as a skipped step).
-    Rule: a skip with ≥ `cascade` skips in a row, scale ÷ 2^`drop_pow` in `window`, or ≤ `floor`.
+    Rule: a skip with ≥ `cascade` skips in a row, scale ÷ 2^`drop_pow` in `window`, or ≤ `floor`;
+    before the first good step, ≥ `cascade` skips in a row from a fresh scale (2^14+) to ≤ 16.
 
     A scaler probes: it doubles its scale every N good steps and halves it on an overflow, skipping
     that step. An isolated skip with the scale holding is therefore healthy and stays silent. So
@@ -30,7 +32,8 @@ class Fp16Overflow:
     unless the log's own steps say the run is past start-up (`startup` steps: from 2^32 a scaler
     halves to 1 in 32 steps) and no scale of a fresh scaler (2^15 or more) has been seen, as an
     excerpt shows that begins hundreds of steps in (a resumed run whose scaler starts afresh
-    calibrates from 65536 again: that stays calibration). The
+    calibrates from 65536 again: that stays calibration), or they take a fresh scaler's scale
+    down to 16 or below, where no calibration ends. The
     finding is emitted when the cascade is recognised (the run may never leave it); later skips
     extend the episode silently, and `quiet` good records in a row close it. An episode that
     grew after it was reported gets a closing finding with the same start and the final count:
@@ -103,12 +106,18 @@ class Fp16Overflow:
 
     def _cascade(self, scale: float) -> int | None:
         """Where in the window the cascade begins (the record before its first skip, or the
-        window's first record), when this skip makes one; else None."""
+        window's first record), when this skip makes one; else None.
+
+        Before the first good step the skips are start-up calibration, unless they take a fresh
+        scaler's scale (an overflow line names it halved: 16384 and up) down to `_SETTLED` or
+        below: calibration finds a scale where gradients fit fp16 long before that (stylegan2-
+        pytorch#100: apex halving from 16384 to 2, skip after skip)."""
         window = self._window
         if scale <= self.floor or (self._calibrated and self._run >= self.cascade):
             return max(len(window) - self._run - 1, 0)  # the run of skips ending here
         if not self._calibrated:
-            return None
+            past = scale <= _SETTLED and self._top >= _FRESH / 2 and self._run >= self.cascade
+            return max(len(window) - self._run - 1, 0) if past else None
         scales = [s for _, s, _ in window]
         top = max(scales)
         if top < self.drop * scale:
@@ -129,12 +138,15 @@ class Fp16Overflow:
         start, count = episode["start"], episode["skips"]
         since = f"{count} skipped steps since step" if count > 1 else "1 skipped step at step"
         top, low = episode["scale_start"], episode["scale_min"]
+        scale = f"loss scale {top:g} -> {low:g}"  # (a scale that never moved: where it stays)
+        if top == low:
+            scale = f"loss scale stuck at {low:g}" if count > 1 else f"at loss scale {low:g}"
         return Finding(
             kind=FP16_OVERFLOW,
             step=start,
             end_step=episode["last"],
             severity=severity,
-            seen=f"fp16 overflow cascade: {since} {start}, loss scale {top:g} -> {low:g}{outcome}",
+            seen=f"fp16 overflow cascade: {since} {start}, {scale}{outcome}",
             evidence={"skips": count, "scale_start": top, "scale_min": low},
             remedies=kind_of(FP16_OVERFLOW).remedies,
             advice="" if outcome else "train in bf16 or run LayerNorm/softmax in fp32",

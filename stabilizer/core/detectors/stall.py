@@ -1,4 +1,5 @@
-"""`Stall`: a run that never learns, its loss still where it started after the first steps."""
+"""`Stall`: a run that never learns: its loss still where it started after the first steps, or
+flat at chance level (ln of a vocabulary or class count) at any step."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any, ClassVar
 
 from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import LOSS, LR
+from stabilizer.core.signals import LOSS, LR, VOCAB_SIZE
 
+from ._chance import ChanceWatch
 from ._robust import median
 from .base import check_at_least, check_fraction
 
@@ -23,11 +25,16 @@ _LOW = 20  # the losses whose median says how low the loss has been (noise avera
 class Stall:
     """A run that never learns: the loss stays where it started, or at chance level.
 
-    Requires: ``loss``; ``lr`` when logged.
+    Requires: ``loss``; ``lr`` and ``vocab_size`` when logged.
     Rule: at step `steps` (after any LR warm-up), the median of the last 5 losses, and the median
     of every 20 consecutive losses so far, have stayed within `tolerance` of the first 5 (or of
     ln(`vocab_size`) when known), over at least 10 losses, while the LR is non-zero. A loss that
     fell and came back up is a divergence (`LossSpike`'s), not a stall.
+    Rule (chance level, at any step): 8 losses in a row flat at ln(N), the loss of a uniform
+    guess over N outputs: a common tokenizer size within 1%, a round class count (10, 100, 1000)
+    within 0.2%, the vocabulary the log states within 1%; at the start of training, before step
+    `steps`, within 0.05% (`_chance`); with no fall from the first four to the last four, while
+    the LR (when logged) is non-zero.
 
     A language model at initialisation predicts about uniformly: its loss is ln(vocab) (5.55 for
     bytes, 10.8 for GPT-2's 50k tokens), and any model that learns leaves it within a few hundred
@@ -39,6 +46,11 @@ class Stall:
     runs once, and only on a stream that starts at the beginning of training (its first step
     within the first quarter of `steps`): a resumed run or an excerpt from mid-run is not judged.
     One ``stall`` (WARNING) from the first step to the step of the decision.
+
+    Chance level needs no start in view: a model whose loss is ln(N) to the second or third digit,
+    record after record, gives every token or class the same probability whatever the input, at
+    step 40 as at step 40,000. Each such stretch is one ``stall`` (WARNING) from its first record
+    on; then the start rule has nothing more to say.
 
     Args:
         steps: Steps of training after which a loss still at its start is a stall.
@@ -66,17 +78,34 @@ class Stall:
         self._count = 0  # finite losses seen
         self._lr: float | None = None  # the latest LR
         self._rising = False  # whether the LR rose since the record before: warm-up
+        self._stated: float | None = None  # the vocabulary the log states
+        self._chance = ChanceWatch()
 
     def update(self, record: StepRecord) -> list[Finding]:
-        if self._done:
-            return []
-        self._note_lr(record.values.get(LR))
-        loss = record.values.get(LOSS)
+        values = record.values
+        if LR in values:
+            self._note_lr(values[LR])
+        if VOCAB_SIZE in values:
+            self._stated = values[VOCAB_SIZE]
+        loss = values.get(LOSS)
         if loss is None or not math.isfinite(loss):
             return []
         if self._first_step is None:
             self._first_step = record.step
             self._done = record.step > self.steps // 4  # the start of training is not in view
+        found = [] if self._done else self._from_start(record.step, loss)
+        if found:  # a stall from the first step on: one report is enough
+            self._chance.silenced = True
+            return found
+        if self._lr == 0.0 or self._chance.silenced:
+            return []
+        start = not self._done and record.step < self.steps
+        found = self._chance.update(record.step, loss, self._stated or self.vocab_size, start)
+        self._done = self._done or bool(found)  # (at chance level: the start rule adds nothing)
+        return found
+
+    def _from_start(self, step: int, loss: float) -> list[Finding]:
+        """The start rule: count ``loss``; at step `steps`, decide (once)."""
         if len(self._first) < _SAMPLE:
             self._first.append(loss)
         self._last.append(loss)
@@ -84,13 +113,13 @@ class Stall:
         self._recent.append(loss)
         if len(self._recent) == _LOW:
             self._lowest = min(self._lowest, median(self._recent))
-        if record.step < self.steps or len(self._first) < _SAMPLE or self._rising:
+        if step < self.steps or len(self._first) < _SAMPLE or self._rising:
             return []
         self._done = True
-        return self._decide(record.step)
+        return self._decide(step)
 
-    def _note_lr(self, lr: float | None) -> None:
-        if lr is not None and math.isfinite(lr):
+    def _note_lr(self, lr: float) -> None:
+        if math.isfinite(lr):
             self._rising = self._lr is not None and lr > self._lr
             self._lr = lr
 
@@ -126,7 +155,7 @@ class Stall:
         return [finding]
 
     def finish(self) -> list[Finding]:
-        return []
+        return self._chance.finish()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +168,8 @@ class Stall:
             "recent": list(self._recent),
             "lowest": None if math.isinf(self._lowest) else self._lowest,
             "count": self._count,
+            "stated": self._stated,
+            "chance": self._chance.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -151,3 +182,8 @@ class Stall:
         lowest = state.get("lowest")
         self._lowest = math.inf if lowest is None else float(lowest)
         self._count = int(state.get("count", len(self._first)))
+        stated = state.get("stated")
+        self._stated = None if stated is None else float(stated)
+        self._chance = ChanceWatch()
+        if "chance" in state:
+            self._chance.load_state_dict(state["chance"])

@@ -13,7 +13,15 @@ import re
 
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 
-__all__ = ["NUM", "OVERFLOW_NEEDS", "Overflow", "overflow_in", "overflow_of", "printed_again"]
+__all__ = [
+    "NUM",
+    "OVERFLOW_NEEDS",
+    "Overflow",
+    "overflow_in",
+    "overflow_of",
+    "printed_again",
+    "vocab_of",
+]
 
 NUM = (  # possessive: a number is taken whole or not at all ("308500ms" fails at once);
     # thousands separators ("41,943,040": groups of three after a first digit that is no 0)
@@ -80,3 +88,16 @@ def _overflow(low: str) -> dict[str, float]:
         power = float(lg[1].replace(",", ""))  # (kept too: below 2^-1074 every scale is the same 0)
         return {SKIPPED: 1.0, LOSS_SCALE: 2.0 ** max(min(power, 1000.0), -1075.0), _LG: power}
     return {SKIPPED: 1.0}
+
+
+_VOCAB = re.compile(
+    r"vocab(?:ulary)?(?:[_ ]?size)?['\"]?\s*(?:[:=]|\(size:|is)\s*(\d{2,7})\b", re.IGNORECASE
+)
+
+
+def vocab_of(line: str) -> float | None:
+    """The vocabulary a line states, the largest if several (a padded one): litgpt's
+    ``'vocab_size': 50254, ..., 'padded_vocab_size': 50304``, Megatron's ``padded vocab (size:
+    50257)``, ``vocab_size = 32000``; else None."""
+    found = [int(number) for number in _VOCAB.findall(line)] if "ocab" in line else []
+    return float(max(found)) if found else None

@@ -147,6 +147,10 @@ class BaseReader:
     """
 
     format: ClassVar[str] = ""
+    prefixed: ClassVar[bool] = False
+    """Whether it finds its lines anywhere in a line, behind whatever prefix a logger writes
+    (a time, a level): then `read_log` leaves a logger's prefix on; for the others it takes
+    one that every line has off (see `_paste`)."""
 
     def __init__(self, notes: list[Note] | None = None) -> None:
         self.notes: list[Note] = [] if notes is None else notes

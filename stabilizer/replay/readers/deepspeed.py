@@ -43,6 +43,7 @@ class DeepSpeedReader(BaseReader):
     """Reads DeepSpeed console logs (see the module docstring)."""
 
     format: ClassVar[str] = "deepspeed"
+    prefixed: ClassVar[bool] = True  # its lines are found with `search`
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:

@@ -4,11 +4,14 @@ Lines read (``--log-format simple`` and ``json``, with or without the hydra-era 
 
     2024-01-01 12:00:00 | INFO | train_inner | epoch 001:    100 / 1000 loss=9.123, nll_loss=9.0,
         ppl=512, wps=..., num_updates=100, lr=0.0005, gnorm=1.234, clip=0, loss_scale=128, ...
+    2024-01-01 12:00:00 | INFO | train | epoch 001 | loss 9.123 | ... | num_updates 1000 | ...
+    | epoch 048 | loss 3.633 | nll_loss 1.932 | ... | num_updates 17604 | ... | loss_scale 2.000
     2024-01-01 12:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring
         gradient, setting loss scale to: 32.0
 
 The step is ``num_updates``; the loss is in base 2 (noted and kept); fields are interval
-averages. An overflow is a skipped update at twice the scale announced; the minimum-scale error
+averages (an epoch's summary line: its means, at its last update). An overflow is a skipped
+update at twice the scale announced; the minimum-scale error
 ends the run. What the fields mean is written once: `_train`, `_valid` and `_scaler`. More:
 docs/readers.md.
 """
@@ -40,11 +43,15 @@ _KEYS = {  # train_inner names → keys; ``num_updates`` is the step
     "loss_scale": LOSS_SCALE,
 }
 _NAMES = ("num_updates", *_KEYS)
+_SUMMARY = re.compile(r"\|\s*(?:train\s*\|\s*)?epoch \d+\s*\|(?!\s*valid)")  # an epoch's means
 _VALID = re.compile(r"\|\s*valid\s*\|")
 _VALID_PAIR = re.compile(r"\|\s*(\w+) ([^|\s]+)")
 _OVERFLOW = re.compile(r"overflow detected.{0,80}?loss scale to:? ?" + _NUMBER)
 _MINIMUM = re.compile(r"Minimum loss scale reached \(" + _NUMBER)
-_STRONG = re.compile(r"\|\s*train_inner\s*\||\|\s*epoch \d+:\s*\d+\s*/\s*\d+\s+loss=")
+_STRONG = re.compile(
+    r"\|\s*train_inner\s*\||\|\s*epoch \d+:\s*\d+\s*/\s*\d+\s+loss="
+    r"|\|\s*epoch \d+\s*\|\s*loss \S+\s*\|\s*nll_loss "  # an epoch's summary, before hydra
+)
 _WEAK = re.compile(r"fairseq|\| INFO \| (?:train|valid) \|")
 Parsed = tuple[int | None, dict[str, float]]  # (num_updates or None, values)
 
@@ -53,6 +60,7 @@ class FairseqReader(BaseReader):
     """Reads fairseq training logs (see the module docstring)."""
 
     format: ClassVar[str] = "fairseq"
+    prefixed: ClassVar[bool] = True  # its lines are found with `search`
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -61,9 +69,10 @@ class FairseqReader(BaseReader):
         return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        segments, noted = Segments(), False
+        segments, noted, inner = Segments(), False, False
         for lineno, line in numbered_lines(stream, self.notes):
-            step, values = _parsed(line)
+            step, values = _parsed(line, summaries=not inner)
+            inner = inner or (step is not None and _INNER.search(line) is not None)
             if step is None:
                 if values:  # an overflow: the update that was tried is the next one
                     yield self._overflow(max(segments.last or 0, 0) + 1, values, lineno)
@@ -84,12 +93,19 @@ class FairseqReader(BaseReader):
         return StepRecord(step, values)
 
 
-def _parsed(line: str) -> Parsed:
-    """``(num_updates, signal values)`` of a train_inner or valid line; an overflow's fields."""
+def _parsed(line: str, summaries: bool = True) -> Parsed:
+    """``(num_updates, signal values)`` of a train_inner, epoch summary or valid line; an
+    overflow's fields. An epoch's summary is read only with ``summaries`` (no train_inner line
+    seen yet: its means over the epoch would repeat what those lines said, less sharply)."""
     found = _INNER.search(line)
     if found is None:
         scaler = _scaler(line)
-        return (None, scaler) if scaler else _valid(line)
+        if scaler:
+            return None, scaler
+        summary = _SUMMARY.search(line) if "epoch" in line else None
+        if summary is None:
+            return _valid(line)
+        return _train(dict(_VALID_PAIR.findall(line))) if summaries else (None, {})
     if line.startswith("{", found.end()):  # ``--log-format json``
         try:
             data = json.loads(line[found.end() :])

@@ -9,7 +9,8 @@ step: a record takes the count of the training bar printed since the record befo
 [``), else counts on; a dict's own ``step`` wins; eval dicts land on the current step; the final
 summary is skipped. The Trainer hides NaN losses by default (``logging_nan_inf_filter``):
 `HiddenNan` notes the traces. Overflow lines of DeepSpeed or apex among the dicts are skipped
-steps (`_shapes`). The rules in full: docs/readers.md.
+steps (`_shapes`); so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
+at the first steps (`Probing`). The rules in full: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from ._keys import KeyMap
 from ._lines import Segments, numbered_lines
+from ._probing import Probing
 from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
 
@@ -79,6 +81,7 @@ class HfTrainerReader(BaseReader):
     """Reads the console output of a Hugging Face ``Trainer`` run (see the module docstring)."""
 
     format: ClassVar[str] = "hf_trainer"
+    prefixed: ClassVar[bool] = True  # its lines are found with `search`
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -88,6 +91,7 @@ class HfTrainerReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _Steps()
+        probing = Probing(self)
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
         for lineno, line in numbered_lines(stream, self.notes):
             if " [" in line and "/" in line:
@@ -111,9 +115,19 @@ class HfTrainerReader(BaseReader):
                 self.note("format", "HF console dicts carry no step: records count log lines")
             restart = segments.restart(step, lineno)
             if restart is not None:
+                yield from _checked(probing.flush(), hidden)
                 yield restart
-            hidden.check(step, values, lineno)
-            yield StepRecord(step, values)
+            yield from _checked(probing.take(StepRecord(step, values)), hidden, lineno)
+        yield from _checked(probing.flush(), hidden)
+
+
+def _checked(
+    records: list[StepRecord], hidden: HiddenNan, line: int | None = None
+) -> list[StepRecord]:
+    """``records``, each looked at for hidden NaN losses on its way out."""
+    for record in records:
+        hidden.check(record.step, record.values, line)
+    return records
 
 
 class _Steps:

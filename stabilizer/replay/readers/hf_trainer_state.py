@@ -8,6 +8,8 @@ through the shared aliases (``loss``, ``grad_norm``, ``learning_rate``), others 
 final summary entry (``train_runtime``; its ``train_loss`` is the run's mean) is skipped. Entries
 of the same step next to each other (train, then eval) merge into one record. NaN is written as
 ``NaN`` and read as such; hidden NaN losses are noted as for the console (see `HiddenNan`).
+The fp16 scaler's start-up probing (``grad_norm: NaN`` at the first steps, the loss finite) is
+read as skipped steps (`Probing`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from stabilizer.core.records import StepRecord
 
 from ._keys import KeyMap
 from ._lines import Segments, text_lines
+from ._probing import Probing
 from .base import BaseReader, Item
 from .hf_trainer import HiddenNan
 
@@ -42,7 +45,7 @@ class HfTrainerStateReader(BaseReader):
         return 0.5 if text.startswith("{") and '"best_metric"' in "".join(head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        keys, hidden, segments = KeyMap(), HiddenNan(self), Segments()
+        keys, hidden, segments, probing = KeyMap(), HiddenNan(self), Segments(), Probing(self)
         step, raw = None, {}  # type: int | None, dict[str, float]
         for entry in self._entries(stream):
             new = entry.pop("step", None)
@@ -53,17 +56,15 @@ class HfTrainerStateReader(BaseReader):
                 raw.update(numbers)
                 continue
             if step is not None:
-                yield self._record(step, keys.values(raw), hidden)
+                yield from _checked(probing.take(StepRecord(step, keys.values(raw))), hidden)
             restart = segments.restart(new, None)
             if restart is not None:
+                yield from _checked(probing.flush(), hidden)
                 yield restart
             step, raw = new, numbers
         if step is not None:
-            yield self._record(step, keys.values(raw), hidden)
-
-    def _record(self, step: int, values: dict[str, float], hidden: HiddenNan) -> StepRecord:
-        hidden.check(step, values, None)
-        return StepRecord(step, values)
+            yield from _checked(probing.take(StepRecord(step, keys.values(raw))), hidden)
+        yield from _checked(probing.flush(), hidden)
 
     def _entries(self, stream: IO[bytes]) -> Iterator[dict[str, Any]]:
         """The dicts of ``log_history``, one at a time, as soon as each is complete."""
@@ -108,6 +109,13 @@ class HfTrainerStateReader(BaseReader):
                 return entries, buf, False
             entries.append(entry)
             buf = buf[end:]
+
+
+def _checked(records: list[StepRecord], hidden: HiddenNan) -> list[StepRecord]:
+    """``records``, each looked at for hidden NaN losses on its way out."""
+    for record in records:
+        hidden.check(record.step, record.values, None)
+    return records
 
 
 def _number(value: Any) -> bool:

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED, VOCAB_SIZE
 
 from ._lines import IDLE, Segments, numbered_lines
+from ._shapes import vocab_of
 from .base import BaseReader, Item
 
 __all__ = ["MegatronReader"]
@@ -35,6 +36,7 @@ _KEYS = {  # the labels read → their keys
     "learning rate": LR,
     "number of skipped iterations": "skipped_iterations",
     "number of nan iterations": "nan_iterations",
+    VOCAB_SIZE: VOCAB_SIZE,  # (``padded vocab (size: N)`` above, on the next record)
 }
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
@@ -94,6 +96,9 @@ class MegatronReader(BaseReader):
     """Reads Megatron-LM console logs; one record per logged interval (see the module doc)."""
 
     format: ClassVar[str] = "megatron"
+    _interval = 0  # the log interval, once known
+    _scaled = False  # whether a loss scale other than 1.0 was printed: an fp16 scaler
+    _fixed = False  # whether the constant scale of 1.0 was noted
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -102,35 +107,57 @@ class MegatronReader(BaseReader):
         return 0.4 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        segments, interval = Segments(), 0  # the log interval, once known
+        segments, self._interval, self._scaled, self._fixed = Segments(), 0, False, False
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
+        stated: float | None = None  # the vocabulary a line stated, for the next record
         for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
-                yield StepRecord(step, _values(fields))
+                yield self._record(step, fields)
                 fields = {}
             match = _ITERATION.search(line) if "iteration" in line else None
             if match is None:
                 if fields and _more(fields, line):  # the record goes on on this line
                     continue
+                stated = vocab_of(line) or stated
                 if fields:
-                    yield StepRecord(step, _values(fields))
+                    yield self._record(step, fields)
                     fields = {}
                 segments.other(line)
                 continue
             if fields:
-                yield StepRecord(step, _values(fields))
+                yield self._record(step, fields)
             step, last = int(match[1]), segments.last
             restart = segments.restart(step, lineno)
             if restart is not None:
                 yield restart
-            elif not interval and last is not None and 0 <= last < step:
-                interval = step - last
-                self._note_interval(interval, lineno)
+            else:
+                self._note_interval(last, step, lineno)
             fields = _fields(line[match.end() :]) or {"iteration": match[1]}
+            if stated is not None:
+                fields[VOCAB_SIZE], stated = str(stated), None
         if fields:
-            yield StepRecord(step, _values(fields))
+            yield self._record(step, fields)
 
-    def _note_interval(self, interval: int, lineno: int) -> None:
+    def _record(self, step: int, fields: dict[str, str]) -> StepRecord:
+        """The record of an interval's fields. A loss scale of 1.0 on every line so far is no
+        fp16 scaler: Megatron prints 1.0 in bf16 and fp32, where skipped iterations are the
+        run's own NaN skips, so it is left out (with a note) until it moves."""
+        values = _values(fields)
+        scale = values.get(LOSS_SCALE)
+        if scale is not None and scale != 1.0:
+            self._scaled = True
+        elif scale is not None and not self._scaled:
+            del values[LOSS_SCALE]
+            if not self._fixed:
+                self._fixed = True
+                self.note("format", "loss scale 1.0 on every line: no fp16 scaler (bf16 or fp32)")
+        return StepRecord(step, values)
+
+    def _note_interval(self, last: int | None, step: int, lineno: int) -> None:
+        """Note the log interval once: the steps between the first two records in a row."""
+        if self._interval or last is None or not 0 <= last < step:
+            return
+        self._interval = interval = step - last
         self.note(
             "format",
             f"Megatron losses are averages over the log interval of {interval} iterations, "

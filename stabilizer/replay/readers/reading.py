@@ -19,6 +19,7 @@ from pathlib import Path
 from ._lines import text_lines
 from ._rundir import find_logs
 from ._source import Source, is_binary, open_source
+from ._unwrap import head_paste, unwrapped, unwrapped_head
 from .base import BaseReader, Item, LogReadError, Note, add_note
 from .csv_table import CsvTableReader
 from .deepspeed import DeepSpeedReader
@@ -72,19 +73,45 @@ def detect_format(source: str | Path | Iterable[str]) -> str:
             return find_logs(Path(source), "auto", [])[0]
         opened = open_source(source)
         try:
-            return _detect(opened)
+            opened, format = _prepared(opened, "auto", [])
+            return format
         finally:
             _close([opened])
     lines = [line[:SNIFF_WIDTH] for line in source]
     return _by_lines(lines[:SNIFF_LINES], lines)
 
 
-def _detect(source: Source) -> str:
-    if TensorBoardReader.sniff_bytes(source.head, source.name) > 0.5:
-        return TensorBoardReader.format
+def _prepared(source: Source, format: str, notes: list[Note]) -> tuple[Source, str]:
+    """The format of a log (detected for ``auto``), and the log as its reader reads it: a pasted
+    log without its wrapper (`Paste`). A logger's prefix stays on for a reader that finds its
+    lines behind one (`BaseReader.prefixed`).
+
+    Raises:
+        LogReadError: Binary data that is no event file.
+    """
+    if format == TensorBoardReader.format or (
+        format == "auto" and TensorBoardReader.sniff_bytes(source.head, source.name) > 0.5
+    ):
+        return source, TensorBoardReader.format
     if is_binary(source.head):
-        raise LogReadError(f"{source.name}: binary data, neither a text log nor an event file")
-    lines = text_lines(io.BytesIO(source.head), [])
+        what = "neither a text log nor an event file" if format == "auto" else f"not a {format} log"
+        raise LogReadError(f"{source.name}: binary data, {what}")
+    paste = head_paste(source.head)
+    if paste is not None and paste.markup() != paste:
+        markup = paste.markup()
+        outer = _format_of(unwrapped_head(source.head, markup) if markup else source.head)
+        if READERS[outer if format == "auto" else format].prefixed:
+            paste = markup
+    if paste is not None:
+        source = unwrapped(source, paste)
+        if paste.markup() is not None:
+            add_note(notes, Note("source", f"read as pasted: {paste.what} taken off the lines"))
+    return source, _format_of(source.head) if format == "auto" else format
+
+
+def _format_of(head: bytes) -> str:
+    """The format of a text log's first bytes."""
+    lines = text_lines(io.BytesIO(head), [])
     meaningful = [line[:SNIFF_WIDTH] for line in lines if _meaningful(line)]
     return _by_lines(meaningful[:SNIFF_LINES], meaningful)
 
@@ -136,10 +163,7 @@ def read_log(
         files = list(found)
     sources = _open_all(files, notes)
     try:
-        if format == "auto":
-            format = _detect(sources[0])
-        elif format != TensorBoardReader.format and is_binary(sources[0].head):
-            raise LogReadError(f"{sources[0].name}: binary data, not a {format} log")
+        sources[0], format = _prepared(sources[0], format, notes)
     except LogReadError:
         _close(sources)
         raise

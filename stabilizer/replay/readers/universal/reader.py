@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
+from stabilizer.core.signals import VOCAB_SIZE
 
 from .._lines import ANSI, IDLE, resume_banner, text_lines
-from .._shapes import OVERFLOW_NEEDS, overflow_in, printed_again
+from .._shapes import OVERFLOW_NEEDS, overflow_in, printed_again, vocab_of
 from ..aliases import SIGNALS
 from ..base import BaseReader, Item, Restart
 from .steps import Steps
@@ -116,11 +117,14 @@ class Joiner:
     logged: int | None = None  # the last step a line printed
     last: int | None = None  # the last step given to a record
     banner: str = ""  # a resume banner seen since the last record
+    vocab: float | None = None  # the vocabulary a line stated, for the next record
 
     def other(self, line: str) -> None:
-        """A line that is no record: after a record, it may be a resume banner."""
+        """A line that is no record: after a record, it may be a resume banner; it may state
+        the vocabulary (litgpt's and nanoGPT's configuration: chance level is ln of it)."""
         if (self.logged is not None or self.pending is not None) and not self.banner:
             self.banner = resume_banner(line)
+        self.vocab = vocab_of(line) or self.vocab
 
     def line(
         self, lineno: int, line: str, at: tuple[int | None, tuple[int, ...]], values: _Values
@@ -146,6 +150,8 @@ class Joiner:
                 pend.end = lineno
                 return []
         done = self._finish()
+        if self.vocab is not None:
+            values[VOCAB_SIZE], self.vocab = self.vocab, None
         self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
         self.banner = ""
         return done

@@ -88,6 +88,11 @@ class Steps:
         self.weak = False  # whether the last line's step is only its epoch
         self.counted: tuple[int | None, int, int] | None = None  # last count: epoch, n, offset
         self.run_on: int | None = None  # the offset of counts that run on across epochs
+        self.counter: int | None = None
+        """The last step a counter or a count gave: a line that names
+        only its epoch, below it, has no step of its own (fairseq's ``| epoch 003 | valid on
+        'valid' subset | valid_loss ...`` after ``| epoch 003 | loss ... | num_updates 1101``):
+        it goes with the records around it, not back to step 3 (no restart)."""
 
     def of(self, low: str) -> tuple[int | None, tuple[int, ...]]:
         """The step of a lower-cased line (or None), and all the counters it prints."""
@@ -98,13 +103,17 @@ class Steps:
             named = _STEP.findall(low)
             if len(named) > 1:  # "iter 8 step 1" is step 1, but not the line "iter 9 step 1"
                 named.sort(key=lambda found: _rank(found[0]))
-                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
+                step = self.counter = self._on(int(named[0][1]), named[0][2], epoch is not None)
                 return step, (step, *(int(found[1]) for found in named[1:]))
             if named:
-                step = self._on(int(named[0][1]), named[0][2], epoch is not None)
+                step = self.counter = self._on(int(named[0][1]), named[0][2], epoch is not None)
                 return step, (step,)
         found = self._count(low, epoch)
-        return found, () if found is None else (found,)
+        if found is None:
+            return None, ()
+        if not self.weak:
+            self.counter = found
+        return found, (found,)
 
     def _count(self, low: str, epoch: re.Match[str] | None) -> int | None:
         """The step of a line without a named counter: a count, else its epoch."""
@@ -124,8 +133,13 @@ class Steps:
         leading = _LEADING.match(low)
         if leading is not None:
             return int(leading[1])
-        self.weak = epoch is not None
-        return None if epoch is None else int(epoch[1])
+        if epoch is None:
+            return None
+        step = int(epoch[1])
+        if self.counter is not None and step < self.counter:
+            return None  # (a line's epoch alone, below the counted steps: see `counter`)
+        self.weak = True
+        return step
 
     def _epoch(self, epoch: int) -> None:
         self.epoch = epoch

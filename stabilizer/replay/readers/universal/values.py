@@ -86,6 +86,12 @@ def values_of(line: str) -> dict[str, float]:
     return values
 
 
+def _held_out(key: str) -> bool:
+    """Whether a loss part is a held-out set's (fairseq's ``valid_nll_loss``, YOLO's
+    ``val/box_loss``): no part of the training loss."""
+    return key.lower().replace("/", "_").split("_", 1)[0] in _HELD_OUT
+
+
 def known(values: dict[str, float]) -> set[str]:
     """The keys of ``values`` that make a line a record without a step: signals but the
     learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), loss parts."""
@@ -105,7 +111,9 @@ def total(values: dict[str, float]) -> dict[str, float]:
         parts = [
             v
             for key, v in values.items()
-            if (key.startswith("loss_") or key.endswith("_loss")) and key not in SIGNALS
+            if (key.startswith("loss_") or key.endswith("_loss"))
+            and key not in SIGNALS
+            and not _held_out(key)
         ]
         if parts:
             values[LOSS] = sum(parts)

@@ -1,0 +1,146 @@
+"""`Diverged`: a run that is broken from the first record of its log on, by absolute bounds."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from stabilizer.core.kinds import DIVERGED, kind_of
+from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.signals import GRAD_NORM, LOSS
+
+from .base import check_at_least
+
+__all__ = ["GRAD_ALONE", "GRAD_WITH_LOSS", "LOSS_WITH_GRAD", "Diverged"]
+
+GRAD_ALONE = 1e8
+"""A gradient norm no healthy run shows, whatever its loss: four orders of magnitude above the
+largest we know of a run that still trained (BigScience's 104B at 1.3e4 on the eve of a spike;
+language models show 0.1-10 after warm-up and up to ~100 at initialisation, detection models up
+to ~1e3 and, for a step or two at their start, ~7e3)."""
+
+GRAD_WITH_LOSS = 2e5
+"""A gradient norm that, with a loss of `LOSS_WITH_GRAD` or more beside it, no healthy run
+shows: fifteen times the largest healthy one we know (1.3e4), a third of openpi#814's least."""
+
+LOSS_WITH_GRAD = 1e7
+"""A loss that, with a gradient norm of `GRAD_WITH_LOSS` or more, is broken: ten times above the
+1e6 of a regression on unnormalised targets (healthy), and beyond any cross-entropy (ln of the
+largest vocabulary is 12.5) or summed loss of a healthy run we know (1e4)."""
+
+
+class Diverged:
+    """A run broken before its log begins: the first records are already far out of range.
+
+    Requires: ``grad_norm``; ``loss`` when logged.
+    Rule: from the first record of the stream on, `records` records or more in a row with a
+    gradient norm of `GRAD_ALONE` or more, or of `GRAD_WITH_LOSS` or more beside a loss of
+    `LOSS_WITH_GRAD` or more (openpi#814: gradient norms 5e5-1.2e6, losses 2e8-7e8, every record).
+
+    The other detectors judge change against the run's own earlier records; an excerpt that
+    starts already broken has no healthy record to compare with. A person still sees it: a
+    gradient norm or a loss orders of magnitude beyond what any healthy run shows. The bounds
+    are kept far from healthy runs (see the constants); a loss alone is never judged by its
+    level (a regression on unnormalised targets has losses of 1e6 and more and trains well, and a
+    reader keeps no word of what kind of loss it read). One ``diverged`` (ERROR) when the
+    `records` are in, updated with its last step when it ends or the log does; a stream whose
+    first record is in range is never judged again (its changes are the spike detectors' job).
+
+    Args:
+        records: Records in a row, from the first, that make the finding.
+    """
+
+    name: ClassVar[str] = "diverged"
+    requires: ClassVar[tuple[str, ...]] = (GRAD_NORM,)
+
+    def __init__(self, records: int = 3) -> None:
+        check_at_least("records", records, 1)
+        self.records = records
+        self._judging = True  # still within the out-of-range records the stream began with
+        self._start: int | None = None
+        self._end = 0
+        self._count = 0  # out-of-range records so far
+        self._reported = 0  # their count when reported (0: not yet)
+        self._worst = (0.0, 0.0)  # the largest gradient norm and loss seen in the stretch
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        if not self._judging:
+            return []
+        grad = record.values.get(GRAD_NORM)
+        if grad is None:  # (a record without a gradient norm changes nothing)
+            return []
+        loss = record.values.get(LOSS)
+        if not _out_of_range(grad, loss):
+            return self._close()
+        self._start = record.step if self._start is None else self._start
+        self._end, self._count = record.step, self._count + 1
+        level = loss if loss is not None and math.isfinite(loss) else 0.0
+        self._worst = (max(self._worst[0], grad), max(self._worst[1], level))
+        if self._count == self.records:
+            self._reported = self._count
+            return [self._finding("")]
+        return []
+
+    def _close(self) -> list[Finding]:
+        """The stretch of out-of-range records is over (or never began): judging ends."""
+        self._judging = False
+        grew = self._reported and self._count > self._reported
+        return [self._finding(f", in range again after step {self._end}")] if grew else []
+
+    def _finding(self, outcome: str) -> Finding:
+        assert self._start is not None
+        grad, loss = self._worst
+        bound = "" if grad >= GRAD_ALONE else f" beside a loss of up to {loss:.3g}"
+        seen = (
+            f"gradient norm up to {grad:.3g}{bound} on every one of the {self._count} records "
+            f"since step {self._start}, the first of the log{outcome}: orders of magnitude "
+            "beyond any healthy run (a healthy gradient norm stays below ~1e4): the run had "
+            "diverged before its first logged step"
+        )
+        evidence = {"grad_norm": grad, "records": float(self._count)}
+        if loss:
+            evidence["loss"] = loss
+        return Finding(
+            kind=DIVERGED,
+            step=self._start,
+            end_step=self._end,
+            severity=Severity.ERROR,
+            seen=seen,
+            evidence=evidence,
+            remedies=kind_of(DIVERGED).remedies,
+            advice="go back to a checkpoint from before it diverged, with a lower LR",
+        )
+
+    def finish(self) -> list[Finding]:
+        if not self._judging:
+            return []
+        self._judging = False
+        grew = self._reported and self._count > self._reported
+        return [self._finding(", to the end of the log")] if grew else []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "judging": self._judging,
+            "start": self._start,
+            "end": self._end,
+            "count": self._count,
+            "reported": self._reported,
+            "worst": list(self._worst),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._judging = bool(state["judging"])
+        self._start = None if state["start"] is None else int(state["start"])
+        self._end, self._count = int(state["end"]), int(state["count"])
+        self._reported = int(state["reported"])
+        grad, loss = state["worst"]
+        self._worst = (float(grad), float(loss))
+
+
+def _out_of_range(grad: float, loss: float | None) -> bool:
+    """Whether a record is beyond any healthy run (see the bounds); NaN is not (`NonFinite`'s)."""
+    if not math.isfinite(grad) or grad < GRAD_WITH_LOSS:
+        return False
+    if grad >= GRAD_ALONE:
+        return True
+    return loss is not None and math.isfinite(loss) and loss >= LOSS_WITH_GRAD
