@@ -1,7 +1,8 @@
 """The import rules of the layout (see the README's Layout), read from the source with `ast`.
 
-Rooms: ``core`` (records, signals, groups, engine, detectors), ``live`` (torch), ``replay``,
-``outputs``, ``report``, ``demo``, ``cli``, and the Lightning layer ``callbacks``. Nothing lower
+Rooms: ``core`` (records, signals, groups, engine, detectors), ``live`` (torch), ``step`` (the
+live step, for every host), ``hosts`` (a plain loop, the HF Trainer), ``replay``, ``outputs``,
+``report``, ``demo``, ``cli``, and the Lightning host ``callbacks``. Nothing lower
 imports anything higher; core, replay, outputs and report never import torch (``diagnose`` runs
 without it); nothing under ``stabilizer/`` imports Lightning. Imports inside functions count.
 """
@@ -24,8 +25,10 @@ ALLOWED = {
     "report": {"core", "replay", "outputs", "report"},
     "demo": {"core", "demo"},
     "remedies": {"live"},  # the public name of live.remedies
+    "step": {"core", "live", "outputs", "step"},  # the step of every host (never Lightning)
+    "hosts": {"core", "live", "outputs", "step", "hosts"},  # a plain loop, the HF Trainer
     "cli": {"core", "replay", "outputs", "report", "demo", "callbacks"},
-    "callbacks": {"core", "live", "outputs", "demo", "callbacks"},
+    "callbacks": {"core", "live", "outputs", "step", "demo", "callbacks"},
 }
 NO_TORCH = {"core", "replay", "outputs", "report"}
 
