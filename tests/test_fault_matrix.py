@@ -1,32 +1,73 @@
-"""The fault matrix: setups x faults, each a real Lightning fit of a tiny model with ``protect``.
+"""The fault matrix: setups x faults, run through the step itself in a plain PyTorch loop.
 
-Every case asserts what the protection promises: parameters, optimizer state and buffers end
-finite; a step that held the fault left them bit-identical; a healthy run is not stopped; every
-claim the console made about the weights is true. Faults are injected where users' code puts
-them: the loss, a batch, a gradient written at each hook point (before and after the monitor,
-the module's own hook, its clipping), the learning rate, ``eps=0``, a buffer, a probe that raises.
+Each case trains a tiny model ten steps in a plain loop with `Stabilizer` (the step's plain-loop
+host, `stabilizer.hosts.loop`) under ``protect``, no ``Trainer``, and asserts what the
+protection promises (docs/protection.md): parameters, optimizer state and buffers end finite;
+the step that held the fault left them bit-identical; a healthy run is not stopped; every claim
+the console made about the weights is true. The faults that are about Lightning's own hook
+points run on a real ``Trainer`` in ``tests/test_fault_matrix_lightning.py``.
+
+Faults are put where a loop's code puts them, at step `FAULT`: ``loss`` (a NaN made in the
+model's forward, which returns the loss as nanoGPT's and Hugging Face's models do), ``batch`` (a
+NaN in the input; under accumulation in the last micro-batch), ``grad`` (a NaN written into a
+gradient before ``optimizer.step``, which measures it; into the imaginary part of a complex
+one), ``grad_after`` / ``grad_data_after`` (written after ``stab.before_step`` measured the
+step: in place, or through ``.data``, which torch's version counters do not see),
+``clip_zero`` (the loop's own clipping after ``before_step`` divides all-zero gradients by
+their norm: 0/0), ``lr`` (a NaN learning rate for one step), ``grad_b`` (the second optimizer's
+loss is NaN), ``buffer`` (a NaN written into BatchNorm's running mean between steps), ``none``.
+
+Which setup x fault pairs run where (``P``: here, ``L``: on a real ``Trainer``):
+
+================ ==========================================================================
+setup            faults
+================ ==========================================================================
+plain            P: none, loss, batch, grad, grad_after, grad_data_after (xfail), clip_zero,
+                 lr.  L (``auto``): none, loss, batch, NaN gradient in a callback before /
+                 after the monitor, in the module's ``on_before_optimizer_step`` (in place,
+                 ``.data``) and ``configure_gradient_clipping``, an optimizer replaced mid-run
+accum (2)        P: none, loss, batch (the failing micro-batch named), grad.  L: loss (named)
+manual           L: none, loss (the replay steps no optimizer, counts no step)
+two-optimizers   P: none, loss, lr, grad_b (only its own step skipped).  L: grad_b (manual)
+shared-loss      P: none, loss, grad
+lbfgs            P: none, loss, batch (``before_step`` in the closure, Lightning's order)
+lbfgs-in-step    P: none, loss (measured inside ``step``); its record (xfail); both: one
+                 micro-batch however many evaluations (xfail)
+swa              L: none, loss
+fp64             P: none, loss, grad
+complex          P: none, loss, grad
+bf16 (autocast)  P: none, loss.  L: NaN gradient in a callback after the monitor
+fp16 + scaler    P: none, loss, grad_after (a real ``torch.amp.GradScaler``; Lightning's
+                 ``16-mixed`` on the CPU is bf16)
+batchnorm        P: none, batch, buffer (critical: not intact, stop)
+attention-4d     P: none (the activation probe drops only its own signal)
+returns-none     P: none, loss (steps without a backward).  L: none (``training_step``
+                 returns ``None``)
+eps0             P: none (the copy-and-check undoes each non-finite update, said)
+================ ==========================================================================
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from stabilizer.callbacks.monitor import StabilityMonitor
+from stabilizer.hosts.loop import Stabilizer
 from stabilizer.live.tensors import all_finite, optimizer_state_tensors
 
-FAULT = 4  # the batch index of the fault
-BATCHES = 10
+FAULT = 4  # the step of the fault
+STEPS = 10
+LR = 1e-2
 
 
 @pytest.fixture(autouse=True)
@@ -47,218 +88,236 @@ class Attention(nn.Module):
         return qkv[..., :8].reshape(x.size(0), 8)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Setup:
-    manual: bool = False
-    optimizers: int = 1  # manual: 2 = two losses (GAN-like); "shared" = one loss, two optimizers
+    optimizers: int = 1  # 2: two losses (GAN-like), or one shared loss (`shared`)
     shared: bool = False
     optimizer: str = "adamw"  # adamw | lbfgs | adam_eps0
-    precision: str = "32-true"
+    precision: str = "32-true"  # 32-true | 64-true | bf16-mixed | 16-mixed (a grad scaler)
     accumulate: int = 1
+    before_step: bool = False  # the loop calls `stab.before_step` (else: measured in `step`)
     bn: bool = False
     attention: bool = False
     complex: bool = False
     returns_none: bool = False
-    trainer: dict[str, Any] = field(default_factory=dict)
 
 
-class Net(pl.LightningModule):
-    def __init__(self, setup: Setup, fault: str) -> None:
+class Net(nn.Module):
+    """Returns its loss, as nanoGPT's and Hugging Face's models do: a NaN made in it is made
+    again when the root cause replays the model's call."""
+
+    def __init__(self, setup: Setup) -> None:
         super().__init__()
-        self.setup_, self.fault = setup, fault
-        self.automatic_optimization = not setup.manual
         self.a = nn.Linear(4, 8)
         self.norm = nn.BatchNorm1d(8) if setup.bn else nn.Identity()
         self.attn = Attention() if setup.attention else nn.Identity()
         self.b = nn.Linear(8, 1)
         self.frozen_zero = nn.Parameter(torch.ones(3))  # its gradient is always exactly 0
         self.c = nn.Parameter(torch.zeros(2, dtype=torch.complex64)) if setup.complex else None
+        self.nan_loss = False  # the fault `loss`, on during its step
+        self.zero_loss = False  # all-zero gradients (the fault `clip_zero`)
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.attn(torch.relu(self.norm(self.a(x))))
-        out = self.b(h) + 0.0 * self.frozen_zero.sum()
+    def forward(self, x: Tensor, y: Tensor, part: int = 0) -> Tensor:
+        if part == 1:  # the second optimizer's own loss
+            return (self.b(self.a(x)) ** 2).mean()
+        out = self.b(self.attn(torch.relu(self.norm(self.a(x))))) + 0.0 * self.frozen_zero.sum()
         if self.c is not None:
             out = out + 1e-3 * (self.c.real**2).sum()
-        return out
-
-    def _loss(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = ((self(x) - y) ** 2).mean()
-        if self.fault in ("loss", "replaced") and batch_idx == FAULT:
+        loss = ((out.float() - y.float()) ** 2).mean()
+        if self.nan_loss:
             loss = loss * math.nan
-        if self.fault == "clip_hook" and batch_idx == FAULT:
-            loss = loss * 0.0  # all-zero gradients
+        if self.zero_loss:
+            loss = loss * 0.0
         return loss
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        if self.setup_.returns_none and batch_idx % 3 == 1:
-            return None  # Lightning's documented way to skip a batch
-        if not self.setup_.manual:
-            return self._loss(batch, batch_idx)
-        opts = self.optimizers()
-        opts = opts if isinstance(opts, list) else [opts]
-        if self.setup_.shared:  # one backward, two optimizers (the Muon + AdamW pattern)
-            loss = self._loss(batch, batch_idx)
-            self.manual_backward(loss)
-            for opt in opts:
-                opt.step()
+
+def optimizers(setup: Setup, net: Net) -> list[torch.optim.Optimizer]:
+    if setup.optimizer == "lbfgs":
+        return [torch.optim.LBFGS(net.parameters(), lr=0.1, max_iter=3)]
+    if setup.optimizers == 2:
+        return [
+            torch.optim.AdamW([*net.a.parameters(), net.frozen_zero], lr=LR),
+            torch.optim.AdamW(net.b.parameters(), lr=LR),
+        ]
+    eps = 0.0 if setup.optimizer == "adam_eps0" else 1e-8
+    return [torch.optim.AdamW(net.parameters(), lr=LR, eps=eps)]
+
+
+def held(net: nn.Module, opts: list[torch.optim.Optimizer]) -> list[Tensor]:
+    """What the promise covers: parameters, optimizer state, buffers."""
+    state = [t for opt in opts for t in optimizer_state_tensors(opt)]
+    return [*net.parameters(), *state, *net.buffers()]
+
+
+@dataclass
+class Loop:
+    """A plain training loop as users write it, with the fault put in."""
+
+    setup: Setup
+    fault: str
+    net: Net
+    opts: list[torch.optim.Optimizer]
+    stab: Stabilizer
+    scaler: Any
+
+    def step(self, i: int, micro: list[tuple[Tensor, Tensor]]) -> None:
+        """Step `i`: its micro-batches, backward and optimizer steps."""
+        now = i == FAULT
+        self.net.nan_loss = now and self.fault == "loss"
+        self.net.zero_loss = now and self.fault == "clip_zero"
+        if now and self.fault == "batch":
+            micro[-1][0][0, 0] = math.nan  # the batch as the data loader handed it over
+        if self.setup.optimizer == "lbfgs":
+            self._lbfgs(micro[0])
+        elif self.setup.optimizers == 2 and not self.setup.shared:
+            self._two_losses(micro[0], now)
+        else:
+            self._one_loss(micro, backward=not (self.setup.returns_none and i % 3 == 2))
+            if now and self.fault == "grad":
+                self._nan_grad()
+            for opt in self.opts:
+                self._optimizer_step(opt, now)
                 opt.zero_grad()
-            return loss
-        x = batch[0]
-        for i, opt in enumerate(opts):
-            part = self._loss(batch, batch_idx) if i == 0 else (self.b(self.a(x)) ** 2).mean()
-            if i == 1 and self.fault == "grad_b" and batch_idx == FAULT:
-                part = part * math.nan
-            opt.zero_grad()
-            self.manual_backward(part)
-            opt.step()
-        return None
+            if self.scaler is not None:
+                self.scaler.update()
 
-    def configure_optimizers(self) -> Any:
-        kind = self.setup_.optimizer
-        if kind == "lbfgs":
-            return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=3)
-        eps = 0.0 if kind == "adam_eps0" else 1e-8
-        if self.setup_.optimizers == 2:
-            return [
-                torch.optim.AdamW([*self.a.parameters(), self.frozen_zero], lr=1e-2),
-                torch.optim.AdamW(self.b.parameters(), lr=1e-2),
-            ]
-        return torch.optim.AdamW(self.parameters(), lr=1e-2, eps=eps)
+    def _one_loss(self, micro: list[tuple[Tensor, Tensor]], backward: bool) -> None:
+        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.setup.precision)
+        for x, y in micro:
+            with torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext():
+                loss = self.net(x, y)
+            if backward:  # else a step with nothing to learn from its batch: no backward
+                self.stab.backward(loss / len(micro))
 
-    def train_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
-        g = torch.Generator().manual_seed(0)
-        x, y = torch.randn(4 * BATCHES, 4, generator=g), torch.randn(4 * BATCHES, 1, generator=g)
-        return DataLoader(TensorDataset(x, y), batch_size=4)
-
-
-class HookNet(Net):
-    """The module's own hooks after the monitor's: ``on_before_optimizer_step`` writes a NaN
-    (in place, or through ``.data``, which torch's version counters do not see), and
-    ``configure_gradient_clipping`` normalises by the norm (0/0 on all-zero gradients)."""
-
-    def on_before_optimizer_step(self, optimizer: Any) -> None:
-        if self.fault in ("lm_hook", "lm_hook_data") and self.trainer.fit_loop.batch_idx == FAULT:
-            grad = self.a.weight.grad
-            assert grad is not None
-            (grad.data if self.fault == "lm_hook_data" else grad)[0, 0] = math.nan
-
-    def configure_gradient_clipping(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        if self.fault == "clip_hook":  # normalise by the norm: 0/0 on an all-zero gradient
-            grads = [p.grad for p in self.parameters() if p.grad is not None]
+    def _optimizer_step(self, opt: torch.optim.Optimizer, now: bool) -> None:
+        """The optimizer's step, with the loop's own code before it (after `before_step`)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(opt)
+        if self.scaler is not None or self.setup.before_step or self.fault in _AFTER:
+            self.stab.before_step(opt)  # measured here: the scaler may not call the optimizer
+        if now and self.fault in ("grad_after", "grad_data_after"):
+            self._nan_grad(data=self.fault == "grad_data_after")
+        if self.fault == "clip_zero":  # normalise by the norm: 0/0 on all-zero gradients
+            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
             norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
             for g in grads:
                 g.div_(norm)
+        if self.scaler is not None:
+            self.scaler.step(opt)
+        else:
+            opt.step()
+
+    def _nan_grad(self, data: bool = False) -> None:
+        if self.net.c is not None:  # a complex gradient: NaN in its imaginary part only
+            assert self.net.c.grad is not None
+            self.net.c.grad[0] = complex(0.0, math.nan)
+            return
+        grad = self.net.a.weight.grad
+        assert grad is not None
+        (grad.data if data else grad)[0, 0] = math.nan
+
+    def _two_losses(self, batch: tuple[Tensor, Tensor], now: bool) -> None:
+        """Each optimizer its own loss and backward (a GAN's pattern)."""
+        for part, opt in enumerate(self.opts):
+            opt.zero_grad()
+            loss = self.net(*batch, part=part)
+            if part == 1 and now and self.fault == "grad_b":
+                loss = loss * math.nan
+            self.stab.backward(loss)
+            opt.step()
+
+    def _lbfgs(self, batch: tuple[Tensor, Tensor]) -> None:
+        (opt,) = self.opts
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            loss = self.net(*batch)
+            self.stab.backward(loss)
+            if self.setup.before_step:
+                self.stab.before_step(opt)
+            return loss
+
+        opt.step(closure)
 
 
-class Inject(pl.Callback):
-    """Faults a callback puts in: a gradient before/after the monitor, a NaN LR, a NaN batch or
-    sample, a NaN buffer, an optimizer replaced mid-run."""
-
-    def __init__(self, fault: str) -> None:
-        self.fault = fault
-
-    def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, i: int) -> None:
-        if i == FAULT and self.fault == "lr":
-            for group in trainer.optimizers[0].param_groups:
-                group["lr"] = math.nan
-        elif i == FAULT + 1 and self.fault == "lr":
-            for group in trainer.optimizers[0].param_groups:
-                group["lr"] = 1e-2
-        if i == FAULT and self.fault == "batch":
-            batch[0][0, 0] = math.nan  # the batch as the data loader handed it over
-        if i == FAULT and self.fault == "buffer":
-            module.norm.running_mean[0] = math.nan
-        if i == 2 and self.fault == "replaced":  # a new optimizer, never seen at fit start
-            trainer.optimizers = [torch.optim.AdamW(module.parameters(), lr=1e-2)]
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, module: Any, optimizer: Any) -> None:
-        if self.fault in ("cb_after", "cb_before") and trainer.fit_loop.batch_idx == FAULT:
-            grad = module.a.weight.grad
-            assert grad is not None
-            grad[0, 0] = math.nan
-
-
-class Witness(pl.Callback):
-    """Copies parameters, optimizer state and buffers before the fault's step; compares after."""
-
-    def __init__(self) -> None:
-        self.before: list[Tensor] | None = None
-        self.identical: bool | None = None
-        self._step = -1
-
-    def _tensors(self, trainer: pl.Trainer, module: nn.Module) -> list[Tensor]:
-        state = [t for opt in trainer.optimizers for t in optimizer_state_tensors(opt)]
-        return [*module.parameters(), *state, *module.buffers()]
-
-    def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, i: int) -> None:
-        if i == FAULT and self.before is None:
-            self.before = [t.detach().clone() for t in self._tensors(trainer, module)]
-            self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
-        if self.before is not None and self.identical is None and trainer.global_step > self._step:
-            after = self._tensors(trainer, module)
-            self.identical = len(after) == len(self.before) and all(
-                torch.equal(a, b) for a, b in zip(self.before, after, strict=True)
-            )
+_AFTER = ("grad_after", "grad_data_after", "clip_zero")  # faults written after `before_step`
 
 
 @dataclass
 class Run:
-    monitor: StabilityMonitor
-    trainer: pl.Trainer
-    module: Net
-    witness: Witness
-    lines: list[str]
+    stab: Stabilizer
+    net: Net
+    opts: list[torch.optim.Optimizer]
+    steps: int = 0  # loop iterations run
+    identical: bool | None = None  # the fault's step left everything bit-identical
+    lines: tuple[str, ...] = ()  # the console's lines
 
 
-def fit(setup: Setup, fault: str, caplog: pytest.LogCaptureFixture) -> Run:
-    hooked = fault in ("lm_hook", "lm_hook_data", "clip_hook")
-    module, witness = (HookNet if hooked else Net)(setup, fault), Witness()
-    monitor = StabilityMonitor(jsonl=False, activation_every=1 if setup.attention else 50)
-    inject = Inject(fault)
-    before, after = ([inject], []) if fault != "cb_after" else ([], [inject])
-    callbacks: list[pl.Callback] = [witness, *before, monitor, *after]
-    if setup.trainer.get("swa"):
-        callbacks.append(StochasticWeightAveraging(swa_lrs=1e-2, swa_epoch_start=1))
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=2 if setup.trainer.get("swa") else 1,
-        callbacks=callbacks,
-        precision=setup.precision, accumulate_grad_batches=setup.accumulate, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )  # fmt: skip
+def train(
+    setup: Setup, fault: str, caplog: pytest.LogCaptureFixture, jsonl: Path | bool = False
+) -> Run:
+    """Ten steps of the loop under ``protect``, the fault at step `FAULT`; stops when told."""
+    torch.manual_seed(0)
+    net = Net(setup).double() if setup.precision == "64-true" else Net(setup)
+    opts = optimizers(setup, net)
+    scaler = torch.amp.GradScaler("cpu") if setup.precision == "16-mixed" else None
+    g = torch.Generator().manual_seed(0)
+    n, dtype = STEPS * setup.accumulate, net.a.weight.dtype
+    x, y = torch.randn(n, 4, 4, generator=g, dtype=dtype), torch.randn(n, 4, 1, generator=g)
+    data = list(zip(x, y, strict=True))
     with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="stabilizer"):
         warnings.simplefilter("ignore")
-        trainer.fit(module)
-    lines = [r.getMessage() for r in caplog.records if r.name == "stabilizer"]
-    return Run(monitor, trainer, module, witness, lines)
+        stab = Stabilizer(
+            net, opts, scaler=scaler, precision=setup.precision, jsonl=jsonl,
+            activation_every=1 if setup.attention else 50,
+        )  # fmt: skip
+        loop, run = Loop(setup, fault, net, opts, stab, scaler), Run(stab, net, opts)
+        for i in range(STEPS):
+            _between_steps(fault, i, net, opts)
+            before = [t.detach().clone() for t in held(net, opts)] if i == FAULT else None
+            with stab.step():
+                loop.step(i, data[i * setup.accumulate : (i + 1) * setup.accumulate])
+            if before is not None:
+                after = held(net, opts)
+                run.identical = len(after) == len(before) and all(
+                    torch.equal(a, b) for a, b in zip(before, after, strict=True)
+                )
+            run.steps += 1
+            if stab.should_stop:
+                break
+        stab.close()
+    run.lines = tuple(r.getMessage() for r in caplog.records if r.name == "stabilizer")
+    return run
 
 
-def held(run: Run) -> list[Tensor]:
-    state = [t for opt in run.trainer.optimizers for t in optimizer_state_tensors(opt)]
-    return [*run.module.parameters(), *state, *run.module.buffers()]
+def _between_steps(fault: str, i: int, net: Net, opts: list[torch.optim.Optimizer]) -> None:
+    """Faults the loop writes between steps: a NaN learning rate for one step, a NaN buffer."""
+    if fault == "lr" and i in (FAULT, FAULT + 1):
+        for group in opts[0].param_groups:
+            group["lr"] = math.nan if i == FAULT else LR
+    if fault == "buffer" and i == FAULT:
+        running_mean = net.norm.running_mean
+        assert isinstance(running_mean, Tensor)
+        running_mean[0] = math.nan
 
 
 def assert_claims_true(run: Run) -> None:
     """Every sentence about the weights is what they are."""
     claims = [line for line in run.lines if "weights intact" in line or "checked finite" in line]
     denials = [line for line in run.lines if "NOT intact" in line]
-    if all_finite(held(run)):
+    if all_finite(held(run.net, run.opts)):
         assert not denials
     else:
         assert denials and not any("done at step" in line for line in claims)
 
 
 SETUPS = {
-    "auto": Setup(),
+    "plain": Setup(),
     "accum": Setup(accumulate=2),
-    "manual": Setup(manual=True),
-    "two-optimizers": Setup(manual=True, optimizers=2),
-    "shared-loss": Setup(manual=True, optimizers=2, shared=True),
-    "lbfgs": Setup(optimizer="lbfgs"),
-    "swa": Setup(trainer={"swa": True}),
+    "two-optimizers": Setup(optimizers=2),
+    "shared-loss": Setup(optimizers=2, shared=True),
+    "lbfgs": Setup(optimizer="lbfgs", before_step=True),
+    "lbfgs-in-step": Setup(optimizer="lbfgs"),
     "fp64": Setup(precision="64-true"),
     "complex": Setup(complex=True),
     "bf16": Setup(precision="bf16-mixed"),
@@ -269,110 +328,137 @@ SETUPS = {
     "eps0": Setup(optimizer="adam_eps0"),
 }
 
+_DATA_AFTER = pytest.mark.xfail(
+    strict=True,
+    reason="LoopHost.recount is False: a `.data` write between `before_step` and "
+    "`optimizer.step` is not counted again, and reaches the weights (the lead's to fix)",
+)
+
 # (setup, fault, the fault's step is skipped and leaves everything bit-identical)
 CASES = [
-    ("auto", "none", False),
-    ("auto", "loss", True),
-    ("auto", "batch", True),
-    ("auto", "lm_hook", True),
-    ("auto", "lm_hook_data", True),
-    ("auto", "cb_before", True),
-    ("auto", "cb_after", True),
-    ("auto", "lr", True),
-    ("auto", "replaced", True),
-    ("auto", "clip_hook", True),
+    ("plain", "none", False),
+    ("plain", "loss", True),
+    ("plain", "batch", True),
+    ("plain", "grad", True),
+    ("plain", "grad_after", True),
+    pytest.param("plain", "grad_data_after", True, marks=_DATA_AFTER),
+    ("plain", "clip_zero", True),
+    ("plain", "lr", True),
+    ("accum", "none", False),
     ("accum", "loss", True),
-    ("manual", "none", False),
-    ("manual", "loss", True),
-    ("manual", "lr", True),
+    ("accum", "batch", True),
+    ("accum", "grad", True),
     ("two-optimizers", "none", False),
-    ("two-optimizers", "grad_b", False),  # the first optimizer steps: not identical
+    ("two-optimizers", "loss", False),  # the first optimizer's step skipped, the second's not
+    ("two-optimizers", "lr", False),  # (the first optimizer's LR)
+    ("two-optimizers", "grad_b", False),  # the first optimizer steps, the second skips
     ("shared-loss", "none", False),
     ("shared-loss", "loss", True),
+    ("shared-loss", "grad", False),  # a NaN in `a`'s gradient: the second optimizer steps
     ("lbfgs", "none", False),
     ("lbfgs", "loss", True),
-    ("swa", "none", False),
-    ("swa", "loss", True),
+    ("lbfgs", "batch", True),
+    ("lbfgs-in-step", "none", False),
+    ("lbfgs-in-step", "loss", True),
     ("fp64", "none", False),
     ("fp64", "loss", True),
+    ("fp64", "grad", True),
     ("complex", "none", False),
     ("complex", "loss", True),
+    ("complex", "grad", True),
+    ("bf16", "none", False),
     ("bf16", "loss", True),
+    ("fp16", "none", False),
     ("fp16", "loss", True),
-    ("fp16", "cb_after", True),
+    ("fp16", "grad_after", True),
+    ("batchnorm", "none", False),
     ("batchnorm", "batch", True),
     ("attention-4d", "none", False),
     ("returns-none", "none", False),
+    ("returns-none", "loss", True),
 ]
 
 
-@pytest.mark.parametrize(
-    ("setup", "fault", "identical"), CASES, ids=[f"{s}-{f}" for s, f, _ in CASES]
-)
+def _id(case: Any) -> str:
+    values = case.values if hasattr(case, "values") else case
+    return f"{values[0]}-{values[1]}"
+
+
+@pytest.mark.parametrize(("setup", "fault", "identical"), CASES, ids=[_id(c) for c in CASES])
 def test_fault_matrix(
     setup: str, fault: str, identical: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    run = fit(SETUPS[setup], fault, caplog)
-    assert all_finite(held(run)), "a non-finite value reached the weights, state or buffers"
-    assert run.trainer.global_step > 0 and not any("stopping at" in line for line in run.lines)
+    run = train(SETUPS[setup], fault, caplog)
+    assert all_finite(held(run.net, run.opts)), "a non-finite value reached the weights"
+    assert run.steps == STEPS and not run.stab.should_stop
+    assert not any("stopping at" in line for line in run.lines)
     assert_claims_true(run)
-    kinds = {f.kind for f in run.monitor.findings}
+    guard = run.stab.guard
+    assert guard is not None
     if fault == "none":
+        kinds = {f.kind for f in run.stab.findings}
         assert not kinds & {"nonfinite_loss", "nonfinite_grad", "nonfinite_update", "guard_error"}
-        assert run.monitor.skipped_steps == 0
+        assert guard.skipped == guard.reverted == 0
+        if setup != "fp16":  # (a grad scaler skips its first steps, as it does without us)
+            assert run.stab.skipped_steps == 0
     if identical:
-        assert run.witness.identical, "the skipped step changed the weights, state or buffers"
-        assert run.monitor.skipped_steps >= 1
-    if setup == "lbfgs":  # one step per optimizer step, however many closure evaluations
-        assert run.monitor.skipped_steps == int(fault != "none")
+        assert run.identical, "the skipped step changed the weights, state or buffers"
+        assert run.stab.skipped_steps >= 1
+    elif fault in ("loss", "lr", "grad_b", "grad"):  # one optimizer skipped, the other not
+        assert guard.skipped == 1 and not run.identical
+    if setup.startswith("lbfgs"):  # one step per optimizer step, however many evaluations
+        assert run.stab.skipped_steps == int(fault != "none")
+
+
+def _cause(run: Run) -> str:
+    (cause,) = [f for f in run.stab.findings if f.kind == "root_cause"]
+    return cause.message
 
 
 def test_two_optimizers_skip_only_the_one_with_nan(caplog: pytest.LogCaptureFixture) -> None:
-    run = fit(SETUPS["two-optimizers"], "grad_b", caplog)
-    guard = run.monitor.guard
+    run = train(SETUPS["two-optimizers"], "grad_b", caplog)
+    guard = run.stab.guard
     assert guard is not None and guard.skipped == 1  # the second optimizer's step at the fault
-    steps = run.trainer.global_step
-    assert steps == 2 * BATCHES  # manual optimization counts each optimizer's steps
+    assert run.stab.host.done == 2 * STEPS  # each optimizer's steps count
+
+
+def test_a_nan_made_in_the_model_is_reproduced_by_the_replay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cause = _cause(train(SETUPS["plain"], "loss", caplog))
+    assert "reproduced" in cause and "transient" not in cause
 
 
 def test_a_nan_batch_is_named_as_the_input(caplog: pytest.LogCaptureFixture) -> None:
-    run = fit(SETUPS["auto"], "batch", caplog)
-    (cause,) = [f for f in run.monitor.findings if f.kind == "root_cause"]
-    assert "input batch holds NaN/Inf" in cause.message
+    assert "input batch holds NaN/Inf" in _cause(train(SETUPS["plain"], "batch", caplog))
 
 
 def test_accumulation_names_the_micro_batch_that_failed(caplog: pytest.LogCaptureFixture) -> None:
-    run = fit(SETUPS["accum"], "loss", caplog)
-    (cause,) = [f for f in run.monitor.findings if f.kind == "root_cause"]
-    # Batch 4 is the first of the two micro-batches of step 2: reproduced, not "transient".
-    assert cause.message.startswith("micro-batch 1 of 2:") and "reproduced" in cause.message
-
-
-def test_the_replay_takes_no_optimizer_step_under_manual_optimization(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    run = fit(SETUPS["manual"], "loss", caplog)
-    assert run.trainer.global_step == BATCHES  # the replay stepped nothing, counted nothing
-    assert run.monitor.root_causes == 1
+    cause = _cause(train(SETUPS["accum"], "batch", caplog))
+    assert cause.startswith("micro-batch 2 of 2:") and "input batch holds NaN/Inf" in cause
 
 
 def test_eps0_updates_are_undone_and_said(caplog: pytest.LogCaptureFixture) -> None:
-    run = fit(SETUPS["eps0"], "none", caplog)
-    assert all_finite(held(run))
-    guard = run.monitor.guard
+    """Every step of ``eps=0`` AdamW makes ``frozen_zero`` 0/0 = NaN: each is undone (so the
+    run stops after ``stop_after`` of them), said, and the weights stay finite."""
+    run = train(SETUPS["eps0"], "none", caplog)
+    assert all_finite(held(run.net, run.opts))
+    assert_claims_true(run)
+    guard = run.stab.guard
     assert guard is not None and guard.reverted >= 1
-    risks = [f for f in run.monitor.findings if f.kind == "config_risk" and "eps=0" in f.message]
+    risks = [f for f in run.stab.findings if f.kind == "config_risk" and "eps=0" in f.message]
     assert risks and risks[0].severity.name == "WARNING"
 
 
 def test_a_nan_buffer_is_reported_and_never_called_intact(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    run = fit(SETUPS["batchnorm"], "buffer", caplog)
-    critical = [f for f in run.monitor.findings if f.severity.name == "CRITICAL"]
+    run = train(SETUPS["batchnorm"], "buffer", caplog)
+    critical = [f for f in run.stab.findings if f.severity.name == "CRITICAL"]
     assert critical and "NOT intact" in critical[0].message
     assert "buffer norm.running_mean" in critical[0].message
-    assert run.trainer.should_stop
+    assert run.stab.should_stop and run.steps == FAULT + 1
+    assert_claims_true(run)
     assert any("NOT intact" in line for line in run.lines)
     assert not any("weights intact" in line for line in run.lines)
 
@@ -380,6 +466,40 @@ def test_a_nan_buffer_is_reported_and_never_called_intact(
 def test_a_probe_that_cannot_read_a_module_drops_only_that_signal(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    fit(SETUPS["attention-4d"], "none", caplog)
+    train(SETUPS["attention-4d"], "none", caplog)
     dropped = [r for r in caplog.records if "activation probe" in r.getMessage()]
     assert len(dropped) == 1 and "attn.scores" in dropped[0].getMessage()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured inside LBFGS's step, the record's loss is the sum of every closure "
+    "evaluation's and its norms are the last one's (the lead's to fix)",
+)
+def test_lbfgs_measured_in_the_step_records_its_first_evaluation(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """As with ``before_step`` in the closure (Lightning's order): the loss the step started
+    from, once, not the sum of LBFGS's evaluations."""
+    records = []
+    for setup in ("lbfgs", "lbfgs-in-step"):
+        path = tmp_path / f"{setup}.jsonl"
+        train(SETUPS[setup], "none", caplog, jsonl=path)
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        records.append([r["values"] for r in lines if r.get("type") == "step"])
+    early, inside = records
+    assert [r["loss"] for r in inside] == [r["loss"] for r in early]
+    assert [r["grad_norm"] for r in inside] == [r["grad_norm"] for r in early]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="each closure evaluation's forward starts a micro-batch (`Stabilizer._called`): the "
+    "root cause of one batch says 'micro-batch 1 of 3' (the lead's to fix)",
+)
+@pytest.mark.parametrize("setup", ["lbfgs", "lbfgs-in-step"])
+def test_lbfgs_evaluations_are_not_micro_batches(
+    setup: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One batch, evaluated three times by LBFGS, is one micro-batch (as on Lightning)."""
+    assert not _cause(train(SETUPS[setup], "loss", caplog)).startswith("micro-batch")
