@@ -22,7 +22,7 @@ Which setup x fault pairs run where (``P``: here, ``L``: on a real ``Trainer``):
 ================ ==========================================================================
 setup            faults
 ================ ==========================================================================
-plain            P: none, loss, batch, grad, grad_after, grad_data_after (xfail), clip_zero,
+plain            P: none, loss, batch, grad, grad_after, grad_data_after, clip_zero,
                  lr.  L (``auto``): none, loss, batch, NaN gradient in a callback before /
                  after the monitor, in the module's ``on_before_optimizer_step`` (in place,
                  ``.data``) and ``configure_gradient_clipping``, an optimizer replaced mid-run
@@ -31,8 +31,8 @@ manual           L: none, loss (the replay steps no optimizer, counts no step)
 two-optimizers   P: none, loss, lr, grad_b (only its own step skipped).  L: grad_b (manual)
 shared-loss      P: none, loss, grad
 lbfgs            P: none, loss, batch (``before_step`` in the closure, Lightning's order)
-lbfgs-in-step    P: none, loss (measured inside ``step``); its record (xfail); both: one
-                 micro-batch however many evaluations (xfail)
+lbfgs-in-step    P: none, loss (measured inside ``step``), its record as it started; both: one
+                 micro-batch however many evaluations
 swa              L: none, loss
 fp64             P: none, loss, grad
 complex          P: none, loss, grad
@@ -328,11 +328,6 @@ SETUPS = {
     "eps0": Setup(optimizer="adam_eps0"),
 }
 
-_DATA_AFTER = pytest.mark.xfail(
-    strict=True,
-    reason="LoopHost.recount is False: a `.data` write between `before_step` and "
-    "`optimizer.step` is not counted again, and reaches the weights (the lead's to fix)",
-)
 
 # (setup, fault, the fault's step is skipped and leaves everything bit-identical)
 CASES = [
@@ -341,7 +336,7 @@ CASES = [
     ("plain", "batch", True),
     ("plain", "grad", True),
     ("plain", "grad_after", True),
-    pytest.param("plain", "grad_data_after", True, marks=_DATA_AFTER),
+    ("plain", "grad_data_after", True),
     ("plain", "clip_zero", True),
     ("plain", "lr", True),
     ("accum", "none", False),
@@ -471,11 +466,6 @@ def test_a_probe_that_cannot_read_a_module_drops_only_that_signal(
     assert len(dropped) == 1 and "attn.scores" in dropped[0].getMessage()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured inside LBFGS's step, the record's loss is the sum of every closure "
-    "evaluation's and its norms are the last one's (the lead's to fix)",
-)
 def test_lbfgs_measured_in_the_step_records_its_first_evaluation(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -492,11 +482,6 @@ def test_lbfgs_measured_in_the_step_records_its_first_evaluation(
     assert [r["grad_norm"] for r in inside] == [r["grad_norm"] for r in early]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each closure evaluation's forward starts a micro-batch (`Stabilizer._called`): the "
-    "root cause of one batch says 'micro-batch 1 of 3' (the lead's to fix)",
-)
 @pytest.mark.parametrize("setup", ["lbfgs", "lbfgs-in-step"])
 def test_lbfgs_evaluations_are_not_micro_batches(
     setup: str, caplog: pytest.LogCaptureFixture

@@ -66,6 +66,7 @@ class LoopHost:
         self.done = 0  # optimizer steps of the steps finished
         self.batch: Batch | None = None  # the step in flight (its optimizer steps so far)
         self.should_stop = False
+        self.early = False  # this step was measured before `optimizer.step` (`before_step`)
         self._clip: float | None = None
         for opt in self._optimizers:  # the clipping a remedy sets, at the last moment
             opt.register_step_pre_hook(self._clip_before_update)
@@ -124,7 +125,10 @@ class LoopHost:
 
     @property
     def recount(self) -> bool:
-        return False  # measured inside the step, or: torch's version counters tell (clipping)
+        # Measured inside the step, nothing can write the gradients in between; measured
+        # before it (`before_step`), the loop's own code may (a `.data` write, which torch's
+        # version counters do not see), so the guard counts them again.
+        return self.early
 
     def reduce(self, vec: torch.Tensor, norms: int) -> torch.Tensor:
         if self._facts.world_size <= 1:
@@ -267,6 +271,7 @@ class Stabilizer:
             taken = len(self.run.batch.steps)
             self.run.end()
             self.host.done += taken
+            self.host.early = False
 
     def _called(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """A forward of the model: the first since the last backward starts a micro-batch."""
@@ -290,6 +295,7 @@ class Stabilizer:
         """Measure `optimizer`'s coming step now (before your clipping, to record the norm it
         clips); otherwise it is measured inside ``optimizer.step``."""
         self.run.before_step(optimizer)
+        self.host.early = True
 
     def close(self) -> None:
         """The end of training: the last report and check of the weights, the end line; the

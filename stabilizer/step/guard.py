@@ -137,10 +137,18 @@ class StepGuard:
     Args:
         judge: Called inside each guarded step, after the closure: skip, verify or go.
         on_reverted: Called when a verified step's result was non-finite and was put back.
+        on_first_evaluation: Called after an evaluating optimizer's (LBFGS) first closure
+            evaluation: where a host without a hook before the step measures it.
     """
 
-    def __init__(self, judge: Judge, on_reverted: Callable[[torch.optim.Optimizer], None]) -> None:
+    def __init__(
+        self,
+        judge: Judge,
+        on_reverted: Callable[[torch.optim.Optimizer], None],
+        on_first_evaluation: Callable[[torch.optim.Optimizer], None] | None = None,
+    ) -> None:
         self._judge, self._on_reverted = judge, on_reverted
+        self._first_evaluation = on_first_evaluation
         self.skipped = 0  # steps the guard skipped
         self.reverted = 0  # steps whose non-finite result the guard put back
         self.evaluating: torch.optim.Optimizer | None = None  # LBFGS-style step in progress
@@ -240,6 +248,8 @@ class StepGuard:
             with torch.enable_grad():
                 out = closure() if closure is not None else None
             losses.append(out)
+            if len(losses) == 1 and self._first_evaluation is not None:
+                self._first_evaluation(opt)  # the step as it started: measured once, here
             return out
 
         saved = _snapshot(opt)

@@ -212,8 +212,11 @@ class RunMonitor:
 
     def begin(self, batch: Any, index: int) -> None:
         """A micro-batch starts (before its forward)."""
-        if self.inert:
-            return
+        prot = self.protection
+        if self.inert or (
+            prot is not None and prot.guard.evaluating is not None and self.batch.micro
+        ):
+            return  # (an evaluating optimizer's closure, run again inside its step)
         self.cost.batch_start(self.host.step)
         data = self.host.data
         if data is not None and data is not self._data:
@@ -228,8 +231,10 @@ class RunMonitor:
                 self.probes.sample(self.host.step, self.options.activation_every)
 
     def loss(self, loss: torch.Tensor) -> None:
-        """A backward is about to run on `loss` (divided by the accumulation, under it)."""
-        if not self.inert:
+        """A backward is about to run on `loss` (divided by the accumulation, under it); an
+        evaluating optimizer's later evaluations are no loss of the step."""
+        prot = self.protection
+        if not self.inert and not (prot is not None and prot.evaluating()):
             with self.cost.part("measure"):
                 self.batch.add_loss(loss)
 

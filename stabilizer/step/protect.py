@@ -75,7 +75,7 @@ class Protection:
         self._measure, self._lr_factor, self._stepping_past = measure, lr_factor, stepping_past
         self._quiet = quiet
         self._part = part or (lambda name: nullcontext())
-        self.guard = StepGuard(self._timed_judge, self._reverted)
+        self.guard = StepGuard(self._timed_judge, self._reverted, self._first_evaluation)
         self.weights = WeightsWatch(host.module)
         self.bad_runs: dict[int, int] = {}  # optimizer index -> its consecutive bad steps
         self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
@@ -167,6 +167,20 @@ class Protection:
         return [self._bad_weights_finding(self.host.step, after=True)]
 
     # --- the judge: inside the optimizer step ----------------------------------------------
+
+    def _first_evaluation(self, optimizer: torch.optim.Optimizer) -> None:
+        """An evaluating optimizer (LBFGS) evaluated its closure once: a step that no hook
+        measured yet is measured now, as it started (its later evaluations are not the step)."""
+        step = self.batch.current(optimizer)
+        if step is None or step.decision is not None:
+            self._measure(optimizer)
+
+    def evaluating(self) -> bool:
+        """An evaluating optimizer's step is under way and measured: what its closure does
+        now (another forward, another loss) is not a new micro-batch or loss of the step."""
+        opt = self.guard.evaluating
+        step = self.batch.current(opt) if opt is not None else None
+        return step is not None and step.decision is None
 
     def _timed_judge(self, optimizer: torch.optim.Optimizer) -> Decision:
         with self._part("guard"):  # the monitor's cost
