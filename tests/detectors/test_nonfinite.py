@@ -8,6 +8,7 @@ import pytest
 
 from stabilizer.core.detectors import NonFinite
 from stabilizer.core.records import Severity, StepRecord
+from stabilizer.core.run import RunHeader
 
 from .streams import feed, records
 
@@ -160,3 +161,13 @@ def test_a_loss_that_starts_at_minus_ln_flt_min_or_passes_it_is_no_nan() -> None
     constant repeated: nothing."""
     for losses in ([87.3366, 87.3366, 8.26, 8.25], [2.0, 87.3365, 3.0], [1.0, 90.0, 90.0]):
         assert feed(NonFinite(), records("loss", losses)) == []
+
+
+@pytest.mark.parametrize(("precision", "fp16"), [("16-true", True), ("32-true", False)])
+def test_an_update_made_non_finite_blames_fp16_eps_only_in_fp16(precision: str, fp16: bool) -> None:
+    # AdamW's eps underflows to 0 in fp16; an fp32 run's NaN update is eps=0 or a huge gradient.
+    detector = NonFinite()
+    detector.set_run(RunHeader(precision=precision))
+    (found,) = detector.update(StepRecord(3, {"loss": 1.0, "nonfinite_update": 1.0}))
+    assert found.kind == "nonfinite_update"
+    assert ("fp16" in found.message) == fp16

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from stabilizer.core import kinds
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import (
     GRAD_NORM,
     GRAD_NORM_PREFIX,
@@ -19,6 +20,7 @@ from stabilizer.core.signals import (
 )
 
 from .base import check_at_least
+from .overflow_risk import computes_in_fp16
 
 __all__ = ["NonFinite"]
 
@@ -71,6 +73,11 @@ class NonFinite:
         self._optimizer_only = False  # whether only the optimizer went non-finite in it
         self._lowest = math.inf  # the lowest finite loss seen
         self._previous: float | None = None  # the loss of the record before
+        self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
+
+    def set_run(self, run: RunHeader) -> None:
+        """What the run is: AdamW's eps underflows to 0 only where it computes in fp16."""
+        self._fp16 = computes_in_fp16(run.precision)
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -152,7 +159,12 @@ class NonFinite:
             what, kind = f"gradients are non-finite{where}", kinds.NONFINITE_GRAD
         seen, advice = f"{what} at step {step}", "skip the step; if it recurs, " + _FP32
         if kind == kinds.NONFINITE_UPDATE:
-            seen += " (in fp16, AdamW's eps underflows to 0)"
+            seen += (
+                " (in fp16, AdamW's eps underflows to 0)"
+                if self._fp16 is not False
+                else " (the optimizer's own arithmetic: an eps of 0, or a gradient so large that "
+                "its square overflows)"
+            )
             advice = "skip the step; " + _MASTER
         return Finding(
             kind=kind,
