@@ -1,210 +1,74 @@
 """`Stabilizer`: the step in a plain PyTorch loop, or Fabric's — a few lines added to it.
 
-    stab = Stabilizer(model, optimizer, log_dir="runs/exp")    # guards optimizer.step
-    for batch in loader:
-        with stab.step():                  # one optimizer step, its micro-batches inside
-            loss = model(batch)            # the model's calls are noted (a root cause replays them)
-            stab.backward(loss)            # loss.backward(), the loss noted
-            optimizer.step()               # decided inside: a NaN/Inf step never runs
-            optimizer.zero_grad()
-        if stab.should_stop:               # a run that stays non-finite stops
+    stab = Stabilizer(model, optimizer, clip=1.0, log_dir="runs/exp")
+    for x, y in loader:
+        with stab.step():                      # one optimizer step; its micro-batches inside
+            logits, loss = model(x, y)         # the model's calls are noted (a replay reruns them)
+            stab.backward(loss)                # loss.backward(), the loss noted (and scaled)
+            optimizer.step()                   # decided inside: a NaN/Inf step never runs
+            optimizer.zero_grad(set_to_none=True)
+        if stab.should_stop:                   # a run that stays non-finite stops
             break
-    stab.close()                           # the end line, the last check of the weights
+    stab.close()                               # the end line, the last check of the weights
 
-It is the same step as Lightning's callback (`stabilizer.step`): the same detection, skip, root
-cause, outputs (``stability.jsonl``, console, notifications, TensorBoard with a
-``SummaryWriter``) and end line. Under ``torch.distributed`` every rank runs it and takes the same
-decision. The step is measured inside ``optimizer.step``, after any clipping of yours; call
-``stab.before_step(optimizer)`` before your clipping to record the norm it clips. Under Fabric,
-pass ``fabric.backward`` as `backward` and the optimizers Fabric returned.
+It is the step of Lightning's callback (`stabilizer.step`): the same detection, skip, root cause,
+outputs (``stability.jsonl``, console, notifications, TensorBoard) and end line. The step is
+measured just before the optimizer runs, inside ``optimizer.step`` (under an fp16 scaler, when
+it unscales), and ``clip`` clips after that, so ``grad_norm`` is the norm before clipping, as
+Lightning's. A loop that clips itself calls ``stab.before_step(optimizer)`` before its clipping.
+Under ``torch.distributed`` (DDP, Fabric's) every rank runs it and takes the same decision.
+``Stabilizer(model, optimizer, fabric=fabric)`` takes Fabric's backward, scaler, precision and
+loggers.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
 from torch import nn
 
-from stabilizer.core.detectors.base import Detector
 from stabilizer.core.records import Finding
 from stabilizer.outputs.notify import as_notifier
-from stabilizer.step.batch import Batch
 from stabilizer.step.guard import StepGuard
-from stabilizer.step.host import HostFacts, MicroBatch
+from stabilizer.step.host import HostFacts
 from stabilizer.step.monitor import Options, RunMonitor
-from stabilizer.step.outputs import Sinks
+from stabilizer.step.outputs import MetricsLogger, Sinks
 from stabilizer.step.policies import Policy, as_policy
 
-__all__ = ["LoopHost", "Stabilizer", "loss_of"]
+from .calls import Call, ModelCalls
+from .loop_host import LoopHost, inner_optimizer
+from .ranks import Ranks
+from .scaler import AfterUnscale
 
-
-class LoopHost:
-    """A plain loop as the step sees it (`stabilizer.step.host.Host`).
-
-    Args:
-        model: The model (its forward calls are replayed for a root cause).
-        optimizers: The optimizers that step.
-        schedulers: The LR schedulers (a remedy's new parameter group joins them).
-        scaler: An fp16 ``torch.amp.GradScaler``, if the loop uses one.
-        facts: The run's facts (precision, where logs go; ranks from ``torch.distributed``).
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizers: Sequence[torch.optim.Optimizer],
-        schedulers: Sequence[Any],
-        scaler: Any,
-        facts: HostFacts,
-    ) -> None:
-        self.model, self._optimizers, self._schedulers = model, list(optimizers), list(schedulers)
-        self.scaler, self._facts = scaler, facts
-        self.done = 0  # optimizer steps of the steps finished
-        self.batch: Batch | None = None  # the step in flight (its optimizer steps so far)
-        self.should_stop = False
-        self._clip: float | None = None
-        for opt in self._optimizers:  # the clipping a remedy sets, at the last moment
-            opt.register_step_pre_hook(self._clip_before_update)
-
-    @property
-    def facts(self) -> HostFacts:
-        return self._facts
-
-    @property
-    def step(self) -> int:
-        return self.done + (len(self.batch.steps) if self.batch is not None else 0)
-
-    @property
-    def module(self) -> nn.Module:
-        return self.model
-
-    @property
-    def data(self) -> object | None:
-        return None  # a plain loop does not say (a level change is then told by the loss)
-
-    @property
-    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
-        return self._optimizers
-
-    @property
-    def schedulers(self) -> Sequence[Any]:
-        return self._schedulers
-
-    @property
-    def loss_scale(self) -> torch.Tensor | float | None:
-        if self.scaler is None or not self.scaler.is_enabled():
-            return None
-        return float(self.scaler.get_scale())
-
-    @property
-    def clip(self) -> float | None:
-        return self._clip
-
-    def set_clip(self, value: float) -> None:
-        self._clip = value
-
-    def _clip_before_update(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
-        if self._clip:
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            torch.nn.utils.clip_grad_norm_(params, self._clip)
-
-    @property
-    def warmup(self) -> int | None:
-        if not self._schedulers or not self._optimizers:
-            return 0  # a constant LR has no warmup
-        group = self._optimizers[0].param_groups[0]
-        peak = group.get("initial_lr")
-        if not peak:
-            return None
-        return 0 if group["lr"] >= 0.5 * peak else 1
-
-    @property
-    def recount(self) -> bool:
-        return False  # measured inside the step, or: torch's version counters tell (clipping)
-
-    def reduce(self, vec: torch.Tensor, norms: int) -> torch.Tensor:
-        if self._facts.world_size <= 1:
-            return vec
-        out = vec.clone()
-        torch.distributed.all_reduce(out)
-        return out / self._facts.world_size
-
-    def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
-        if self._facts.world_size <= 1:
-            return value
-        out = value.clone()
-        torch.distributed.all_reduce(out)
-        return out
-
-    def gather(self, obj: Any) -> list[Any]:
-        if self._facts.world_size <= 1:
-            return [obj]
-        gathered: list[Any] = [None] * self._facts.world_size
-        torch.distributed.all_gather_object(gathered, obj)  # our own processes' objects
-        return gathered
-
-    def stop(self) -> None:
-        self.should_stop = True
-
-    @property
-    def checkpoint(self) -> str:
-        return ""
-
-    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
-        """The micro-batch's model calls again; the loss from what they return (`loss_of`)."""
-        args, kwargs = micro.batch
-
-        def run_step() -> torch.Tensor:
-            return loss_of(self.model(*args, **kwargs))
-
-        return run_step
-
-    @contextlib.contextmanager
-    def replaying(self) -> Iterator[None]:
-        """A replay's backward does not synchronise across ranks (DDP's ``no_sync``)."""
-        with getattr(self.model, "no_sync", contextlib.nullcontext)():
-            yield
-
-
-def loss_of(output: Any) -> torch.Tensor:
-    """The loss in what a model returned: a scalar tensor, a ``loss`` entry or attribute (a
-    Hugging Face model's output), the first scalar of a tuple (nanoGPT's ``(logits, loss)``);
-    else the mean of the first tensor (a replay without a loss still finds a forward NaN)."""
-    if isinstance(output, torch.Tensor):
-        return output if output.numel() == 1 else output.float().mean()
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    if isinstance(output, tuple | list):
-        scalars = [o for o in output if isinstance(o, torch.Tensor) and o.numel() == 1]
-        tensors = [o for o in output if isinstance(o, torch.Tensor)]
-        if scalars or tensors:
-            return scalars[0] if scalars else tensors[0].float().mean()
-    raise TypeError(f"no loss in the model's output ({type(output).__name__})")
+__all__ = ["Stabilizer"]
 
 
 class Stabilizer:
-    """The step in a plain loop (see the module): guards the optimizers from construction on.
+    """The step in a plain loop (see the module); use it in ``with``, or call `close` at the end.
 
     Args:
-        model: The model the loop trains (under DDP, the wrapped one).
-        optimizers: The optimizer, or several.
+        model: The model the loop calls (DDP's, Fabric's or a compiled wrapper is fine).
+        optimizers: The optimizer, or several (each guarded; all that step in one
+            ``with stab.step()`` block share its step number).
         policy: ``Protect(...)`` (default), ``Observe()``, ``Auto(...)``, or a name.
         schedulers: The LR schedulers, if any.
-        scaler: The fp16 ``GradScaler``, if any (`backward` scales the loss with it).
+        scaler: The fp16 ``torch.amp.GradScaler``, if any (`backward` scales the loss with it).
+        clip: Clip the gradient norm at this value in each optimizer step, after measuring it
+            (drop the loop's own ``clip_grad_norm_``); None: no clipping by the Stabilizer.
         precision: The run's precision in Lightning's names (``"32-true"``, ``"16-mixed"``,
-            ``"bf16-mixed"``, ...): what fits as advice, what the preflight checks.
+            ``"bf16-mixed"``, ...): which advice fits, what the set-up check reads.
         log_dir: Where ``stability.jsonl`` goes (default: ``stability_logs/version_<N>/``).
-        tensorboard: A ``SummaryWriter`` for the records and TensorBoard's extras.
-        backward: How to backpropagate a loss (default ``loss.backward()``; Fabric's
-            ``fabric.backward``).
-        options: The monitor's other settings (`stabilizer.step.monitor.Options`: detectors,
-            grouping, activation_every, heatmap_every, jsonl, strict, preflight, notify,
-            cost_budget).
+        tensorboard: A ``SummaryWriter``: the records as scalars, and TensorBoard's extras.
+        fabric: A ``lightning.fabric.Fabric``: its backward, scaler, precision and loggers.
+        options: The monitor's other settings, by name (`stabilizer.step.monitor.Options`:
+            detectors, grouping, activation_every, heatmap_every, jsonl, strict, preflight,
+            notify, cost_budget).
     """
 
     def __init__(
@@ -215,39 +79,59 @@ class Stabilizer:
         *,
         schedulers: Sequence[Any] = (),
         scaler: Any = None,
+        clip: float | None = None,
         precision: str = "32-true",
         log_dir: str | Path | None = None,
         tensorboard: Any = None,
-        backward: Callable[[torch.Tensor], None] | None = None,
-        detectors: Sequence[Detector] | None = None,
+        fabric: Any = None,
         **options: Any,
     ) -> None:
-        opts = list(optimizers) if isinstance(optimizers, Sequence) else [optimizers]
-        notify = options.pop("notify", None)
-        self.options = Options(detectors=detectors, notify=as_notifier(notify), **options)
-        self.host = LoopHost(model, opts, schedulers, scaler, _facts(model, precision, log_dir))
-        self._backward = backward
-        sinks = Sinks((), 1, tensorboard)
-        self.run = RunMonitor(self.host, as_policy(policy), self.options, sinks)
-        self.host.batch = self.run.batch
+        if clip is not None and not clip > 0:
+            raise ValueError(f"`clip` must be > 0 or None, got {clip!r}")
+        opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        self.policy = as_policy(policy)
+        self.options = Options(**options | {"notify": as_notifier(options.get("notify"))})
+        loggers: Sequence[MetricsLogger] = [_Scalars(tensorboard)] if tensorboard else []
+        self._backward = None
+        if fabric is not None:
+            precision, scaler, loggers, log_dir = _from_fabric(fabric, log_dir)
+            self._backward = fabric.backward
+            tensorboard = tensorboard or _writer_of(loggers)
+        strategy = type(fabric.strategy).__name__ if fabric is not None else "loop"
+        facts = _facts(model, precision, log_dir, strategy)
+        inner = [inner_optimizer(opt) for opt in opts]
+        self.host = LoopHost(model, inner, schedulers, scaler, facts, clip)
+        self._sinks = Sinks(loggers, 1, tensorboard)
+        self.run: RunMonitor | None = None  # from the first step (after a resume's state)
+        self._resumed: dict[str, Any] | None = None
         self._index = 0  # micro-batches so far
-        self._open = False  # a step is in flight
-        self._calls = model.register_forward_pre_hook(self._called, with_kwargs=True)
-        self.run.start()
+        self._open = False  # inside a `step` block
+        self.calls = ModelCalls(self.host.module, self._begin, self._wanted)
+        self.host.calls = self.calls
+        self._unscale = AfterUnscale(scaler, self._unscaled) if self.host.scaling else None
+        self._closed = False
 
     # --- what the run shows ------------------------------------------------------------------
 
     @property
     def findings(self) -> list[Finding]:
-        return self.run.findings
+        """Every finding so far (every rank), in order."""
+        return self.run.findings if self.run is not None else []
 
     @property
     def skipped_steps(self) -> int:
-        return self.run.skipped_steps
+        """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
+        return self.run.skipped_steps if self.run is not None else 0
+
+    @property
+    def root_causes(self) -> int:
+        """Root-cause replays run."""
+        return self.run.root_causes if self.run is not None else 0
 
     @property
     def guard(self) -> StepGuard | None:
-        return self.run.guard
+        """The optimizers' guard (`Protect` and `Auto`), from the first step."""
+        return self.run.guard if self.run is not None else None
 
     @property
     def should_stop(self) -> bool:
@@ -258,64 +142,153 @@ class Stabilizer:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """One optimizer step (of every optimizer stepped inside), its micro-batches inside."""
-        self._open = True
+        """One optimizer step (of every optimizer stepped inside), its micro-batches inside; a
+        block in which no optimizer steps holds micro-batches of the next one."""
+        run = self._start()
+        self._open, self.calls.fresh = True, True
         try:
             yield
         finally:
             self._open = False
-            taken = len(self.run.batch.steps)
-            self.run.end()
-            self.host.done += taken
-
-    def _called(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        """A forward of the model: the first since the last backward starts a micro-batch."""
-        if self.run.inert or not self._open:
-            return
-        if not self.run.batch.micro or self.run.batch.micro[-1].losses:
-            self.run.begin((args, kwargs), self._index)
-            self._index += 1
+        stepped = bool(run.batch.steps)
+        run.end()
+        self.host.done += stepped
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` (scaled by the fp16 scaler, or Fabric's), the loss noted first."""
-        scaler = self.host.scaler
-        scaled = scaler.scale(loss) if scaler is not None and scaler.is_enabled() else loss
-        self.run.loss(scaled)
+        """``loss.backward()`` (scaled by the fp16 scaler; Fabric's backward under Fabric), the
+        loss noted first: under gradient accumulation, each micro-batch's share."""
+        host, run = self.host, self.run
+        scaled = host.scaler.scale(loss) if host.scaling else loss
+        if run is not None and self._open and not run.inert:
+            run.loss(scaled)
+        self.calls.fresh = True  # the next call of the model begins a micro-batch
         if self._backward is not None:
             self._backward(loss, **kwargs)
         else:
             scaled.backward(**kwargs)
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Measure `optimizer`'s coming step now (before your clipping, to record the norm it
-        clips); otherwise it is measured inside ``optimizer.step``."""
-        self.run.before_step(optimizer)
+        """Measure `optimizer`'s coming step now: call it before your own clipping, so that
+        ``grad_norm`` is the norm before it (otherwise it is measured inside the step)."""
+        run, optimizer = self.run, inner_optimizer(optimizer)
+        if run is None or not self._open or run.inert:
+            return
+        measured = run.batch.current(optimizer)
+        if measured is None or measured.decision is not None:  # not measured yet
+            run.before_step(optimizer)
+
+    def _unscaled(self, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer in self.host.optimizers:
+            self.before_step(optimizer)
+
+    def _begin(self, calls: list[Call]) -> None:
+        if self.run is not None:
+            self.run.begin(calls, self._index)
+            self._index += 1
+
+    def _wanted(self) -> bool:
+        return self._open and self.run is not None and not self.run.inert
+
+    def _start(self) -> RunMonitor:
+        """The run's monitor, at the first step (after `load_state_dict`, if any)."""
+        if self.run is None:
+            self.run = RunMonitor(self.host, self.policy, self.options, self._sinks)
+            earlier: list[Finding] = []
+            if self._resumed is not None:
+                self.run.load_state_dict(self._resumed)
+                earlier = self.run.findings
+            self.run.start(earlier)
+        return self.run
 
     def close(self) -> None:
         """The end of training: the last report and check of the weights, the end line; the
-        optimizers unguarded."""
+        optimizers unguarded, the hooks removed."""
+        if self._closed:
+            return
+        self._closed = True
+        run = self._start()
         try:
-            self.run.finish()
+            run.finish()
         finally:
-            self.run.release()
-            self._calls.remove()
+            self._release(run)
+
+    def _release(self, run: RunMonitor) -> None:
+        run.release()
+        self.calls.remove()
+        self.host.remove()
+        if self._unscale is not None:
+            self._unscale.remove()
+
+    def __enter__(self) -> Stabilizer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if error is None:
+            self.close()
+        elif not self._closed:  # the training died: keep what was measured, flush every line
+            self._closed = True
+            run = self._start()
+            run.abort()
+            self._release(run)
+
+    # --- checkpoints -------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The monitor's state, for the loop's checkpoint (resume with `load_state_dict`)."""
-        return self.run.state_dict() | {"step": self.host.done}
+        run = self._start()
+        path = run.outputs.default_path
+        return run.state_dict() | {"step": self.host.done, "jsonl": str(path) if path else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.run.load_state_dict(state)
-        self.host.done = int(state.get("step", 0))
+        """Resume from `state_dict`'s state: before the first step (a run in progress cannot
+        take another's state); the default JSONL of the run it resumes goes on."""
+        if self.run is not None:
+            raise RuntimeError("`load_state_dict` must come before the first step")
+        self._resumed, self.host.done = dict(state), int(state.get("step", 0))
+        if state.get("jsonl") and self.options.jsonl is True:
+            self.options = dataclasses.replace(self.options, jsonl=Path(state["jsonl"]))
 
 
-def _facts(model: nn.Module, precision: str, log_dir: str | Path | None) -> HostFacts:
+class _Scalars:
+    """A ``SummaryWriter`` as a logger of the records' scalars (as Lightning's TensorBoard
+    logger writes them)."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+
+def _from_fabric(fabric: Any, log_dir: str | Path | None) -> tuple[str, Any, list[Any], Any]:
+    """Fabric's precision, grad scaler, loggers and log dir."""
+    plugin = fabric.strategy.precision
+    loggers = list(fabric.loggers)
+    if log_dir is None and loggers and getattr(loggers[0], "log_dir", None):
+        log_dir = loggers[0].log_dir
+    return str(plugin.precision), getattr(plugin, "scaler", None), loggers, log_dir
+
+
+def _writer_of(loggers: Sequence[Any]) -> Any:
+    """The ``SummaryWriter`` of a TensorBoard logger among `loggers`, if any."""
+    for logger in loggers:
+        if "TensorBoard" in type(logger).__name__:
+            return logger.experiment
+    return None
+
+
+def _facts(model: nn.Module, precision: str, log_dir: Any, strategy: str) -> HostFacts:
     """The run's facts: where the model is, the ranks of ``torch.distributed``."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    world = torch.distributed.get_world_size() if distributed else 1
-    rank = torch.distributed.get_rank() if distributed else 0
+    ranks = Ranks.current()
     return HostFacts(
-        precision=precision, accelerator=device.type, devices=1, strategy="loop",
-        world_size=world, rank=rank, log_dir=Path(log_dir) if log_dir else None,
+        precision=precision, accelerator=device.type, devices=1, strategy=strategy,
+        world_size=ranks.world_size, rank=ranks.rank,
+        log_dir=Path(log_dir) if log_dir else None,
     )  # fmt: skip
