@@ -36,7 +36,7 @@ def inject_nan(model: GPT, at: dict[str, int], rank: int) -> None:
         hit = at["step"] == at["nan"] and rank == at["rank"]
         return out * float("nan") if module.training and hit else None
 
-    model.blocks[1].mlp.register_forward_hook(hook)
+    model.get_submodule("blocks.1.mlp").register_forward_hook(hook)
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -64,7 +64,8 @@ def main() -> None:
     at = {"step": 0, "nan": args.nan_at, "rank": args.nan_rank if ddp else rank}
     gpt = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64))
     inject_nan(gpt, at, rank)
-    model: nn.Module = DistributedDataParallel(gpt) if ddp else gpt
+    ddp_model = DistributedDataParallel(gpt) if ddp else None
+    model = ddp_model or gpt
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     stab = Stabilizer(model, optimizer, clip=1.0, log_dir=args.log_dir)  # +
     for step in range(args.steps):
@@ -72,7 +73,8 @@ def main() -> None:
         with stab.step():  # +
             for micro in range(args.accumulate):
                 last = micro == args.accumulate - 1
-                sync = contextlib.nullcontext() if last or not ddp else model.no_sync()
+                # DDP averages the gradients across ranks at the last micro-batch only
+                sync = ddp_model.no_sync() if ddp_model and not last else contextlib.nullcontext()
                 x, y = data[(step * args.accumulate + micro) * world + rank]
                 with sync:
                     _, loss = model(x, y)

@@ -43,8 +43,9 @@ from stabilizer.step.policies import Policy, as_policy
 
 from .calls import Call, ModelCalls
 from .loop_host import LoopHost, inner_optimizer
+from .moments import AfterUnscale, measure_once
 from .ranks import Ranks
-from .scaler import AfterUnscale
+from .scalars import ScalarLogger
 
 __all__ = ["Stabilizer"]
 
@@ -91,7 +92,7 @@ class Stabilizer:
         opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
         self.policy = as_policy(policy)
         self.options = Options(**options | {"notify": as_notifier(options.get("notify"))})
-        loggers: Sequence[MetricsLogger] = [_Scalars(tensorboard)] if tensorboard else []
+        loggers: Sequence[MetricsLogger] = [ScalarLogger(tensorboard)] if tensorboard else []
         self._backward = None
         if fabric is not None:
             precision, scaler, loggers, log_dir = _from_fabric(fabric, log_dir)
@@ -170,12 +171,8 @@ class Stabilizer:
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Measure `optimizer`'s coming step now: call it before your own clipping, so that
         ``grad_norm`` is the norm before it (otherwise it is measured inside the step)."""
-        run, optimizer = self.run, inner_optimizer(optimizer)
-        if run is None or not self._open or run.inert:
-            return
-        measured = run.batch.current(optimizer)
-        if measured is None or measured.decision is not None:  # not measured yet
-            run.before_step(optimizer)
+        if self.run is not None and self._open:
+            measure_once(self.run, inner_optimizer(optimizer))
 
     def _unscaled(self, optimizer: torch.optim.Optimizer) -> None:
         if optimizer in self.host.optimizers:
@@ -252,18 +249,6 @@ class Stabilizer:
         self._resumed, self.host.done = dict(state), int(state.get("step", 0))
         if state.get("jsonl") and self.options.jsonl is True:
             self.options = dataclasses.replace(self.options, jsonl=Path(state["jsonl"]))
-
-
-class _Scalars:
-    """A ``SummaryWriter`` as a logger of the records' scalars (as Lightning's TensorBoard
-    logger writes them)."""
-
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
 
 
 def _from_fabric(fabric: Any, log_dir: str | Path | None) -> tuple[str, Any, list[Any], Any]:
