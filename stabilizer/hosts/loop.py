@@ -105,6 +105,7 @@ class Stabilizer:
         self._sinks = Sinks(loggers, 1, tensorboard)
         self.run: RunMonitor | None = None  # from the first step (after a resume's state)
         self._resumed: dict[str, Any] | None = None
+        self._jsonl: Path | None = None  # the default JSONL of the run this one resumes
         self._index = 0  # micro-batches so far
         self._open = False  # inside a `step` block
         self.calls = ModelCalls(self.host.module, self._begin, self._wanted)
@@ -238,7 +239,7 @@ class Stabilizer:
     def state_dict(self) -> dict[str, Any]:
         """The monitor's state, for the loop's checkpoint (resume with `load_state_dict`)."""
         run = self._start()
-        path = run.outputs.default_path
+        path = run.outputs.default_path or self._jsonl  # (a resumed run's: the one it resumed)
         return run.state_dict() | {"step": self.host.done, "jsonl": str(path) if path else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -248,7 +249,8 @@ class Stabilizer:
             raise RuntimeError("`load_state_dict` must come before the first step")
         self._resumed, self.host.done = dict(state), int(state.get("step", 0))
         if state.get("jsonl") and self.options.jsonl is True:
-            self.options = dataclasses.replace(self.options, jsonl=Path(state["jsonl"]))
+            self._jsonl = Path(state["jsonl"])
+            self.options = dataclasses.replace(self.options, jsonl=self._jsonl)
 
 
 def _from_fabric(fabric: Any, log_dir: str | Path | None) -> tuple[str, Any, list[Any], Any]:
