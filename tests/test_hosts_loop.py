@@ -204,11 +204,11 @@ def test_a_resumed_loop_reports_as_the_whole_run(
 def test_a_crash_in_the_loop_keeps_the_lines_and_unguards(tmp_path: Path) -> None:
     gpt, at = tiny()
     optimizer = torch.optim.AdamW(gpt.parameters())
-    with pytest.raises(RuntimeError, match="the user's bug"):
-        with Stabilizer(gpt, optimizer, log_dir=tmp_path) as stab:
-            train(stab, gpt, at, range(2))
-            with stab.step():
-                raise RuntimeError("the user's bug")
+    stab = Stabilizer(gpt, optimizer, log_dir=tmp_path)
+    with pytest.raises(RuntimeError, match="the user's bug"), stab:
+        train(stab, gpt, at, range(2))
+        with stab.step():
+            raise RuntimeError("the user's bug")
     assert "step" not in optimizer.__dict__ and not gpt._forward_pre_hooks
     assert sorted(steps_of(tmp_path / "stability.jsonl")) == [0, 1]
 
