@@ -132,7 +132,8 @@ def loss_of(output: Any) -> torch.Tensor:
         return found
     if isinstance(output, torch.Tensor):
         return output.float().mean()
-    tensors = [o for o in output if isinstance(o, torch.Tensor)] if _seq(output) else []
+    items = output.values() if isinstance(output, Mapping) else output if _seq(output) else ()
+    tensors = [o for o in items if isinstance(o, torch.Tensor)]
     if tensors:
         return tensors[0].float().mean()
     raise TypeError(f"no tensor in the model's output ({type(output).__name__})")

@@ -73,7 +73,9 @@ def root_cause(
     if where is None:
         return None
     finding = _finding(step, where, host.replays_loss)
+    # (a replay that stayed finite replayed them all: no one micro-batch to name)
     prefix = f"micro-batch {index + 1} of {len(micro)}: " if len(micro) > 1 else ""
+    prefix = prefix if where.reproduced else ""
     if host.facts.world_size > 1 and where.reproduced:
         prefix = f"rank {rank}: {prefix}"
     return replace(finding, seen=prefix + finding.seen) if prefix else finding
@@ -105,8 +107,8 @@ def _gather(
 
 _OUTSIDE = (
     "the replay of the model's calls stayed finite: the NaN/Inf came from code outside the "
-    "model (the loss computation, or what the loop did to the loss or the gradients), or the "
-    "fault is transient"
+    "model (the loss computation, or what the training code did to the loss or the gradients), "
+    "or the fault is transient"
 )
 
 
