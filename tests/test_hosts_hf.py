@@ -16,9 +16,9 @@ from test_hosts_parity import NAN_AT, Examples, HFWrapper, Scenario
 if not os.environ.get("CI"):  # CI installs the hf extra: there a missing transformers fails
     pytest.importorskip("transformers")
 
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from stabilizer.hosts.hf import StabilityCallback  # noqa: E402
+from stabilizer.hosts.hf import StabilityCallback
 
 STEPS = 14
 
