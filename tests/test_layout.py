@@ -24,8 +24,10 @@ ALLOWED = {
     "report": {"core", "replay", "outputs", "report"},
     "demo": {"core", "demo"},
     "remedies": {"live"},  # the public name of live.remedies
+    "step": {"core", "live", "outputs", "step"},  # the live step: torch, never Lightning
+    "hosts": {"core", "live", "outputs", "step", "hosts"},  # its hosts beside Lightning's
     "cli": {"core", "replay", "outputs", "report", "demo", "callbacks"},
-    "callbacks": {"core", "live", "outputs", "demo", "callbacks"},
+    "callbacks": {"core", "live", "outputs", "demo", "step", "callbacks"},
 }
 NO_TORCH = {"core", "replay", "outputs", "report"}
 
