@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import Tensor, nn
+from torch.utils.tensorboard import SummaryWriter
 
 from stabilizer.demo.model import GPT, GPTConfig
 from stabilizer.hosts.loop import Stabilizer
@@ -74,9 +76,12 @@ def steps_of(path: Path) -> dict[int, dict[str, Any]]:
 
 
 def test_a_nan_in_an_accumulated_step_is_skipped_and_named(tmp_path: Path) -> None:
+    """The NaN of the second micro-batch: skipped, weights bit-identical, named; the records
+    in the JSONL and TensorBoard, the norm before the Stabilizer's clipping."""
     gpt, at = tiny(nan_at=3, micro=1)
     optimizer = torch.optim.AdamW(gpt.parameters())
-    stab = Stabilizer(gpt, optimizer, clip=0.1, log_dir=tmp_path)
+    writer = SummaryWriter(tmp_path / "tb")
+    stab = Stabilizer(gpt, optimizer, clip=0.1, log_dir=tmp_path, tensorboard=writer)
     with stab:
         train(stab, gpt, at, range(3), accumulate=2)
         before = [p.detach().clone() for p in gpt.parameters()]
@@ -93,6 +98,11 @@ def test_a_nan_in_an_accumulated_step_is_skipped_and_named(tmp_path: Path) -> No
     assert values[2]["clipped"] == 1.0 and values[2]["grad_norm"] > 0.1  # before clipping
     assert all(math.isfinite(values[s]["loss"]) for s in (4, 5))
     assert "step" not in optimizer.__dict__ and not gpt._forward_pre_hooks  # all put back
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("stability/grad_norm")] == list(range(6))
+    assert "stability/grad_norm_heatmap" in events.Tags()["images"]
 
 
 def test_a_nan_made_outside_the_model_is_not_called_transient(tmp_path: Path) -> None:
@@ -226,3 +236,20 @@ def test_wrong_settings_say_what_is_wrong() -> None:
     with pytest.raises(RuntimeError, match="`load_state_dict` must come before the first step"):
         stab.load_state_dict({})
     stab.close()
+
+
+def test_observe_reports_and_lets_the_update_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without a guard the step is measured inside the optimizer step all the same; the NaN
+    reaches the weights, and the console says so."""
+    gpt, at = tiny(nan_at=1)
+    with Stabilizer(gpt, torch.optim.SGD(gpt.parameters(), lr=0.1), "observe", clip=1.0,
+                    log_dir=tmp_path) as stab:  # fmt: skip
+        train(stab, gpt, at, range(3))
+    values = steps_of(tmp_path / "stability.jsonl")
+    assert sorted(values) == [0, 1, 2] and "skipped" not in values[1]
+    assert values[0]["grad_norm"] > values[0]["clip_val"] == 1.0  # measured before clipping
+    assert not all(torch.isfinite(p).all() for p in gpt.parameters())
+    assert [(f.kind, f.step) for f in stab.findings] == [("nonfinite_loss", 1)]
+    assert "loss is nan at step 1; the update was applied" in caplog.text

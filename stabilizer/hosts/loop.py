@@ -196,6 +196,8 @@ class Stabilizer:
                 self.run.load_state_dict(self._resumed)
                 earlier = self.run.findings
             self.run.start(earlier)
+            if self.run.guard is None:  # nothing measures inside the step: measured there
+                self.host.at_step = self.before_step
         return self.run
 
     def close(self) -> None:

@@ -54,7 +54,9 @@ class LoopHost:
         self.calls: ModelCalls | None = None  # the model's calls, for a replay
         self.done = 0  # steps done: the blocks whose optimizers stepped
         self.should_stop = False
-        self._hooks = [opt.register_step_pre_hook(self._clip_grads) for opt in self._optimizers]
+        # Called first inside each optimizer step (a policy without a guard measures there).
+        self.at_step: Callable[[torch.optim.Optimizer], None] | None = None
+        self._hooks = [opt.register_step_pre_hook(self._stepping) for opt in self._optimizers]
 
     @property
     def facts(self) -> HostFacts:
@@ -99,8 +101,10 @@ class LoopHost:
     def set_clip(self, value: float) -> None:
         self._clip = value
 
-    def _clip_grads(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
+    def _stepping(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         # A step pre-hook: it runs inside the step, after the guard let it through.
+        if self.at_step is not None:
+            self.at_step(optimizer)
         if self._clip:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             torch.nn.utils.clip_grad_norm_(params, self._clip)
@@ -152,7 +156,7 @@ class LoopHost:
             yield
 
     def remove(self) -> None:
-        """The clipping hooks off the optimizers."""
+        """The step hooks off the optimizers."""
         for hook in self._hooks:
             hook.remove()
 
