@@ -36,15 +36,14 @@ from torch import nn
 from stabilizer.core.records import Finding
 from stabilizer.outputs.notify import as_notifier
 from stabilizer.step.guard import StepGuard
-from stabilizer.step.host import HostFacts
 from stabilizer.step.monitor import Options, RunMonitor
 from stabilizer.step.outputs import MetricsLogger, Sinks
 from stabilizer.step.policies import Policy, as_policy
 
 from .calls import Call, ModelCalls
-from .loop_host import LoopHost, inner_optimizer
+from .fabric import FabricSetup
+from .loop_host import LoopHost, inner_optimizer, loop_facts
 from .moments import AfterUnscale, measure_once
-from .ranks import Ranks
 from .scalars import ScalarLogger
 
 __all__ = ["Stabilizer"]
@@ -92,14 +91,14 @@ class Stabilizer:
         opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
         self.policy = as_policy(policy)
         self.options = Options(**options | {"notify": as_notifier(options.get("notify"))})
-        loggers: Sequence[MetricsLogger] = [ScalarLogger(tensorboard)] if tensorboard else []
-        self._backward = None
-        if fabric is not None:
-            precision, scaler, loggers, log_dir = _from_fabric(fabric, log_dir)
-            self._backward = fabric.backward
-            tensorboard = tensorboard or _writer_of(loggers)
-        strategy = type(fabric.strategy).__name__ if fabric is not None else "loop"
-        facts = _facts(model, precision, log_dir, strategy)
+        loggers: list[MetricsLogger] = [ScalarLogger(tensorboard)] if tensorboard else []
+        setup, strategy = FabricSetup.of(fabric) if fabric is not None else None, "loop"
+        self._backward = setup.backward if setup is not None else None
+        if setup is not None:
+            precision, scaler, strategy = setup.precision, setup.scaler, setup.strategy
+            loggers, tensorboard = setup.loggers, tensorboard or setup.tensorboard
+            log_dir = log_dir or setup.log_dir
+        facts = loop_facts(model, precision, Path(log_dir) if log_dir else None, strategy)
         inner = [inner_optimizer(opt) for opt in opts]
         self.host = LoopHost(model, inner, schedulers, scaler, facts, clip)
         self._sinks = Sinks(loggers, 1, tensorboard)
@@ -253,31 +252,3 @@ class Stabilizer:
         if state.get("jsonl") and self.options.jsonl is True:
             self._jsonl = Path(state["jsonl"])
             self.options = dataclasses.replace(self.options, jsonl=self._jsonl)
-
-
-def _from_fabric(fabric: Any, log_dir: str | Path | None) -> tuple[str, Any, list[Any], Any]:
-    """Fabric's precision, grad scaler, loggers and log dir."""
-    plugin = fabric.strategy.precision
-    loggers = list(fabric.loggers)
-    if log_dir is None and loggers and getattr(loggers[0], "log_dir", None):
-        log_dir = loggers[0].log_dir
-    return str(plugin.precision), getattr(plugin, "scaler", None), loggers, log_dir
-
-
-def _writer_of(loggers: Sequence[Any]) -> Any:
-    """The ``SummaryWriter`` of a TensorBoard logger among `loggers`, if any."""
-    for logger in loggers:
-        if "TensorBoard" in type(logger).__name__:
-            return logger.experiment
-    return None
-
-
-def _facts(model: nn.Module, precision: str, log_dir: Any, strategy: str) -> HostFacts:
-    """The run's facts: where the model is, the ranks of ``torch.distributed``."""
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    ranks = Ranks.current()
-    return HostFacts(
-        precision=precision, accelerator=device.type, devices=1, strategy=strategy,
-        world_size=ranks.world_size, rank=ranks.rank,
-        log_dir=Path(log_dir) if log_dir else None,
-    )  # fmt: skip

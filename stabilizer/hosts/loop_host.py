@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from stabilizer.step.host import HostFacts, MicroBatch
 from .calls import ModelCalls, unwrap
 from .ranks import Ranks
 
-__all__ = ["LoopHost", "inner_optimizer"]
+__all__ = ["LoopHost", "inner_optimizer", "loop_facts"]
 
 
 class LoopHost:
@@ -175,3 +176,13 @@ def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
         optimizer = optimizer.optimizer  # type: ignore[attr-defined]
     return optimizer
+
+
+def loop_facts(model: nn.Module, precision: str, log_dir: Path | None, strategy: str) -> HostFacts:
+    """The run's facts: where the model is, the ranks of ``torch.distributed``."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    ranks = Ranks.current()
+    return HostFacts(
+        precision=precision, accelerator=device.type, devices=1, strategy=strategy,
+        world_size=ranks.world_size, rank=ranks.rank, log_dir=log_dir,
+    )  # fmt: skip
