@@ -132,7 +132,7 @@ def test_an_fp16_scaler_overflow_is_measured_and_the_loops_own_clipping_too(
     gpt, at = tiny(nan_at=2)
     optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
-    stab = Stabilizer(gpt, optimizer, scaler=scaler, precision="16-mixed", log_dir=tmp_path)
+    stab = Stabilizer(gpt, optimizer, scaler=scaler, log_dir=tmp_path)  # fp16: "16-mixed"
     with stab:
         for step in range(5):
             at["step"] = step
@@ -146,7 +146,7 @@ def test_an_fp16_scaler_overflow_is_measured_and_the_loops_own_clipping_too(
                 scaler.update()
                 optimizer.zero_grad()
     values = steps_of(tmp_path / "stability.jsonl")
-    assert sorted(values) == list(range(5))
+    assert stab.host.facts.precision == "16-mixed" and sorted(values) == list(range(5))
     assert values[2]["skipped"] == 1.0 and values[2]["loss_scale"] == 65536.0
     assert values[3]["loss_scale"] == 32768.0  # the scaler halved it
     assert values[3]["grad_norm"] > 0.01  # measured before the loop's clipping

@@ -11,14 +11,11 @@
             break
     stab.close()                               # the end line, the last check of the weights
 
-It is the step of Lightning's callback (`stabilizer.step`): the same detection, skip, root cause,
-outputs (``stability.jsonl``, console, notifications, TensorBoard) and end line. The step is
-measured just before the optimizer runs, inside ``optimizer.step`` (under an fp16 scaler, when
-it unscales), and ``clip`` clips after that, so ``grad_norm`` is the norm before clipping, as
-Lightning's. A loop that clips itself calls ``stab.before_step(optimizer)`` before its clipping.
-Under ``torch.distributed`` (DDP, Fabric's) every rank runs it and takes the same decision.
-``Stabilizer(model, optimizer, fabric=fabric)`` takes Fabric's backward, scaler, precision and
-loggers.
+The step of Lightning's callback (`stabilizer.step`): the same detection, skip, root cause,
+outputs and end line. It is measured inside ``optimizer.step`` (under an fp16 scaler, when it
+unscales) and ``clip`` clips after that: ``grad_norm`` is the norm before clipping, as under
+Lightning (a loop that clips itself calls ``stab.before_step(optimizer)`` before). Under
+``torch.distributed`` every rank runs it and takes the same decision.
 """
 
 from __future__ import annotations
@@ -62,7 +59,8 @@ class Stabilizer:
         clip: Clip the gradient norm at this value in each optimizer step, after measuring it
             (drop the loop's own ``clip_grad_norm_``); None: no clipping by the Stabilizer.
         precision: The run's precision in Lightning's names (``"32-true"``, ``"16-mixed"``,
-            ``"bf16-mixed"``, ...): which advice fits, what the set-up check reads.
+            ``"bf16-mixed"``, ...): which advice fits, what the set-up check reads. Default:
+            ``"16-mixed"`` with an enabled `scaler`, else ``"32-true"`` (say ``"bf16-mixed"``).
         log_dir: Where ``stability.jsonl`` goes (default: ``stability_logs/version_<N>/``).
         tensorboard: A ``SummaryWriter``: the records as scalars, and TensorBoard's extras.
         fabric: A ``lightning.fabric.Fabric``: its backward, scaler, precision and loggers.
@@ -80,7 +78,7 @@ class Stabilizer:
         schedulers: Sequence[Any] = (),
         scaler: Any = None,
         clip: float | None = None,
-        precision: str = "32-true",
+        precision: str | None = None,
         log_dir: str | Path | None = None,
         tensorboard: Any = None,
         fabric: Any = None,
@@ -98,6 +96,9 @@ class Stabilizer:
             precision, scaler, strategy = setup.precision, setup.scaler, setup.strategy
             loggers, tensorboard = setup.loggers, tensorboard or setup.tensorboard
             log_dir = log_dir or setup.log_dir
+        if precision is None:
+            fp16 = scaler is not None and bool(scaler.is_enabled())
+            precision = "16-mixed" if fp16 else "32-true"
         facts = loop_facts(model, precision, Path(log_dir) if log_dir else None, strategy)
         inner = [inner_optimizer(opt) for opt in opts]
         self.host = LoopHost(model, inner, schedulers, scaler, facts, clip)
