@@ -136,6 +136,10 @@ class LightningHost:
         ckpt = self.trainer.checkpoint_callback
         return getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
 
+    @property
+    def replays_loss(self) -> bool:
+        return True  # the training step again: the loss as the step computed it
+
     def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
         """The micro-batch's training step again. Under manual optimization the step
         backpropagates itself (its loss comes back detached)."""

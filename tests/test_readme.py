@@ -156,3 +156,44 @@ def test_the_watch_transcript_is_the_output_of_watch() -> None:
     printed = [line[9:] for line in done.stdout.decode().splitlines()[: len(shown)]]
     assert len(shown) == 5 and "critical nonfinite_loss" in shown[-1]
     assert printed == shown
+
+
+def _sample_after(intro: str) -> list[str]:
+    """The lines of the first ``text`` block after `intro` in the README."""
+    return README.split(intro)[1].split("```text\n")[1].split("```")[0].splitlines()
+
+
+def _same_but_times(lines: list[str]) -> list[str]:
+    """What varies by machine left out: the replay's time, the monitor's cost (and its one
+    warning when a loaded machine puts it over the budget)."""
+    lines = [line for line in lines if not line.startswith("stabilizer: monitor cost")]
+    lines = [re.sub(r"replay \d+\.\d+ s", "replay N s", line) for line in lines]
+    return [re.sub(r"monitor cost .*?(?=; details:|$)", "monitor cost …", x) for x in lines]
+
+
+HOSTS = [
+    ("examples/plain_loop.py", "plain_loop", "plain_loop"),
+    ("examples/fabric.py", "plain_loop", "fabric"),  # the README says: the same lines
+    ("examples/hf_trainer.py", "hf_trainer", "hf_trainer"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "sample", "runs"), HOSTS, ids=[h[2] for h in HOSTS])
+def test_the_console_samples_of_the_other_hosts_are_their_output(
+    tmp_path: Path, script: str, sample: str, runs: str
+) -> None:
+    """The README's console lines of the plain-loop, Fabric and HF Trainer examples, as they
+    print them now (run as the README gives them, from a fresh directory)."""
+    _made()
+    if runs == "hf_trainer" and not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    shown = _sample_after(f"`.venv/bin/python examples/{sample}.py --steps 40 --nan-at 20`")
+    shown = [line.replace(f"runs/{sample}/", f"runs/{runs}/") for line in shown]
+    done = subprocess.run(
+        [str(VENV / "python"), str(ROOT / script), "--steps", "40", "--nan-at", "20"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line for line in done.stderr.splitlines() if line.startswith("stabilizer: ")]
+    assert _same_but_times(printed) == _same_but_times(shown)

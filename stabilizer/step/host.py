@@ -152,8 +152,16 @@ class Host(Protocol):
         ...
 
     @property
-    def checkpoint(self) -> str:
-        """The last checkpoint the host saved ("" when none): the stop line names it."""
+    def checkpoint(self) -> str | None:
+        """The last checkpoint the host saved ("" when none; None when it cannot tell: a plain
+        loop saves its own): the stop line names it."""
+        ...
+
+    @property
+    def replays_loss(self) -> bool:
+        """Whether `replay` computes the loss as the step did (Lightning's ``training_step``
+        does); a host that replays the model's calls alone cannot see a NaN made outside them,
+        so a replay that stays finite is then no proof of a transient fault."""
         ...
 
     def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:

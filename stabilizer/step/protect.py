@@ -322,6 +322,7 @@ class Protection:
         host.stop()
         path = host.checkpoint
         where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
+        where = where if path is not None else ""  # the host cannot tell
         if step is not None and not step.weights_bad and step.measurement.numbers is not None:
             state = f"weights checked finite before step {step.step}"
             state += ", its update skipped" if step.skipped else ""

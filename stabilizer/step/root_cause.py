@@ -72,8 +72,10 @@ def root_cause(
     rank, where, index = _gather(host, where, index)
     if where is None:
         return None
-    finding = _finding(step, where)
+    finding = _finding(step, where, host.replays_loss)
+    # (a replay that stayed finite replayed them all: no one micro-batch to name)
     prefix = f"micro-batch {index + 1} of {len(micro)}: " if len(micro) > 1 else ""
+    prefix = prefix if where.reproduced else ""
     if host.facts.world_size > 1 and where.reproduced:
         prefix = f"rank {rank}: {prefix}"
     return replace(finding, seen=prefix + finding.seen) if prefix else finding
@@ -103,7 +105,14 @@ def _gather(
     return rank, where, index
 
 
-def _finding(step: int, where: Localization) -> Finding:
+_OUTSIDE = (
+    "the replay of the model's calls stayed finite: the NaN/Inf came from code outside the "
+    "model (the loss computation, or what the training code did to the loss or the gradients), "
+    "or the fault is transient"
+)
+
+
+def _finding(step: int, where: Localization, replays_loss: bool = True) -> Finding:
     # Names are relative to the host's module, in the location and in the message alike.
     module = None if where.module is None else _strip(where.module)
     parameter = None if where.parameter is None else _strip(where.parameter)
@@ -111,6 +120,8 @@ def _finding(step: int, where: Localization) -> Finding:
     location = (module,) if module else ()
     severity = Severity.ERROR if where.reproduced else Severity.WARNING
     seen, evidence = where.message, where.evidence
+    if not where.reproduced and not replays_loss:  # a finite replay of part of the step
+        seen = _OUTSIDE
     if where.reproduced:  # (a NaN made by the loss code alone is no numerical fault of a module)
         what = "deterministic" if where.phase == "loss" else "a numerical fault"
         seen += f" (reproduced on replay: {what}; replay {where.elapsed_s:.2f} s)"
