@@ -12,7 +12,7 @@ from stabilizer.core.detectors.loss_spike import LossSpike
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.replay.diagnose import Diagnosis, Located, Segment, diagnose
 from stabilizer.report import report_dict
-from stabilizer.report.episodes import episodes
+from stabilizer.report.incidents import incidents
 from stabilizer.report.markdown import render_markdown
 from stabilizer.report.text import render_text
 
@@ -61,23 +61,23 @@ def _diagnosis(*found: Finding) -> Diagnosis:
 
 
 def test_a_loss_spike_and_the_gradient_spike_at_its_start_are_one_episode() -> None:
-    [episode] = episodes(_diagnosis(SPIKE, GRAD_SPIKE))
-    assert episode.worst.kind == "loss_spike"  # the loss spike titles it
-    assert (episode.start, episode.end) == (119, 128)
-    assert episode.remedies == ("clip_gradients", "rollback")
+    [incident] = incidents(_diagnosis(SPIKE, GRAD_SPIKE))
+    assert incident.worst.kind == "loss_spike"  # the loss spike titles it
+    assert (incident.start, incident.end) == (119, 128)
+    assert incident.remedies == ("clip_gradients", "rollback")
     text = render_text(_diagnosis(SPIKE, GRAD_SPIKE))
     assert "timeline: 1 episode" in text
     assert "loss spiked from 2.5" in text and "gradient norm spiked to 40" in text
 
 
 def test_an_fp16_overflow_and_its_nan_are_one_episode() -> None:
-    [episode] = episodes(_diagnosis(OVERFLOW, NAN))
-    assert episode.worst.kind == "nonfinite_loss"
+    [incident] = incidents(_diagnosis(OVERFLOW, NAN))
+    assert incident.worst.kind == "nonfinite_loss"
 
 
 def test_events_apart_stay_apart() -> None:
     later = Finding("loss_spike", 300, 305, Severity.WARNING, "loss spiked", {}, (), ())
-    assert len(episodes(_diagnosis(SPIKE, later, NAN))) == 3
+    assert len(incidents(_diagnosis(SPIKE, later, NAN))) == 3
 
 
 @pytest.mark.parametrize("render", [render_text, render_markdown], ids=["text", "markdown"])
@@ -108,12 +108,12 @@ def test_a_nan_made_in_the_loss_of_a_protected_fp32_run(tmp_path: Path) -> None:
 
     _fit(tmp_path, TinyLM(nan_every=8), steps=10)  # a NaN loss at step 6, made after the model
     diagnosis = diagnose(str(tmp_path))  # the run directory: its stability.jsonl
-    [episode] = [e for e in episodes(diagnosis) if e.worst.kind == "nonfinite_loss"]
-    assert {f.kind for f in episode.findings} == {"nonfinite_loss", "root_cause"}
-    assert "the loss computation or its inputs" in episode.cause
-    assert "upcast_to_fp32" not in episode.remedies
-    assert "skip_step" not in episode.remedies  # the guard skipped the step
-    assert episode.recovered and episode.remedies == ()
+    [incident] = [e for e in incidents(diagnosis) if e.worst.kind == "nonfinite_loss"]
+    assert {f.kind for f in incident.findings} == {"nonfinite_loss", "root_cause"}
+    assert "the loss computation or its inputs" in incident.cause
+    assert "upcast_to_fp32" not in incident.remedies
+    assert "skip_step" not in incident.remedies  # the guard skipped the step
+    assert incident.recovered and incident.remedies == ()
     text = render_text(diagnosis)
     [block] = [b for b in text.split("\n#") if "non-finite loss" in b]
     assert "fp16" not in block and "fp32" not in block
@@ -141,8 +141,8 @@ def test_an_episode_is_one_entry_in_every_report(tmp_path: Path) -> None:
         item.finding for item in diagnosis.findings if item.finding.kind == "fp16_overflow"
     ]
     assert overflow.severity == Severity.ERROR and "over, the scale holds" in overflow.message
-    [episode] = episodes(diagnosis)
-    assert [f.kind for f in episode.findings].count("fp16_overflow") == 1
+    [incident] = incidents(diagnosis)
+    assert [f.kind for f in incident.findings].count("fp16_overflow") == 1
     text = render_text(diagnosis)
     assert text.count("fp16 overflow cascade:") == 1
     assert "outcome   recovered: the run went on past step 63" in text
@@ -155,11 +155,11 @@ def test_a_spike_of_several_bad_steps_is_not_blamed_on_one_batch() -> None:
     five = Finding(
         "loss_spike", 150, 154, Severity.WARNING, "loss spiked", {"recovered": 1.0}, (), ()
     )
-    [episode] = episodes(_diagnosis(five))
-    assert episode.cause.startswith("the loss stayed up from step 150 to 154, not for one step")
-    assert "one batch" not in episode.cause and episode.cause.endswith("the run recovered")
+    [incident] = incidents(_diagnosis(five))
+    assert incident.cause.startswith("the loss stayed up from step 150 to 154, not for one step")
+    assert "one batch" not in incident.cause and incident.cause.endswith("the run recovered")
     single = Finding("loss_spike", 150, 150, Severity.WARNING, "loss spiked", {"recovered": 0.0})
-    [one] = episodes(_diagnosis(single))
+    [one] = incidents(_diagnosis(single))
     assert one.cause == (
         "one batch with an outsized gradient pushed the weights off course; not back by the end "
         "of the log"
@@ -179,7 +179,7 @@ def test_set_up_advice_is_no_episode(tmp_path: Path) -> None:
         ("clip_gradients",),
     )
     diagnosis = _diagnosis(clip, SPIKE)
-    assert [e.worst.kind for e in episodes(diagnosis)] == ["loss_spike"]
+    assert [e.worst.kind for e in incidents(diagnosis)] == ["loss_spike"]
     text = render_text(diagnosis)
     timeline, setup = text.split("\nset-up: the monitor's checks at the first batch\n")
     assert "#1" in timeline and "no gradient clipping" not in timeline

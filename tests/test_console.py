@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +326,27 @@ def test_an_episode_prints_once_then_its_updates(printed: list[str]) -> None:
         "done at step 200: 2 findings (1 error, 1 warning), worst: steps 60-63 fp16_overflow; "
         "0 steps skipped",
     ]  # the worst as it stands: its latest span (#33: not the first, 60-62)
+
+
+def test_a_nan_that_persists_is_one_episode(printed: list[str]) -> None:
+    """#34: a NaN's first finding names every depth group whose gradient went non-finite, its
+    "persists" none; the episode key held the location, so the end line counted two episodes
+    (1 critical, 1 error). The one episode rule (`stabilizer.core.episode`) takes a finding
+    that names no place as an update of one that names some."""
+    console = _console()
+    console.start(nn.Linear(2, 2), ["embed", "block_00", "head"], None, None)
+    first = replace(_nan(5), location=("embed", "block_00", "head"))
+    persists = Finding(
+        "nonfinite_loss", 5, 14, Severity.CRITICAL, "NaN/Inf loss persists for 10 steps since "
+        "step 5: the run is not recovering", {"steps": 10.0}, (), ("rollback", "upcast_to_fp32"),
+    )  # fmt: skip
+    console.write(StepRecord(5, {"loss": float("nan")}), [first])
+    console.write(StepRecord(14, {"loss": float("nan")}), [persists])
+    console.close(RunEnd(15))
+    assert printed[-2].startswith("steps 5-14 nonfinite_loss, update: NaN/Inf loss persists")
+    assert printed[-1].startswith(
+        "done at step 15: 1 finding (1 critical), worst: steps 5-14 nonfinite_loss"
+    ), printed[-1]
 
 
 def test_an_fp32_run_prints_no_idle_detector_line(

@@ -476,6 +476,24 @@ def _jsonl(path: Path, nan_at: int | None = None) -> None:
     path.write_text("".join(StepRecord(s, v).to_json() + "\n" for s, v in enumerate(values)))
 
 
+def test_a_nan_that_persists_in_a_monitors_log_is_one_entry(tmp_path: Path) -> None:
+    """#34: a NaN's first finding names every depth group, its "persists" none; the episode key
+    held the location, so the JSON report listed the NaN twice. One episode rule now
+    (`stabilizer.core.episode`): one entry, at its worst, naming the groups."""
+    groups = ("embed", "block_00", "head")
+    lines = []
+    for step in range(40):
+        nan = step >= 20
+        values = {"loss": math.nan if nan else 2.0, "grad_norm": math.nan if nan else 1.0}
+        values.update({f"grad_norm/{group}": math.nan if nan else 0.5 for group in groups})
+        lines.append(StepRecord(step, values).to_json() + "\n")
+    log = tmp_path / "stability.jsonl"
+    log.write_text("".join(lines))
+    [nan] = json.loads(run(log, "--json").output)["findings"]
+    assert (nan["kind"], nan["step"], nan["end_step"]) == ("nonfinite_loss", 20, 39)
+    assert nan["severity"] == "critical" and nan["location"] == list(groups)
+
+
 def test_a_directory_of_runs_is_each_run_then_one_overall_line(tmp_path: Path) -> None:
     """#21: ``stabilizer diagnose runs`` read only the newest of the runs in it."""
     for name, nan_at in (

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from stabilizer.core.advice import REMEDY_TEXT
 from stabilizer.core.detectors import DETECTORS, default_detectors
 from stabilizer.core.kinds import KINDS, TABLE, detector_names, family_rank, kind_of
 from stabilizer.core.records import REMEDIES, Severity
-from stabilizer.report.advice import REMEDY_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_FILE = ROOT / "stabilizer" / "core" / "kinds.py"

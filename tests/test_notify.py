@@ -80,6 +80,21 @@ def test_one_message_per_episode_and_the_close_when_asked(hook: _Hook) -> None:
     assert hook.posts[0]["stabilizer"]["finding"] == opened.to_dict()
 
 
+def test_an_episode_is_the_consoles_episode() -> None:
+    """#34: the notifier kept an episode rule of its own; it now keeps the one of
+    `stabilizer.core.episode`: a NaN that names every depth group and its "persists" that names
+    none are one episode, two bands of one step two."""
+    notifier = Notifier(command="true", level="warning", close=True)
+    groups = ("embed", "block_00", "head")
+    first = Finding("nonfinite_loss", 10, 10, Severity.ERROR, "loss is nan", location=groups)
+    persists = _nan(10, Severity.CRITICAL, "persists")
+    assert [notifier.due(f) for f in (first, persists)] == ["open", ""]
+    assert notifier.due(_nan(10, Severity.INFO, "finite again")) == "close"
+    bands = [Finding("depth_imbalance", 7, 9, Severity.WARNING, "x", location=(g,)) for g in groups]
+    assert [notifier.due(f) for f in bands] == ["open"] * 3
+    assert notifier.due(first, where="other.log") == "open"  # another log's episode
+
+
 def test_server_errors_are_retried(hook: _Hook) -> None:
     hook.fail = 2
     notifier = Notifier(webhook=hook.url, retries=2, backoff=0.01)

@@ -36,8 +36,8 @@ from stabilizer.report.watching import WatchSession
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# (the package's `episodes` is the function: the module by its name)
-report_episodes = importlib.import_module("stabilizer.report.episodes")
+# (the package's `incidents` is the function: the module by its name)
+report_incidents = importlib.import_module("stabilizer.report.incidents")
 
 SPY = "spy_remedy"
 
@@ -58,7 +58,7 @@ def spied(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
         calls.append(tuple(remedies))
         return (SPY, *real(remedies, findings, facts, recovered=recovered))
 
-    for module in (advice, report_episodes):  # (the reports' episodes import it by name)
+    for module in (advice, report_incidents):  # (the reports' incidents import it by name)
         monkeypatch.setattr(module, "fitting_remedies", spy)
     yield calls
 

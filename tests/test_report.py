@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from stabilizer.core.advice import RunFacts
 from stabilizer.core.kinds import KINDS
 from stabilizer.core.records import REMEDIES, Finding, Severity, StepRecord
 from stabilizer.replay.diagnose import MAX_KEYS
@@ -26,8 +27,8 @@ from stabilizer.report import (
     Segment,
     advice_for,
     diagnose,
-    episodes,
     exit_code,
+    incidents,
     inputs,
     remedy_text,
     render_markdown,
@@ -35,7 +36,7 @@ from stabilizer.report import (
     report_dict,
     verdict,
 )
-from stabilizer.report.advice import RunFacts, cause_for
+from stabilizer.report.causes import cause_for
 from stabilizer.report.inputs import progress_bar
 from stabilizer.report.text import render_overall
 
@@ -162,7 +163,7 @@ def test_history_rejects_bad_capacity(capacity: int) -> None:
 
 
 def test_findings_of_one_kind_and_start_are_one_episode() -> None:
-    found = episodes(_diagnosis([Located(1, SPIKE), Located(1, NAN_FIRST), Located(1, NAN_STUCK)]))
+    found = incidents(_diagnosis([Located(1, SPIKE), Located(1, NAN_FIRST), Located(1, NAN_STUCK)]))
     assert [e.worst.kind for e in found] == ["loss_spike", "nonfinite_loss"]
     nan = found[1]
     assert nan.worst is NAN_STUCK and nan.findings == (NAN_FIRST, NAN_STUCK)

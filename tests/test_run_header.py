@@ -15,7 +15,7 @@ from stabilizer.core.run import RunHeader
 from stabilizer.replay.diagnose import diagnose
 from stabilizer.replay.readers import read_log
 from stabilizer.report import report_dict
-from stabilizer.report.episodes import episodes
+from stabilizer.report.incidents import incidents
 from stabilizer.report.text import render_text
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -87,10 +87,10 @@ def test_replayed_advice_of_an_fp32_run_fits_it(tmp_path: Path) -> None:
 
     diagnosis = diagnose(str(jsonl))
     assert diagnosis.run is not None and diagnosis.run.policy == "protect"
-    [episode] = [e for e in episodes(diagnosis) if e.worst.kind == "nonfinite_loss"]
-    assert "upcast_to_fp32" not in episode.remedies
-    assert episode.recovered and "rollback" not in episode.remedies  # (#33: skipped, recovered)
-    assert "fp32's range" in episode.cause and "fp16" not in episode.cause
+    [incident] = [e for e in incidents(diagnosis) if e.worst.kind == "nonfinite_loss"]
+    assert "upcast_to_fp32" not in incident.remedies
+    assert incident.recovered and "rollback" not in incident.remedies  # (#33: skipped, recovered)
+    assert "fp32's range" in incident.cause and "fp16" not in incident.cause
     text = render_text(diagnosis)
     assert "run       32-true on 1 cpu, SingleDeviceStrategy, policy protect" in text
     assert "fp32 islands" not in text and "bf16" not in text
@@ -101,5 +101,5 @@ def test_replayed_advice_of_an_fp32_run_fits_it(tmp_path: Path) -> None:
     old.write_text("\n".join(jsonl.read_text().splitlines()[1:]) + "\n")
     before = diagnose(str(old))
     assert before.run is None
-    [episode] = [e for e in episodes(before) if e.worst.kind == "nonfinite_loss"]
-    assert "upcast_to_fp32" in episode.remedies
+    [incident] = [e for e in incidents(before) if e.worst.kind == "nonfinite_loss"]
+    assert "upcast_to_fp32" in incident.remedies

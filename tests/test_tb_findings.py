@@ -27,9 +27,9 @@ from stabilizer.core.records import Finding, Severity
 from stabilizer.outputs.findings_table import (
     FINDINGS_STEP,
     FINDINGS_TAG,
-    Episodes,
-    episodes,
+    FindingsTable,
     is_setup,
+    table_rows,
 )
 from stabilizer.outputs.tensorboard import findings_text
 
@@ -107,7 +107,7 @@ def _f(kind: str, step: int, end: int | None, severity: Severity, message: str =
 def test_episodes_merge_the_versions_of_one_episode(
     batches: list[list[Finding]], rows: list[Finding]
 ) -> None:
-    table = Episodes()
+    table = FindingsTable()
     assert all(table.add(batch) for batch in batches)  # every batch changed the table
     assert table.rows == rows
     assert not table.add(batches[-1][-1:])  # the same news again: nothing to rewrite
@@ -143,7 +143,7 @@ def _texts(opener: Any, base: str, proc: Any, run: str, ready: Callable[[Any], b
 
 def _expected(findings: Sequence[Finding]) -> list[tuple[str, int]]:
     """The rows as listed: the episodes, then the set-up notes."""
-    rows = episodes(findings)
+    rows = table_rows(findings)
     ordered = [f for f in rows if not is_setup(f)] + [f for f in rows if is_setup(f)]
     return [(f.kind, f.step) for f in ordered]
 

@@ -19,7 +19,7 @@ import pytest
 
 from stabilizer.core.records import Severity
 from stabilizer.replay.diagnose import diagnose
-from stabilizer.report.episodes import episodes, outcome
+from stabilizer.report.incidents import incidents, outcome
 from stabilizer.report.text import render_text
 
 
@@ -36,8 +36,8 @@ def _lr_too_high_log(path: Path) -> Path:
 
 def test_an_lr_too_high_from_the_first_step_never_learned(tmp_path: Path) -> None:
     diagnosis = diagnose(str(_lr_too_high_log(tmp_path / "train.log")))
-    [episode] = episodes(diagnosis)
-    assert (episode.worst.kind, episode.worst.severity, episode.start) == (
+    [incident] = incidents(diagnosis)
+    assert (incident.worst.kind, incident.worst.severity, incident.start) == (
         "divergence",
         Severity.ERROR,
         1,
@@ -68,10 +68,10 @@ def _hf_console(path: Path, hidden_from: int, every: int = 1) -> Path:
 
 def test_a_nan_hidden_as_zero_to_the_end_never_recovers(tmp_path: Path) -> None:
     diagnosis = diagnose(str(_hf_console(tmp_path / "hf.log", hidden_from=20)))
-    [episode] = episodes(diagnosis)
+    [incident] = incidents(diagnosis)
     segment = diagnosis.segments[0]
     assert segment.nonfinite_since == 21  # the first 0.0 beside a NaN norm (records count lines)
-    said = outcome(episode, segment, 1)
+    said = outcome(incident, segment, 1)
     assert said.startswith("never recovers")
     assert "recovered" not in render_text(diagnosis)
 
@@ -151,6 +151,6 @@ def test_a_glitch_of_a_few_records_is_a_spike_that_came_back(tmp_path: Path) -> 
     path = tmp_path / "megatron.log"
     path.write_text("\n".join(lines) + "\n")
     diagnosis = diagnose(str(path))
-    [episode] = episodes(diagnosis)
-    assert (episode.worst.kind, episode.worst.severity) == ("loss_spike", Severity.WARNING)
-    assert "back after 30 steps" in episode.worst.seen
+    [incident] = incidents(diagnosis)
+    assert (incident.worst.kind, incident.worst.severity) == ("loss_spike", Severity.WARNING)
+    assert "back after 30 steps" in incident.worst.seen

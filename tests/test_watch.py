@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from readers.paste_shapes import shaped
 
 from stabilizer.cli import main
 from stabilizer.core.records import StepRecord
@@ -161,6 +162,26 @@ def test_watch_of_a_pipe_ends_with_the_pipe_and_agrees_with_diagnose(tmp_path: P
     ]
     assert found and found[0].startswith("step 41 error nonfinite_loss")
     assert diagnosed.output.split("\n", 1)[1] in done.stdout.replace("standard input", str(log))
+
+
+@pytest.mark.parametrize(
+    ("log", "shape"),
+    [
+        ("megatron_bert_nccl743_startup_skips", "fenced"),
+        ("hf_deepspeed_t5_issue9996_startup_probing", "logging_prefix"),
+    ],
+)
+def test_watch_reads_a_pasted_log_as_diagnose_does(tmp_path: Path, log: str, shape: str) -> None:
+    """#34: format detection was written twice, and watch's did not take a paste's wrapper (a
+    fence, a logger's prefix) off the lines: on 15 of 30 pasted real logs its findings were not
+    diagnose's. Both call `detect_head` now."""
+    real = Path(__file__).parent / "fixtures" / "real" / "logs" / f"{log}.log"
+    pasted = tmp_path / "pasted.log"
+    pasted.write_text(shaped(real.read_text(), shape))
+    with pasted.open("rb") as stdin:
+        done = subprocess.run([*_WATCH, "-"], stdin=stdin, capture_output=True, text=True)
+    diagnosed = CliRunner().invoke(main, ["diagnose", str(pasted)])
+    assert diagnosed.output.split("\n", 1)[1] in done.stdout.replace("standard input", str(pasted))
 
 
 def test_watch_usage_errors() -> None:

@@ -16,7 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .records import Severity
-from .remedies import AUTO_REMEDIES
+from .remedies import (
+    AUTO_REMEDIES,
+    CLIP_GRADIENTS,
+    MIXED_PRECISION,
+    ROLLBACK,
+    SCALE_LR,
+    SKIP_STEP,
+    SWAP_TO_PRE_LN,
+    UPCAST_TO_FP32,
+)
 
 __all__ = [
     "CAUSAL_LEAK",
@@ -140,8 +149,8 @@ TABLE: tuple[Kind, ...] = (
         "an fp16 overflow, a softmax computed without max-subtraction, or LayerNorm computed in "
         "fp16",
         detector="nonfinite",
-        remedies=("skip_step", "upcast_to_fp32", "rollback"),
-        auto="upcast_to_fp32",
+        remedies=(SKIP_STEP, UPCAST_TO_FP32, ROLLBACK),
+        auto=UPCAST_TO_FP32,
         rollback_at=Severity.CRITICAL,
         refutes=_ALL_REMEDIES,
         family=_NAN,
@@ -159,8 +168,8 @@ TABLE: tuple[Kind, ...] = (
         "an overflow in the backward pass: fp16 range exceeded, a softmax without "
         "max-subtraction, or LayerNorm in fp16",
         detector="nonfinite",
-        remedies=("skip_step", "upcast_to_fp32", "rollback"),
-        auto="upcast_to_fp32",
+        remedies=(SKIP_STEP, UPCAST_TO_FP32, ROLLBACK),
+        auto=UPCAST_TO_FP32,
         rollback_at=Severity.CRITICAL,
         refutes=_ALL_REMEDIES,
         family=_NAN,
@@ -178,7 +187,7 @@ TABLE: tuple[Kind, ...] = (
         "the optimizer's own arithmetic overflowed from finite gradients: in pure fp16, AdamW's "
         "eps underflows to 0 and a weight whose gradient was always 0 gets 0/0",
         detector="nonfinite",
-        remedies=("skip_step", "mixed_precision"),
+        remedies=(SKIP_STEP, MIXED_PRECISION),
         rollback_at=Severity.CRITICAL,
         family=_NAN,
         nan=True,
@@ -189,9 +198,9 @@ TABLE: tuple[Kind, ...] = (
         "the learning rate is too high for this stage of training, or a spike knocked the run "
         "into a worse region it cannot leave",
         detector="loss_spike",
-        remedies=("rollback", "scale_lr", "clip_gradients"),
+        remedies=(ROLLBACK, SCALE_LR, CLIP_GRADIENTS),
         rollback_at=Severity.ERROR,
-        refutes=("clip_gradients", "scale_lr", "swap_to_pre_ln", "rollback"),
+        refutes=(CLIP_GRADIENTS, SCALE_LR, SWAP_TO_PRE_LN, ROLLBACK),
         family=_SPIKE,
     ),
     Kind(
@@ -201,15 +210,15 @@ TABLE: tuple[Kind, ...] = (
         "or targets, a loss summed where it should be averaged): its gradient norm is orders of "
         "magnitude beyond any healthy run's from the first record on",
         detector="diverged",
-        remedies=("rollback", "scale_lr", "clip_gradients"),
+        remedies=(ROLLBACK, SCALE_LR, CLIP_GRADIENTS),
     ),
     Kind(
         LOSS_SPIKE,
         "loss spike",
         "one batch with an outsized gradient pushed the weights off course; the run recovered",
         detector="loss_spike",
-        remedies=("clip_gradients", "rollback"),
-        auto="clip_gradients",
+        remedies=(CLIP_GRADIENTS, ROLLBACK),
+        auto=CLIP_GRADIENTS,
         family=_SPIKE,
     ),
     Kind(
@@ -217,8 +226,8 @@ TABLE: tuple[Kind, ...] = (
         "gradient-norm spike",
         "one batch with an outsized gradient; such spikes often come just before a loss spike",
         detector="grad_spike",
-        remedies=("clip_gradients", "skip_step"),
-        auto="clip_gradients",
+        remedies=(CLIP_GRADIENTS, SKIP_STEP),
+        auto=CLIP_GRADIENTS,
         family=_SPIKE,
     ),
     Kind(
@@ -227,9 +236,9 @@ TABLE: tuple[Kind, ...] = (
         "the learning rate is too high: clipping fires on most steps and has become the "
         "optimizer's step-size control",
         detector="grad_spike",
-        remedies=("scale_lr",),
-        auto="scale_lr",
-        refutes=("scale_lr",),
+        remedies=(SCALE_LR,),
+        auto=SCALE_LR,
+        refutes=(SCALE_LR,),
     ),
     Kind(
         FP16_OVERFLOW,
@@ -237,8 +246,8 @@ TABLE: tuple[Kind, ...] = (
         "values exceed the fp16 range (65504) step after step, so the dynamic loss scaler skips "
         "steps and cannot find a scale that works",
         detector="fp16_overflow",
-        remedies=("upcast_to_fp32", "skip_step"),
-        auto="upcast_to_fp32",
+        remedies=(UPCAST_TO_FP32, SKIP_STEP),
+        auto=UPCAST_TO_FP32,
         family=_NAN,
         scaler_skips=True,
     ),
@@ -247,17 +256,17 @@ TABLE: tuple[Kind, ...] = (
         "activations near the fp16 limit",
         "activations grow towards the fp16 maximum (65504): an overflow in the making",
         detector="overflow_risk",
-        remedies=("upcast_to_fp32",),
-        auto="upcast_to_fp32",
+        remedies=(UPCAST_TO_FP32,),
+        auto=UPCAST_TO_FP32,
     ),
     Kind(
         DEPTH_IMBALANCE,
         "starved layers (depth imbalance)",
         "post-LN residual blocks in a deep stack: the gradient vanishes towards one end of it",
         detector="depth_imbalance",
-        remedies=("swap_to_pre_ln", "scale_lr"),
-        auto="swap_to_pre_ln",
-        refutes=("swap_to_pre_ln",),
+        remedies=(SWAP_TO_PRE_LN, SCALE_LR),
+        auto=SWAP_TO_PRE_LN,
+        refutes=(SWAP_TO_PRE_LN,),
     ),
     Kind(
         STALL,
@@ -265,10 +274,10 @@ TABLE: tuple[Kind, ...] = (
         "the loss has not moved from where it started: an LR far too high or far too low, "
         "frozen parameters, or labels that do not match the inputs",
         detector="stall",
-        remedies=("scale_lr",),
+        remedies=(SCALE_LR,),
         remedy_text={
             # A run that does not learn may have an LR far too low as well as far too high.
-            "scale_lr": "try the learning rate 10x lower and 10x higher: a run that does not "
+            SCALE_LR: "try the learning rate 10x lower and 10x higher: a run that does not "
             "learn has one far off",
         },
     ),
@@ -326,7 +335,7 @@ TABLE: tuple[Kind, ...] = (
         "step not checked",
         "the monitor could not measure the step (an internal error, or a setup its probes cannot "
         "read): the guard skipped its update rather than let an unchecked one through",
-        remedies=("skip_step",),
+        remedies=(SKIP_STEP,),
         live_only=True,
     ),
 )

@@ -3,8 +3,10 @@
 A row says what a remedy is called, what to do in words, whether the ``auto`` policy can apply
 it and whether that changes what the model computes, whether it only helps runs that compute in
 16 bits, what ``auto`` tries next when it did not work, and what to do when nothing is left.
-Modules read a remedy's facts here (`remedy`); which remedy answers which finding kind is the
-kinds table's (`stabilizer.core.kinds`), and which remedies fit a run is `stabilizer.core.advice`.
+Modules read a remedy's facts here (`remedy`) and name remedies by the constants below, never
+by a string of their own (tests/test_one_home.py keeps it so). Which remedy answers which
+finding kind is the kinds table's (`stabilizer.core.kinds`), and which remedies fit a run is
+`stabilizer.core.advice`.
 """
 
 from __future__ import annotations
@@ -13,13 +15,30 @@ from dataclasses import dataclass
 
 __all__ = [
     "AUTO_REMEDIES",
+    "CLIP_GRADIENTS",
     "LOW_PRECISION_REMEDIES",
+    "LR_WARMUP",
+    "MIXED_PRECISION",
     "REMEDIES",
     "REWRITES",
+    "ROLLBACK",
+    "SCALE_LR",
+    "SKIP_STEP",
+    "SWAP_TO_PRE_LN",
     "TABLE",
+    "UPCAST_TO_FP32",
     "Remedy",
     "remedy",
 ]
+
+CLIP_GRADIENTS = "clip_gradients"
+UPCAST_TO_FP32 = "upcast_to_fp32"
+SWAP_TO_PRE_LN = "swap_to_pre_ln"
+SKIP_STEP = "skip_step"
+ROLLBACK = "rollback"
+SCALE_LR = "scale_lr"
+LR_WARMUP = "lr_warmup"
+MIXED_PRECISION = "mixed_precision"
 
 
 @dataclass(frozen=True)
@@ -50,50 +69,50 @@ class Remedy:
 
 TABLE: tuple[Remedy, ...] = (
     Remedy(
-        "clip_gradients",
+        CLIP_GRADIENTS,
         "clip the global gradient norm to 1.0",
         auto=True,
-        next="scale_lr",
+        next=SCALE_LR,
         last_resort="lower the LR or find the batches behind the spikes",
     ),
     Remedy(
-        "upcast_to_fp32",
+        UPCAST_TO_FP32,
         "run softmax and LayerNorm in fp32 (fp32 islands), or switch to bf16",
         text_bf16="run softmax and LayerNorm in fp32 (fp32 islands)",
         auto=True,
         rewrite=True,
         low_precision=True,
-        next="rollback",
+        next=ROLLBACK,
         last_resort="train in bf16 or fp32, or find the module that overflows (root_cause)",
     ),
     Remedy(
-        "swap_to_pre_ln",
+        SWAP_TO_PRE_LN,
         "move to pre-LN residual blocks and keep the LR warmup",
         auto=True,
         rewrite=True,
         last_resort="restart from scratch with pre-LN and LR warmup",
     ),
     Remedy(
-        "skip_step",
+        SKIP_STEP,
         "skip the step, so that a bad (NaN/Inf or outsized) update never reaches the weights",
     ),
     Remedy(
-        "rollback",
+        ROLLBACK,
         "roll back to the last good checkpoint and step past the bad batch",
         auto=True,
-        next="rollback",
+        next=ROLLBACK,
         last_resort="restart from a checkpoint before the trouble with a lower LR",
     ),
     Remedy(
-        "scale_lr",
+        SCALE_LR,
         "lower the learning rate",
         auto=True,
-        next="rollback",
+        next=ROLLBACK,
         last_resort="lower the peak LR and restart from a checkpoint before the trouble",
     ),
-    Remedy("lr_warmup", "warm the learning rate up over the first few hundred steps"),
+    Remedy(LR_WARMUP, "warm the learning rate up over the first few hundred steps"),
     Remedy(
-        "mixed_precision",
+        MIXED_PRECISION,
         "keep fp32 master weights (16-mixed/bf16-mixed) or raise the optimizer's eps (1e-8 is "
         "0 in fp16)",
         low_precision=True,

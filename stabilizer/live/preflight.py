@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from stabilizer.core.kinds import CAUSAL_LEAK, CONFIG_RISK
 from stabilizer.core.records import Finding, Severity
+from stabilizer.core.remedies import CLIP_GRADIENTS, LR_WARMUP, SWAP_TO_PRE_LN, UPCAST_TO_FP32
 
 __all__ = [
     "IGNORE_INDEX",
@@ -310,7 +311,7 @@ def _post_ln_without_warmup(model: nn.Module, warmup_steps: int | None, step: in
         "steps can diverge; a warmup (or pre-LN) avoids it"
     )
     evidence = {"post_ln_blocks": len(post), "warmup_steps": 0}
-    remedies = ("lr_warmup", "swap_to_pre_ln")
+    remedies = (LR_WARMUP, SWAP_TO_PRE_LN)
     return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, post, remedies)]
 
 
@@ -331,7 +332,7 @@ def _fp16_norms(model: nn.Module, precision: str, step: int) -> list[Finding]:
     )
     evidence = {"fp16_norms": len(norms), "fp16_softmax": len(softmax)}
     location = (*norms, *softmax)
-    remedies = ("upcast_to_fp32",)
+    remedies = (UPCAST_TO_FP32,)
     return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, location, remedies)]
 
 
@@ -345,7 +346,7 @@ def _no_clipping(gradient_clip_val: float | None, step: int) -> list[Finding]:
         return []
     message = "no gradient clipping: one bad batch can take a step as large as its gradient"
     evidence = {"gradient_clip_val": 0.0}
-    return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, (), ("clip_gradients",))]
+    return [_finding(CONFIG_RISK, step, Severity.INFO, message, evidence, (), (CLIP_GRADIENTS,))]
 
 
 def _too_long(seq_len: int | None, max_positions: int | None, step: int) -> list[Finding]:

@@ -9,87 +9,68 @@ always at `FINDINGS_STEP`: the newest table replaces the last one, and the Text 
 entry that lists every episode once. TensorBoard's Python loader (``--load_fast false``) keeps
 every version instead, the newest last.
 
-`episodes` merges the versions of an episode: a finding continues an earlier one when it has the
-same kind and first step, both have a last step, and they name the same places or one names
-none. Findings of one batch (one step's report) and those without a last step (set-up checks)
-are each their own; a finding equal to a row is no news.
+`FindingsTable` keeps one row per episode, by the one rule of `stabilizer.core.episode` (the
+console's, the reports'): a later version of an episode (the cascade is over, the NaN persists)
+updates its row. A finding taken before is no news.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.text import metadata as text_metadata
 
+from stabilizer.core.episode import Episodes
 from stabilizer.core.kinds import kind_of
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import TB_PREFIX
 
-__all__ = ["FINDINGS_STEP", "FINDINGS_TAG", "Episodes", "episodes", "findings_text", "is_setup"]
+__all__ = [
+    "FINDINGS_STEP",
+    "FINDINGS_TAG",
+    "FindingsTable",
+    "findings_text",
+    "is_setup",
+    "table_rows",
+]
 
 FINDINGS_TAG = TB_PREFIX + "findings"  # text: the findings table
 FINDINGS_STEP = 0  # every version of the table: the newest replaces the others
 _PLACES = 3  # locations named in a row (a band of nine blocks: the first, the last, a count)
 
 
-def _continues(new: Finding, old: Finding) -> bool:
-    same = new.kind == old.kind and new.step == old.step
-    ends = new.end_step is not None and old.end_step is not None
-    places = new.location == old.location or not new.location or not old.location
-    return same and ends and places
-
-
-def _merged(old: Finding, new: Finding) -> Finding:
-    """The newer version's steps and message; the worst severity; every place and remedy."""
-    ends = [step for step in (old.end_step, new.end_step) if step is not None]
-    return replace(
-        new,
-        end_step=max(ends) if ends else None,
-        severity=max(old.severity, new.severity),
-        location=tuple(dict.fromkeys((*old.location, *new.location))),
-        remedies=tuple(dict.fromkeys((*new.remedies, *old.remedies))),
-    )
-
-
-class Episodes:
-    """The episodes of a run so far, each the merge of its findings (see the module docstring)."""
+class FindingsTable:
+    """The episodes of a run so far, a row each (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._rows: list[Finding] = []
+        self._episodes = Episodes()
+        self._seen: set[Finding] = set()  # every finding taken: the same news again is none
 
     def add(self, batch: Sequence[Finding]) -> bool:
-        """Merge one batch of findings (reported together); whether any row changed."""
-        earlier = len(self._rows)  # rows of this batch never merge with each other
-        changed = False
-        for finding in batch:
-            if finding in self._rows:  # the same news again
-                continue
-            index = next((i for i in range(earlier) if _continues(finding, self._rows[i])), None)
-            if index is None:
-                self._rows.append(finding)
-                changed = True
-                continue
-            row = _merged(self._rows[index], finding)
-            changed = changed or row != self._rows[index]
-            self._rows[index] = row
-        return changed
+        """Take one batch of findings (reported together); whether any row changed."""
+        news = [finding for finding in dict.fromkeys(batch) if finding not in self._seen]
+        if not news:
+            return False
+        before = self._episodes.findings()
+        for finding in news:
+            self._seen.add(finding)
+            self._episodes.add(finding)
+        return self._episodes.findings() != before
 
     @property
     def rows(self) -> list[Finding]:
         """One finding per episode: by first step, severity (worst first), then as they came."""
-        return sorted(self._rows, key=lambda f: (f.step, -f.severity))
+        return sorted(self._episodes.findings(), key=lambda f: (f.step, -f.severity))
 
 
-def episodes(findings: Iterable[Finding]) -> list[Finding]:
-    """The findings of a finished run (each its own batch), one per episode, as `Episodes`."""
-    merged = Episodes()
-    for finding in findings:
-        merged.add([finding])
-    return merged.rows
+def table_rows(findings: Iterable[Finding]) -> list[Finding]:
+    """The rows of a finished run's findings, as `FindingsTable` has them."""
+    table = FindingsTable()
+    table.add(list(findings))
+    return table.rows
 
 
 def _text(text: str) -> str:
@@ -168,7 +149,7 @@ def findings_text(
     text says so. Write it at `FINDINGS_STEP`.
 
     Args:
-        findings: The rows, one per episode (see `episodes`).
+        findings: The rows, one per episode (`FindingsTable.rows`).
         as_of: The last step the table covers, named in the heading; None: not named.
         tag: The text tag.
     """

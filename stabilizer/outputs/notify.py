@@ -20,9 +20,10 @@ Never in the way: `Notifier.notify` only puts the message on a bounded queue (wh
 messages are dropped and counted); one thread sends, each attempt with a timeout, a few retries
 with backoff. A dead endpoint costs one warning (logged), never an exception.
 
-Once per episode: an episode (a finding's kind and first step, in one log and segment) is sent
-when its first finding at or above ``level`` comes; later findings of it (a NaN that persists)
-are not sent, except, with ``close=True``, the one that closes it (INFO: the run recovered).
+Once per episode: an episode (`stabilizer.core.episode`, the console's and the reports' rule,
+in one log and segment) is sent when its first finding at or above ``level`` comes; later
+findings of it (a NaN that persists) are not sent, except, with ``close=True``, the one that
+closes it (INFO: the run recovered).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from stabilizer.core.episode import Episodes
 from stabilizer.core.records import Finding, Severity
 
 __all__ = ["ENV_WEBHOOK", "MAX_EPISODES", "Notifier", "as_notifier", "redact"]
@@ -113,7 +115,8 @@ class Notifier:
         self.sent = self.dropped = self.failed = 0
         self.queue_size = queue_size
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(queue_size)
-        self._episodes: OrderedDict[tuple[Any, ...], bool] = OrderedDict()  # → closed
+        self._streams: dict[tuple[str, int], Episodes] = {}  # the episodes of each log segment
+        self._episodes: OrderedDict[tuple[str, int, int], bool] = OrderedDict()  # sent → closed
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -150,7 +153,8 @@ class Notifier:
 
     def due(self, finding: Finding, where: str = "", segment: int = 1) -> str:
         """``"open"``, ``"close"`` or ``""`` (not to send): the once-per-episode rule."""
-        key = (where, segment, finding.kind, finding.step)
+        episode = self._streams.setdefault((where, segment), Episodes()).add(finding)
+        key = (where, segment, episode.index)
         closed = self._episodes.get(key)
         if closed is None:
             if finding.severity < self.level:

@@ -47,7 +47,7 @@ from stabilizer.core.signals import (
 )
 
 from .event_file import EventWriter
-from .findings_table import FINDINGS_STEP, FINDINGS_TAG, Episodes, episodes, findings_text
+from .findings_table import FINDINGS_STEP, FINDINGS_TAG, FindingsTable, findings_text, table_rows
 from .heatmap_png import heatmap_png, png_size
 
 __all__ = [
@@ -57,13 +57,12 @@ __all__ = [
     "HEATMAP_TAG",
     "LOG10_CHART",
     "STEPS_CHART",
-    "Episodes",
     "EventWriter",
+    "FindingsTable",
     "StepCounts",
     "SummaryWriter",
     "custom_scalars_layout",
     "depth_order",
-    "episodes",
     "findings_text",
     "heatmap_png",
     "heatmap_summary",
@@ -71,6 +70,7 @@ __all__ = [
     "log10_norms",
     "png_size",
     "scalar_summary",
+    "table_rows",
 ]
 
 HEATMAP_TAG = TB_PREFIX + "grad_norm_heatmap"  # image: log10 grad norm, layers x steps

@@ -153,7 +153,7 @@ def exit_code(outcome: Diagnosis | Failure, fail_on: Severity) -> int:
     return int(any(item.finding.severity >= fail_on for item in outcome.findings))
 
 
-class _Replay:
+class _Diagnosing:
     """The state of one streaming diagnosis: the segment and engine of now, the keys seen."""
 
     def __init__(self, diagnosis: Diagnosis, sinks: Sequence[RecordSink]) -> None:
@@ -316,7 +316,7 @@ def diagnose(
         name = "standard input" if path == "-" else path
         raise LogReadError(f"{name}: no training records: this is {kind}, not a training log")
     diagnosis = Diagnosis(path, stream.format, notes, history=History(bins))
-    replay = _Replay(diagnosis, sinks)
+    replay = _Diagnosing(diagnosis, sinks)
     try:
         for item in wrap(stream) if wrap is not None else stream:
             replay.observe(item)

@@ -1,8 +1,9 @@
 """`feed`: one followed log read in a thread of its own, its items handed over in batches.
 
 The thread opens the input (`follow`), waits for the first lines that tell its format (a line a
-reader is confident of, an event file's header, or `HEAD` bytes), reads it with that format's
-reader, and puts messages on the queue of `Watch`, each ``(index, payload, live)``:
+reader is confident of, an event file's header, or `HEAD` bytes), detects it as `read_log` does
+(`detect_head`: a pasted log or a logger's prefix is read without its wrapper), reads it with
+that format's reader, and puts messages on the queue of `Watch`, each ``(index, payload, live)``:
 
 - `Detected`: the format, and the first lines (for the message of a log with no step in it);
 - a list of items (`StepRecord`, `Restart`, ...): all that one read of the input gave (at most
@@ -24,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from .follow import FollowedFile, FollowedPipe, resolver
-from .readers import READERS, LogReadError, Note, TensorBoardReader, detect_format
+from .readers import READERS, LogReadError, Note, TensorBoardReader
 from .readers._lines import IDLE_CHUNK, text_lines
 from .readers._source import HEAD, is_binary
+from .readers._unwrap import unwrapped_followed
+from .readers.reading import detect_head
 
 __all__ = ["BATCH", "Detected", "Ended", "Put", "feed"]
 
@@ -131,42 +134,35 @@ def _never(path: str) -> str:
 
 def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
     """Detect the format, read the items, hand them over in batches."""
-    fmt, lines, stream = _detect(given, source)
+    head, ended = _head(given, source)
+    lines = list(text_lines(io.BytesIO(head), []))
+    fmt, paste = "", None
+    if given.format != "auto" or head.strip() or not ended:  # (else no text came)
+        fmt, paste = detect_head(head, source.path, given.format, given.notes)
     put((given.index, Detected(fmt, lines[:20]), False))
     if not fmt:
         return
     reader = READERS[fmt](given.notes)
-    batch = stream.batch = _Batch(given.index, source, put)
-    for item in reader.read(stream):  # type: ignore[arg-type]
+    prefixed = _Prefixed(head, source)
+    batch = prefixed.batch = _Batch(given.index, source, put)
+    stream: Any = prefixed  # (a followed stream: its `read1` may give `IDLE_CHUNK`)
+    if paste is not None:
+        stream = unwrapped_followed(stream, head, paste)
+    for item in reader.read(stream):
         batch.add(item)
     batch.hand_over()
 
 
-def _detect(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[str, list[str], _Prefixed]:
-    """The format (``""``: the input ended before any text), the first lines, and a stream
-    from the log's start."""
-    head, ended = b"", False
+def _head(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[bytes, bool]:
+    """The first bytes of the log, enough to tell its format (none when it is given), and
+    whether the input ended before they came."""
+    head = b""
     while given.format == "auto" and not _settled(head):
         more = source.read1(HEAD)
         if more is not IDLE_CHUNK and not more:
-            ended = True
-            break
+            return head, True
         head += more
-    lines = list(text_lines(io.BytesIO(head), []))
-    stream = _Prefixed(head, source)
-    if given.format != "auto":
-        return given.format, lines, stream
-    if ended and not head.strip():
-        return "", lines, stream
-    return _format_of(head, lines, source.path), lines, stream
-
-
-def _format_of(head: bytes, lines: list[str], name: str) -> str:
-    if TensorBoardReader.sniff_bytes(head) > 0.5:
-        return TensorBoardReader.format
-    if is_binary(head):
-        raise LogReadError(f"{name}: binary data, neither a text log nor an event file")
-    return detect_format(lines)
+    return head, False
 
 
 def _settled(head: bytes) -> bool:

@@ -68,7 +68,7 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-class _Idle:
+class _IdleOwed:
     """When to return `IDLE_CHUNK`: once after each burst of data, when it has gone quiet."""
 
     def __init__(self) -> None:
@@ -113,7 +113,7 @@ class FollowedFile:
         self.live = False
         self._ended = True  # whether the last byte handed out ends a line
         self._break = False  # a line break is owed before the next file's first byte
-        self._idle = _Idle()
+        self._idle = _IdleOwed()
         self._checked = -_RECHECK  # when the path was last resolved
         self._directory = Path(path).is_dir()  # searched every `_RECHECK` only (looked at again)
 
@@ -231,7 +231,7 @@ class FollowedPipe:
 
     def __init__(self, fd: int, stop: threading.Event, poll: float = POLL) -> None:
         self._fd, self._stop, self._poll = fd, stop, poll
-        self._idle = _Idle()
+        self._idle = _IdleOwed()
         self._done = False
 
     def read1(self, size: int = -1) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any
 
 from stabilizer.core.records import Finding
 
-from .diagnose import Diagnosis, Failure, Located, _Replay
+from .diagnose import Diagnosis, Failure, Located, _Diagnosing
 from .feed import Detected, Ended, feed
 from .follow import POLL
 from .history import History
@@ -68,7 +68,7 @@ class _Followed:
     def __init__(self, path: str) -> None:
         self.path = path
         self.notes: list[Note] = []
-        self.replay: _Replay | None = None
+        self.replay: _Diagnosing | None = None
         self.failure: Failure | None = None
         self.head: list[str] = []
         self.live = False  # whether the items read now are past the file's history
@@ -147,7 +147,7 @@ class Watch:
             if item.format:
                 notes, history = followed.notes, History(self.bins)
                 diagnosis = Diagnosis(followed.path, item.format, notes, history=history)
-                followed.replay = _Replay(diagnosis, ())
+                followed.replay = _Diagnosing(diagnosis, ())
                 followed.replay.on_kept = lambda found, update: self._found(followed, found, update)
         elif isinstance(item, LogReadError):
             self._failed(followed, str(item))

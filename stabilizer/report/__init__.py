@@ -6,7 +6,7 @@ bounded `History`. The reports render a `Diagnosis`:
 
     text = render_text(diagnose("runs/megatron.log"))
 
-- `render_text` / `render_markdown`: header, timeline of episodes with cause and remedy (the
+- `render_text` / `render_markdown`: header, timeline of incidents with cause and remedy (the
   kinds table, `stabilizer.core.kinds`, and `advice`), verdict; `report_dict`: the JSON report;
 - `stabilizer.report.plot.plot_diagnosis`: a PNG (the extra ``plot``), and
   `stabilizer.report.tensorboard_export.TensorBoardExport`: the replayed signals, the heatmap and
@@ -16,6 +16,7 @@ bounded `History`. The reports render a `Diagnosis`:
 
 from __future__ import annotations
 
+from stabilizer.core.advice import REMEDY_TEXT, remedy_text
 from stabilizer.replay.diagnose import (
     Diagnosis,
     Failure,
@@ -28,8 +29,8 @@ from stabilizer.replay.diagnose import (
 )
 from stabilizer.replay.history import History
 
-from .advice import REMEDY_TEXT, advice_for, remedy_text
-from .episodes import Episode, episodes
+from .causes import advice_for
+from .incidents import Incident, incidents
 from .json_report import report_dict
 from .markdown import render_markdown
 from .text import render_text
@@ -38,16 +39,16 @@ from .verdict import verdict
 __all__ = [
     "REMEDY_TEXT",
     "Diagnosis",
-    "Episode",
     "Failure",
     "History",
+    "Incident",
     "Located",
     "RecordSink",
     "Segment",
     "advice_for",
     "diagnose",
-    "episodes",
     "exit_code",
+    "incidents",
     "remedy_text",
     "render_markdown",
     "render_text",

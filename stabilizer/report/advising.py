@@ -1,9 +1,9 @@
-"""The findings of a diagnosis as the outputs show them: each advised as its episode and the
+"""The findings of a diagnosis as the outputs show them: each advised as its incident and the
 run's facts fit it, by the one rule of `stabilizer.core.advice`.
 
-The text and markdown reports and the verdict advise an episode (`Episode.remedies`); the JSON
+The text and markdown reports and the verdict advise an incident (`Incident.remedies`); the JSON
 report and the TensorBoard export show findings one by one, and advise each with the facts and
-the episode (its other findings, its outcome) that the episode's advice has, so that every
+the incident (its other findings, its outcome) that the incident's advice has, so that every
 output says the same. ``stabilizer watch`` advises a finding as it comes (`advise_now`): with
 the facts so far and the findings just before it; how its episode ends is not known yet.
 """
@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stabilizer.core.advice import advised
-from stabilizer.core.episode import fold_updates
+from stabilizer.core.episode import EpisodeStart, episode_start, fold_updates
 from stabilizer.core.records import Finding
 from stabilizer.replay.diagnose import Diagnosis, diagnose
 from stabilizer.replay.readers import LogReadError
 
-from .episodes import Episode, episodes, run_facts
+from .incidents import Incident, incidents, run_facts
 
 __all__ = ["RECENT", "Adviser", "advise_now", "advised_run", "adviser"]
 
@@ -33,16 +33,16 @@ Adviser = Callable[[int, Finding], Finding]
 def adviser(diagnosis: Diagnosis) -> Adviser:
     """What advises the findings of ``diagnosis`` (as it stands: `watch` asks again later)."""
     facts = run_facts(diagnosis)
-    found: dict[tuple[int, str, int], Episode] = {}
-    for episode in episodes(diagnosis):
-        for finding in episode.findings:
-            found.setdefault((episode.segment, finding.kind, finding.step), episode)
+    found: dict[tuple[int, EpisodeStart], Incident] = {}  # the incident of each episode
+    for incident in incidents(diagnosis):
+        for finding in incident.findings:
+            found.setdefault((incident.segment, episode_start(finding)), incident)
 
     def advise(segment: int, finding: Finding) -> Finding:
-        episode = found.get((segment, finding.kind, finding.step))
-        if episode is None:  # set-up advice: no episode
+        incident = found.get((segment, episode_start(finding)))
+        if incident is None:  # set-up advice: no incident
             return advised(finding, facts)
-        return advised(finding, facts, episode.findings, recovered=episode.recovered)
+        return advised(finding, facts, incident.findings, recovered=incident.recovered)
 
     return advise
 

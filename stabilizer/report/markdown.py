@@ -19,21 +19,22 @@
 
     **Verdict:** critical: 2 episodes ...
 
-The structure is that of `stabilizer.report.text`, with the same episodes and verdict.
+The structure is that of `stabilizer.report.text`, with the same incidents and verdict.
 """
 
 from __future__ import annotations
 
+from stabilizer.core.advice import remedy_text
 from stabilizer.core.records import Severity
 from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis
 
-from .advice import advice_for, remedy_text
-from .episodes import (
-    Episode,
-    episodes,
+from .causes import advice_for
+from .incidents import (
+    Incident,
     evidence_text,
     header_facts,
+    incidents,
     note_lines,
     outcome,
     setup_findings,
@@ -63,25 +64,25 @@ def _header(diagnosis: Diagnosis) -> list[str]:
     return lines
 
 
-def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
-    worst, segments = episode.worst, diagnosis.segments
-    title = f"#{episode.number} · {step_range(episode.start, episode.end)} · "
+def _incident(incident: Incident, diagnosis: Diagnosis) -> list[str]:
+    worst, segments = incident.worst, diagnosis.segments
+    title = f"#{incident.number} · {step_range(incident.start, incident.end)} · "
     title += f"{worst.severity.name} · {advice_for(worst.kind).title}"
     if len(segments) > 1:
-        title += f" · segment {episode.segment}"
+        title += f" · segment {incident.segment}"
     lines = ["", f"#### {title}", ""]
-    lines += [f"- **what:** {_escape(observation(f))}" for f in episode.findings]
-    if episode.location:
-        lines.append("- **where:** " + ", ".join(f"`{name}`" for name in episode.location))
-    if episode.evidence:
-        lines.append(f"- **evidence:** {_escape(evidence_text(episode.evidence))}")
-    ended = outcome(episode, segments[episode.segment - 1], len(segments))
+    lines += [f"- **what:** {_escape(observation(f))}" for f in incident.findings]
+    if incident.location:
+        lines.append("- **where:** " + ", ".join(f"`{name}`" for name in incident.location))
+    if incident.evidence:
+        lines.append(f"- **evidence:** {_escape(evidence_text(incident.evidence))}")
+    ended = outcome(incident, segments[incident.segment - 1], len(segments))
     if ended:
         lines.append(f"- **outcome:** {ended}")
-    lines.append(f"- **likely cause:** {episode.cause}")
-    if episode.remedies:
-        kind = episode.worst.kind
-        actions = [f"{remedy_text(name, kind)} (`{name}`)" for name in episode.remedies]
+    lines.append(f"- **likely cause:** {incident.cause}")
+    if incident.remedies:
+        kind = incident.worst.kind
+        actions = [f"{remedy_text(name, kind)} (`{name}`)" for name in incident.remedies]
         lines.append("- **remedy:** " + "; ".join(actions))
     return lines
 
@@ -89,11 +90,11 @@ def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
 def render_markdown(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> str:
     """The markdown report of one diagnosis (no trailing newline)."""
     lines = _header(diagnosis)
-    found = episodes(diagnosis)
+    found = incidents(diagnosis)
     if found:
         lines += ["", "### Timeline"]
-        for episode in found:
-            lines += _episode(episode, diagnosis)
+        for incident in found:
+            lines += _incident(incident, diagnosis)
     setup = setup_findings(diagnosis)
     if setup:
         lines += ["", "### Set-up", ""]

@@ -1,6 +1,6 @@
 """The picture of a diagnosis, drawn with matplotlib (the optional extra ``plot``) on Agg.
 
-Panels, top to bottom, sharing the step axis: the loss with every episode shaded (numbered as in
+Panels, top to bottom, sharing the step axis: the loss with every incident shaded (numbered as in
 the timeline, coloured by severity, red marks where the loss is NaN/Inf); the total gradient norm
 (log scale); the loss scale (log scale) when logged; a heatmap of log10 per-layer gradient norms
 (input side at the top, NaN in red) when logged. Curves come from the bounded `History`: each
@@ -23,8 +23,8 @@ from stabilizer.outputs.tensorboard import depth_order
 from stabilizer.replay.diagnose import Diagnosis
 from stabilizer.replay.history import Bin, History
 
-from .episodes import episodes
 from .files import write_file
+from .incidents import incidents
 
 __all__ = ["PlotUnavailable", "plot_diagnosis", "require_matplotlib"]
 
@@ -81,18 +81,18 @@ def _curve(ax: Any, diagnosis: Diagnosis, key: str, log: bool) -> bool:
     return drawn
 
 
-def _episodes(ax: Any, diagnosis: Diagnosis) -> None:
-    """Shade each episode's steps and number it as the timeline does."""
-    for episode in episodes(diagnosis):
-        colour = _COLOURS.get(episode.worst.severity, "tab:gray")
-        start = float(episode.start)
-        end = float(episode.end) if episode.end is not None else start
+def _incidents(ax: Any, diagnosis: Diagnosis) -> None:
+    """Shade each incident's steps and number it as the timeline does."""
+    for incident in incidents(diagnosis):
+        colour = _COLOURS.get(incident.worst.severity, "tab:gray")
+        start = float(incident.start)
+        end = float(incident.end) if incident.end is not None else start
         if end > start:
             ax.axvspan(start, end, color=colour, alpha=0.2, linewidth=0)
         else:
             ax.axvline(start, color=colour, alpha=0.6, linewidth=1.5)
-        ax.text(  # staggered, so that episodes that start together stay readable
-            start, 0.98 - 0.09 * (episode.number % 3), f"#{episode.number}",
+        ax.text(  # staggered, so that incidents that start together stay readable
+            start, 0.98 - 0.09 * (incident.number % 3), f"#{incident.number}",
             color=colour, fontsize=8, va="top",
             transform=ax.get_xaxis_transform(),
         )  # fmt: skip
@@ -195,7 +195,7 @@ def _draw(diagnosis: Diagnosis) -> bytes:
         ax.set_ylabel(panel.replace("_", " "))
         if not drawn:
             ax.text(0.5, 0.5, f"no {panel} in this log", ha="center", transform=ax.transAxes)
-        _episodes(ax, diagnosis)
+        _incidents(ax, diagnosis)
     _nonfinite_marks(axes[0], diagnosis)
     if len(diagnosis.segments) > 1 or LOSS in diagnosis.history.nonfinite_keys():
         axes[0].legend(loc="upper right", fontsize=8)

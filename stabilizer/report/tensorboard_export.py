@@ -34,11 +34,11 @@ from stabilizer.outputs.tensorboard import (
     StepCounts,
     custom_scalars_layout,
     depth_order,
-    episodes,
     findings_text,
     heatmap_summary,
     log10_norms,
     scalar_summary,
+    table_rows,
 )
 from stabilizer.replay.diagnose import Diagnosis
 from stabilizer.replay.readers import REPLAY_SUFFIX
@@ -59,7 +59,7 @@ def _rows(diagnosis: Diagnosis) -> list[Finding]:
     for item in diagnosis.findings:
         segments.setdefault(item.segment, []).append(item.finding)
     advise = adviser(diagnosis)
-    return [advise(i, row) for i in sorted(segments) for row in episodes(segments[i])]
+    return [advise(i, row) for i in sorted(segments) for row in table_rows(segments[i])]
 
 
 class TensorBoardExport:

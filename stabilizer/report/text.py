@@ -1,4 +1,4 @@
-"""The human report, plain text: a header, a timeline of episodes, a one-line verdict.
+"""The human report, plain text: a header, a timeline of incidents, a one-line verdict.
 
     diagnosis of runs/megatron.log
     format    megatron
@@ -18,9 +18,10 @@
 
     verdict: critical: 2 episodes (1 critical, 1 warning); act first on #2, ...
 
-The set-up section (a ``stability.jsonl``'s preflight advice) follows the episodes: advice on
-the configuration is no event of the run. Labels sit in a 10-character column; several findings
-of one episode give several ``what`` lines. Segments are listed only for a restarted run, notes
+The set-up section (a ``stability.jsonl``'s preflight advice) follows the timeline: advice on
+the configuration is no event of the run. Labels sit in a 10-character column; the episodes
+of one incident (`stabilizer.report.incidents`; the report counts incidents as episodes)
+give several ``what`` lines. Segments are listed only for a restarted run, notes
 once per distinct message.
 """
 
@@ -32,12 +33,12 @@ from stabilizer.core.records import Finding, Severity
 from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
-from .advice import advice_for
-from .episodes import (
-    Episode,
-    episodes,
+from .causes import advice_for
+from .incidents import (
+    Incident,
     evidence_text,
     header_facts,
+    incidents,
     note_lines,
     outcome,
     remedy_lines,
@@ -81,34 +82,34 @@ def _header(diagnosis: Diagnosis) -> list[str]:
     return lines
 
 
-def _episode(episode: Episode, diagnosis: Diagnosis) -> list[str]:
-    worst, segments = episode.worst, diagnosis.segments
-    head = f"#{episode.number}  {step_range(episode.start, episode.end)}  "
+def _incident(incident: Incident, diagnosis: Diagnosis) -> list[str]:
+    worst, segments = incident.worst, diagnosis.segments
+    head = f"#{incident.number}  {step_range(incident.start, incident.end)}  "
     head += f"{worst.severity.name}  {advice_for(worst.kind).title}"
     if len(segments) > 1:
-        head += f"  (segment {episode.segment})"
-    lines = [head, *_block("what", [observation(f) for f in episode.findings], "    ")]
-    if episode.location:
-        lines += _block("where", [", ".join(episode.location)], "    ")
-    if episode.evidence:
-        lines += _block("evidence", [evidence_text(episode.evidence)], "    ")
-    ended = outcome(episode, segments[episode.segment - 1], len(segments))
+        head += f"  (segment {incident.segment})"
+    lines = [head, *_block("what", [observation(f) for f in incident.findings], "    ")]
+    if incident.location:
+        lines += _block("where", [", ".join(incident.location)], "    ")
+    if incident.evidence:
+        lines += _block("evidence", [evidence_text(incident.evidence)], "    ")
+    ended = outcome(incident, segments[incident.segment - 1], len(segments))
     if ended:
         lines += _block("outcome", [ended], "    ")
-    lines += _block("cause", [episode.cause], "    ")
-    if episode.remedies:
-        lines += _block("remedy", remedy_lines(episode.remedies, worst.kind), "    ")
+    lines += _block("cause", [incident.cause], "    ")
+    if incident.remedies:
+        lines += _block("remedy", remedy_lines(incident.remedies, worst.kind), "    ")
     return lines
 
 
 def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> str:
     """The text report of one diagnosis (no trailing newline)."""
     lines = _header(diagnosis)
-    found = episodes(diagnosis)
+    found = incidents(diagnosis)
     if found:
         lines += ["", f"timeline: {len(found)} episode{'s' if len(found) > 1 else ''}"]
-        for episode in found:
-            lines += _episode(episode, diagnosis)
+        for incident in found:
+            lines += _incident(incident, diagnosis)
     setup = setup_findings(diagnosis)
     if setup:
         lines += ["", "set-up: the monitor's checks at the first batch"]

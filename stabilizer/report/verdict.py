@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from stabilizer.core.advice import remedy_text
 from stabilizer.core.records import Finding, Severity
 from stabilizer.replay.diagnose import Diagnosis, severity_counts
 
-from .advice import advice_for, remedy_text
-from .episodes import episodes, setup_findings, step_range
+from .causes import advice_for
+from .incidents import incidents, setup_findings, step_range
 
 __all__ = ["verdict"]
 
 
 def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     """One line: how bad the run is and what to do first."""
-    found = episodes(diagnosis)
+    found = incidents(diagnosis)
     cut = any(note.kind == "truncated" for note in diagnosis.notes)
     tail = "; the log is cut short: read up to the damage" if cut else ""
     setup = setup_findings(diagnosis)
@@ -47,7 +48,7 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     plural = "s" if len(found) > 1 else ""
     last = diagnosis.segments[-1].index
     clean = ""
-    if last > 1 and all(episode.segment < last for episode in found):
+    if last > 1 and all(incident.segment < last for incident in found):
         clean = f"; segment {last}, after the last restart, is clean"
     return f"{head}{below}: {len(found)} episode{plural} ({tally}); {act}{clean}{tail}"
 

@@ -24,7 +24,15 @@ from torch import nn
 
 from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.remedies import REWRITES, remedy
+from stabilizer.core.remedies import (
+    CLIP_GRADIENTS,
+    REWRITES,
+    ROLLBACK,
+    SCALE_LR,
+    SWAP_TO_PRE_LN,
+    UPCAST_TO_FP32,
+    remedy,
+)
 from stabilizer.core.run import low_precision
 from stabilizer.core.signals import GRAD_NORM, LOSS, LR
 from stabilizer.live.remedies import (
@@ -93,7 +101,7 @@ class AutoRemedies:
     def start(self) -> None:
         optimizer = self.host.optimizers[0]
         self.lr.attach(optimizer)
-        if "rollback" in self.allow:
+        if ROLLBACK in self.allow:
             self._snapshots = Snapshots(
                 self.host.module,
                 optimizer,
@@ -148,7 +156,7 @@ class AutoRemedies:
     def _applied(self, step: int, cause: Finding, applied: _Applied, loss: float) -> Finding:
         self.applied[applied.name] = self.applied.get(applied.name, 0) + 1
         self.ladder.watch(applied.name, cause, step, loss)
-        if applied.name == "swap_to_pre_ln":
+        if applied.name == SWAP_TO_PRE_LN:
             self.ladder.watches[-1].until += self.warmup_steps  # judged once re-warmed
         return _finding(step, cause, applied)
 
@@ -179,7 +187,7 @@ class AutoRemedies:
         name = remedy(verdict.watch.remedy).next
         if name is None or name not in self.allow:
             return None
-        if name == "rollback":
+        if name == ROLLBACK:
             since = verdict.because.step if verdict.because is not None else verdict.watch.step
             return self._rollback(step, since - 1)
         if self.applied.get(name):
@@ -193,24 +201,24 @@ class AutoRemedies:
     def _wants_rollback(self, f: Finding) -> bool:
         # (a divergence's closing INFO finding, the loss came back, calls for nothing)
         at = kind_of(f.kind).rollback_at
-        return "rollback" in self.allow and at is not None and f.severity >= at
+        return ROLLBACK in self.allow and at is not None and f.severity >= at
 
     def _apply(self, step: int, f: Finding) -> _Applied | None:
         if self._wants_rollback(f):
             return self._rollback(step, _last_clean(f))
-        if f.kind == CLIP_SATURATION and self.applied.get("clip_gradients"):
+        if f.kind == CLIP_SATURATION and self.applied.get(CLIP_GRADIENTS):
             return self._raise_clip()  # the saturation is auto's own: no LR cut for it
         name = kind_of(f.kind).auto
         if name is None or name not in self.allow or self.applied.get(name):
             return None  # each of these remedies once: never twice in a loop
         if name in REWRITES and name not in self.explicit and not from_scratch(self.host.module):
             return None  # a pretrained or partly frozen model is not rewritten unasked
-        if name == "swap_to_pre_ln" and f.kind == DEPTH_IMBALANCE:
+        if name == SWAP_TO_PRE_LN and f.kind == DEPTH_IMBALANCE:
             return self._swap(step, since=_last_clean(f))
         return self._remedy(step, name)
 
     def _remedy(self, step: int, name: str) -> _Applied | None:
-        if name == "clip_gradients":
+        if name == CLIP_GRADIENTS:
             threshold, why = self._clip_threshold()
             before = self.host.clip
             if before is not None and 0.0 < before <= threshold:
@@ -219,10 +227,10 @@ class AutoRemedies:
             message = f"gradient clipping at norm {threshold:.3g} ({why})"
             after = {"before": before if before else float("inf"), "after": threshold}
             return _Applied(name, message, after)
-        if name == "scale_lr":
+        if name == SCALE_LR:
             change = self.lr.scale(0.5)
             return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
-        if name == "upcast_to_fp32":
+        if name == UPCAST_TO_FP32:
             if low_precision(self.host.facts.precision) is False:
                 return None  # norms and softmax already run in fp32 (or wider): nothing to do
             up = upcast_to_fp32(self.host.module)
@@ -254,7 +262,7 @@ class AutoRemedies:
             return None
         self.host.set_clip(threshold)
         message = f"clipping threshold raised from {float(before):.3g} to {threshold:.3g} ({why})"
-        return _Applied("clip_gradients", message, {"before": float(before), "after": threshold})
+        return _Applied(CLIP_GRADIENTS, message, {"before": float(before), "after": threshold})
 
     def _swap(self, step: int, since: int | None = None) -> _Applied | None:
         """Swap to pre-LN and re-warm the LR; first, when the oldest snapshot held is from
@@ -280,7 +288,7 @@ class AutoRemedies:
             evidence["restored_step"] = float(restart)
             message += f", restarted from step {restart}'s weights and optimizer state"
         message += f"; LR re-warmed over {self.warmup_steps}"
-        return _Applied("swap_to_pre_ln", message, evidence)
+        return _Applied(SWAP_TO_PRE_LN, message, evidence)
 
     def _oldest_before(self, since: int | None) -> int | None:
         """The oldest snapshot's step when it is from before `since` and can be restored."""
@@ -311,7 +319,7 @@ class AutoRemedies:
                 f"now {lr_now:.3g})"
             )
             evidence.update(lr_then=lr_then, lr_now=lr_now, lr_factor=change.after)
-        return _Applied("rollback", message, evidence)
+        return _Applied(ROLLBACK, message, evidence)
 
     def state_dict(self) -> dict[str, object]:
         return {

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from torch import nn
 
-from stabilizer.core.episode import Episodes, episode_key
+from stabilizer.core.episode import Episodes, continues
 from stabilizer.core.groups import depth_group
 from stabilizer.core.kinds import REMEDY_APPLIED, Kind, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
@@ -236,12 +236,7 @@ class Console:
     def _track_worst(self, now: Finding) -> None:
         """The worst episode, as it stands now (its latest span: 16-149, not 16-40)."""
         worst = self.worst
-        same = worst is not None and episode_key(worst) is not None
-        if (
-            worst is None
-            or now.severity > worst.severity
-            or (same and episode_key(worst) == episode_key(now))
-        ):
+        if worst is None or now.severity > worst.severity or continues(now, worst):
             self.worst = now
 
     def _finding(self, finding: Finding, record: StepRecord | None) -> None:

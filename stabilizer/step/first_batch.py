@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stabilizer.core.isolated import Isolated
 from stabilizer.core.records import Finding
 from stabilizer.live.preflight import (
     causal_by_design,
@@ -98,14 +99,11 @@ def preflight(
     """
     found: list[Finding] = []
     for check, what in ((config_checks, "config checks"), (causal_check, "causal self-check")):
-        try:
-            with quiet(), sandbox(host.module), guard.inert() if guard else nullcontext():
-                found += check(host, batch, switches)
-        except Exception as e:
-            if strict:
-                raise
-            if host.facts.is_global_zero:
-                log.warning("stabilizer: preflight %s skipped: %r", what, e)
+        inert = guard.inert() if guard else nullcontext()
+        with Isolated(strict) as part, quiet(), sandbox(host.module), inert:
+            found += check(host, batch, switches)
+        if part.error is not None and host.facts.is_global_zero:
+            log.warning("stabilizer: preflight %s skipped: %r", what, part.error)
     return found
 
 

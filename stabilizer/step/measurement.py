@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stabilizer.core.isolated import Isolated
 from stabilizer.core.signals import GRAD_NORM, LOSS, LR, NONFINITE_GRADS
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
 from stabilizer.live.tensors import wide_dtype
@@ -184,18 +185,17 @@ class Measurer:
     ) -> Measurement:
         """`measure` with the run's probes, or the failed step."""
         index = next((i for i, opt in enumerate(host.optimizers) if opt is optimizer), 0)
-        try:
+        with Isolated(self.strict) as measuring:
             if self.probes is None:
                 raise RuntimeError("the gradient probe could not be built at the start")
             grads = self.probes.grads_of(host, optimizer)
             return measure(host, grads, self.probes.acts, loss, optimizer, weights, lr_factor)
-        except Exception as e:
-            if self.strict:
-                raise
-            if not self._warned:
-                self._warned = True
-                log.warning("stabilizer cannot measure the steps: %r", e, exc_info=True)
-            return Measurement.failed(host.step, e, index)
+        error = measuring.error
+        assert error is not None  # (the block returns unless it failed)
+        if not self._warned:
+            self._warned = True
+            log.warning("stabilizer cannot measure the steps: %r", error, exc_info=error)
+        return Measurement.failed(host.step, error, index)
 
 
 def measure(

@@ -33,6 +33,7 @@ import torch
 from stabilizer.core.detectors import default_detectors
 from stabilizer.core.detectors.base import Detector
 from stabilizer.core.engine import Engine
+from stabilizer.core.isolated import Isolated
 from stabilizer.core.records import Finding
 from stabilizer.core.run import RunHeader
 from stabilizer.live.preflight import preflight_switches
@@ -191,16 +192,14 @@ class RunMonitor:
         error leaves the run without probes: every step is unmeasured, and `Protect` skips
         them all, loudly."""
         host = self.host
-        try:
+        with Isolated(self.options.strict) as starting:
             if self.auto is not None:
                 self.auto.start()
             acts = bool(self.options.activation_every)
             probes = Probes(host.module, host.optimizers, self.options.grouping, acts)
             self.measurer.probes = probes
-        except Exception as e:
-            if self.options.strict:
-                raise
-            log.error("stabilizer could not start: %r", e, exc_info=True)
+        if starting.error is not None:
+            log.error("stabilizer could not start: %r", starting.error, exc_info=starting.error)
         groups = self.probes.grads.groups if self.probes is not None else None
         self._header = run_header(host.facts, self.policy.name, groups or ())
         for engine in self.reporter.engines:

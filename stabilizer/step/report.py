@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from stabilizer.core.engine import Engine, is_restart
+from stabilizer.core.isolated import Isolated
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 
@@ -137,17 +138,15 @@ class Reporter:
         """Run one piece of reporting; an error stops the reports (one warning), not the run."""
         if not self._working:
             return
-        try:
+        with Isolated(self.strict) as part:
             fn(*args)
-        except Exception as e:
-            if self.strict:
-                raise
+        if part.error is not None:
             self._working = False
             log.warning(
                 "stabilizer stopped reporting after an internal error (the protection "
                 "stays on): %r",
-                e,
-                exc_info=True,
+                part.error,
+                exc_info=part.error,
             )
 
     def _report(self, step: InFlight) -> None:

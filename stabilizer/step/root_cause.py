@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import torch
 
+from stabilizer.core.isolated import Isolated
 from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
 from stabilizer.core.records import Finding, Severity
 from stabilizer.live.held import HeldNonFinite
@@ -52,7 +53,7 @@ def root_cause(
     """
     where: Localization | None = None
     index = 0
-    try:
+    with Isolated(strict) as replay:
         with quiet(), sandbox(host.module) as box, guard.inert(), host.replaying():
             for index in _replay_order(micro):
                 where = locate_nonfinite(
@@ -64,10 +65,8 @@ def root_cause(
                     break
         if box.changed:
             log.warning("stabilizer: the replay wrote parameters in place: %s", box.changed)
-    except Exception as e:
-        if strict:
-            raise
-        log.warning("stabilizer: root-cause replay failed: %r", e)
+    if replay.error is not None:
+        log.warning("stabilizer: root-cause replay failed: %r", replay.error)
         where = None
     rank, where, index = _gather(host, where, index)
     if where is None:

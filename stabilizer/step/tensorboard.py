@@ -16,7 +16,7 @@ from stabilizer.outputs.tensorboard import (
     FINDINGS_STEP,
     HEATMAP_DESCRIPTION,
     HEATMAP_TAG,
-    Episodes,
+    FindingsTable,
     StepCounts,
     custom_scalars_layout,
     depth_order,
@@ -71,7 +71,7 @@ class TensorBoardOutput:
         # the window is no row (no gradient is not a zero gradient).
         self._rows: deque[list[float | None]] = deque(maxlen=window)
         self._last: dict[str, float] = {}
-        self._episodes = Episodes()
+        self._episodes = FindingsTable()
         self._counts = StepCounts()  # steps skipped and clipped so far
         for finding in earlier:
             self._episodes.add([finding])
@@ -83,7 +83,7 @@ class TensorBoardOutput:
 
         Args:
             record: The step's record; None for findings alone.
-            found: The findings reported with it, one batch (see `Episodes.add`).
+            found: The findings reported with it, one batch (see `FindingsTable.add`).
         """
         every = self.every
         if record is not None and self._groups is not None:

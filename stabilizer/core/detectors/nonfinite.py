@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from stabilizer.core import kinds
 from stabilizer.core.records import Finding, Severity, StepRecord
+from stabilizer.core.remedies import MIXED_PRECISION, ROLLBACK, UPCAST_TO_FP32
 from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import (
     GRAD_NORM,
@@ -192,7 +193,7 @@ class NonFinite:
         kind, what, advice = self._what()
         verb = "persists" if what == "loss" else "persist"  # "gradients", "updates"
         # (skipping one more step is no use any more: the NaN persists)
-        remedies = ("mixed_precision",) if self._optimizer_only else ("rollback", "upcast_to_fp32")
+        remedies = (MIXED_PRECISION,) if self._optimizer_only else (ROLLBACK, UPCAST_TO_FP32)
         return Finding(
             kind=kind,
             step=self._start,

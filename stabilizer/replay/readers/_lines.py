@@ -51,13 +51,13 @@ RESUME = re.compile(
 """A resume banner (Lightning, HF, Megatron, DeepSpeed, fairseq, nanoGPT): starts a segment."""
 
 
-class _Idle(str):
+class _IdleLine(str):
     """The type of `IDLE`: an empty line that is no line."""
 
     __slots__ = ()
 
 
-IDLE = _Idle()
+IDLE = _IdleLine()
 """The line `text_lines` yields when a followed log has no more for now (`IDLE_CHUNK`).
 
 It equals ``""``, so a reader that does not know it reads an empty line; a reader that holds a

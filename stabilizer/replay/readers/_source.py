@@ -36,7 +36,7 @@ class Source:
     name: str
     head: bytes
     stream: IO[bytes]
-    counter: _Replay | None = None
+    counter: _HeadAgain | None = None
     size: int | None = None
 
     @property
@@ -51,7 +51,7 @@ class Source:
             self.counter.close()
 
 
-class _Replay(io.RawIOBase):
+class _HeadAgain(io.RawIOBase):
     """``head`` again, then the rest of ``stream``; closes ``stream`` only if it ``owns`` it.
 
     ``position`` counts the bytes taken from ``stream``, ``head`` (read from it before) included.
@@ -117,7 +117,7 @@ def open_source(path: str | Path, notes: list[Note] | None = None) -> Source:
     owns = name != "-"
     try:
         head = raw.read(HEAD)
-        counter = _Replay(head, raw, owns, notes)
+        counter = _HeadAgain(head, raw, owns, notes)
         stream: IO[bytes] = io.BufferedReader(counter, buffer_size=_BUFFER)
         if head.startswith(b"\x1f\x8b"):
             head, stream = _gunzip(stream, notes)
@@ -173,7 +173,7 @@ def _gunzip(stream: IO[bytes], notes: list[Note] | None) -> tuple[bytes, IO[byte
     head = b"".join(pieces)
     if damage is not None and b"\n" in head:  # the line the damage cut is no record
         head = head[: head.rindex(b"\n") + 1]
-    replay = _Replay(head, _Gunzipped(unpacked, damage), notes=notes)
+    replay = _HeadAgain(head, _Gunzipped(unpacked, damage), notes=notes)
     return head, io.BufferedReader(replay, buffer_size=_BUFFER)
 
 

@@ -1,4 +1,5 @@
-"""A pasted log without its wrapper (`Paste`), streamed: what `read_log` gives the readers.
+"""A pasted log without its wrapper (`Paste`), streamed: what `read_log` and ``watch`` give the
+readers.
 
 The text is decoded a chunk at a time, the wrapper's one regex (`Paste.pattern`) substituted
 away at every line start, and encoded again as UTF-8; a plain log never comes here.
@@ -11,11 +12,11 @@ import io
 import re
 from typing import IO
 
-from ._lines import ANSI, CHUNK, MAX_LINE, encoding_of, text_lines
+from ._lines import ANSI, CHUNK, IDLE_CHUNK, MAX_LINE, encoding_of, text_lines
 from ._paste import Paste
 from ._source import Source
 
-__all__ = ["head_paste", "unwrapped", "unwrapped_head"]
+__all__ = ["head_paste", "unwrapped", "unwrapped_followed", "unwrapped_head"]
 
 _BREAK = re.compile(r"[\r\n]")
 
@@ -26,6 +27,12 @@ def unwrapped(source: Source, paste: Paste) -> Source:
     stream = io.BufferedReader(_Unwrapped(source.stream, pattern, encoding), buffer_size=CHUNK)
     head = unwrapped_head(source.head, paste)
     return Source(source.name, head, stream, source.counter, source.size)
+
+
+def unwrapped_followed(stream: IO[bytes], head: bytes, paste: Paste) -> IO[bytes]:
+    """A followed log (``watch``: its `read1` may give `IDLE_CHUNK`) without the wrapper, read
+    with `read1`, which passes the `IDLE_CHUNK` on; ``head``: its first bytes."""
+    return _Unwrapped(stream, paste.pattern(), encoding_of(head))  # type: ignore[return-value]
 
 
 def unwrapped_head(head: bytes, paste: Paste) -> bytes:
@@ -43,7 +50,8 @@ class _Unwrapped(io.RawIOBase):
 
     Decoded a chunk at a time (undecodable UTF-8 bytes pass through as they were); the unfinished
     last line waits for the next chunk, unless it grows past `MAX_LINE` (no log line: passed on
-    as it is, with the rest of it).
+    as it is, with the rest of it). A followed stream that has nothing now (`IDLE_CHUNK`) makes
+    `read1` give `IDLE_CHUNK` too.
     """
 
     def __init__(self, stream: IO[bytes], pattern: re.Pattern[str], encoding: str) -> None:
@@ -58,15 +66,29 @@ class _Unwrapped(io.RawIOBase):
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._ready and not self._ended:
-            self._ready = memoryview(self._more().encode("utf-8", "surrogateescape"))
+        self._fill()
         size = min(len(buffer), len(self._ready))
         buffer[:size], self._ready = self._ready[:size], self._ready[size:]
         return size
 
-    def _more(self) -> str:
-        """The next piece of the text, unwrapped."""
-        raw = self._read(CHUNK)
+    def read1(self, size: int = -1) -> bytes:
+        if not self._fill():
+            return IDLE_CHUNK
+        size = len(self._ready) if size < 0 else size
+        data, self._ready = bytes(self._ready[:size]), self._ready[size:]
+        return data
+
+    def _fill(self) -> bool:
+        """Unwrap text until some is ready or the stream ended; False: it has nothing now."""
+        while not self._ready and not self._ended:
+            raw = self._read(CHUNK)
+            if raw is IDLE_CHUNK:
+                return False
+            self._ready = memoryview(self._more(raw).encode("utf-8", "surrogateescape"))
+        return True
+
+    def _more(self, raw: bytes) -> str:
+        """The next piece of the text, ``raw`` read, unwrapped."""
         self._ended = not raw
         text = self._decoder.decode(raw, final=self._ended)
         done = ""

@@ -90,7 +90,7 @@ class HfTrainerReader(BaseReader):
         return 0.5 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _Steps()
+        keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _BarSteps()
         probing = Probing(self)
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
         for lineno, line in numbered_lines(stream, self.notes):
@@ -130,7 +130,7 @@ def _checked(
     return records
 
 
-class _Steps:
+class _BarSteps:
     """The step of each record: the training bar's count, else counting on (module docstring)."""
 
     def __init__(self) -> None:

@@ -38,7 +38,7 @@ class LightningCsvReader(BaseReader):
         return 0.95 if "epoch" in cells else 0.8
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        rows, steps = csv.reader(text_lines(stream, self.notes)), _Steps()
+        rows, steps = csv.reader(text_lines(stream, self.notes)), _StepRows()
         header: list[str] = []
         while True:
             try:
@@ -55,7 +55,7 @@ class LightningCsvReader(BaseReader):
         yield from steps.done()
 
 
-class _Steps:
+class _StepRows:
     """The step being read: rows of one step next to each other merge (later cells win)."""
 
     def __init__(self) -> None:

@@ -2,7 +2,8 @@
 
 `read_log` takes a file, a ``.gz`` file, ``-`` for stdin, or a run directory (`find_logs` picks
 its log); it opens the files (`open_source`), detects the format from the first lines unless it
-is given (`detect_format`: the reader most confident of them, else ``generic``), and returns a
+is given (`detect_head`, which ``watch`` calls too: the reader most confident of them, else
+``generic``; a pasted log's wrapper taken off first), and returns a
 `LogStream`: the reader's items, read as they are consumed, with the format, the bytes read and
 the notes beside them. Opening and detection fail at once, with a `LogReadError`; reading never
 fails on damage part-way (a note says where it stopped). See docs/readers.md.
@@ -17,6 +18,7 @@ from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 
 from ._lines import text_lines
+from ._paste import Paste
 from ._rundir import find_logs
 from ._source import Source, is_binary, open_source
 from ._unwrap import head_paste, unwrapped, unwrapped_head
@@ -32,7 +34,7 @@ from .megatron import MegatronReader
 from .tensorboard import TensorBoardReader, merge_steps
 from .universal import UniversalReader
 
-__all__ = ["FORMAT_ALIASES", "READERS", "LogStream", "detect_format", "read_log"]
+__all__ = ["FORMAT_ALIASES", "READERS", "LogStream", "detect_format", "detect_head", "read_log"]
 
 READERS: dict[str, type[BaseReader]] = {
     cls.format: cls
@@ -82,31 +84,51 @@ def detect_format(source: str | Path | Iterable[str]) -> str:
 
 
 def _prepared(source: Source, format: str, notes: list[Note]) -> tuple[Source, str]:
-    """The format of a log (detected for ``auto``), and the log as its reader reads it: a pasted
-    log without its wrapper (`Paste`). A logger's prefix stays on for a reader that finds its
-    lines behind one (`BaseReader.prefixed`).
+    """The format of a log (`detect_head`), and the log as its reader reads it: without the
+    wrapper of a pasted log (`Paste`).
+
+    Raises:
+        LogReadError: Binary data that is no event file.
+    """
+    format, paste = detect_head(source.head, source.name, format, notes)
+    return (source if paste is None else unwrapped(source, paste)), format
+
+
+def detect_head(
+    head: bytes, name: str, format: str = "auto", notes: list[Note] | None = None
+) -> tuple[str, Paste | None]:
+    """The format of a log from its first bytes (``format`` unless it is ``"auto"``), and the
+    wrapper to take off its lines, if any: a pasted log's fences, quotes and line numbers, a
+    logger's prefix (kept for a reader that finds its lines behind one: `BaseReader.prefixed`).
+    The one detection of `read_log` and of ``watch`` (`stabilizer.replay.feed`).
+
+    Args:
+        head: The log's first bytes (`HEAD` of them, or all it has).
+        name: The log's name, for the messages (and an event file's name).
+        format: A name of `READERS`, or ``"auto"``.
+        notes: Where a note says that the log is read as pasted.
 
     Raises:
         LogReadError: Binary data that is no event file.
     """
     if format == TensorBoardReader.format or (
-        format == "auto" and TensorBoardReader.sniff_bytes(source.head, source.name) > 0.5
+        format == "auto" and TensorBoardReader.sniff_bytes(head, name) > 0.5
     ):
-        return source, TensorBoardReader.format
-    if is_binary(source.head):
+        return TensorBoardReader.format, None
+    if is_binary(head):
         what = "neither a text log nor an event file" if format == "auto" else f"not a {format} log"
-        raise LogReadError(f"{source.name}: binary data, {what}")
-    paste = head_paste(source.head)
+        raise LogReadError(f"{name}: binary data, {what}")
+    paste = head_paste(head)
     if paste is not None and paste.markup() != paste:
         markup = paste.markup()
-        outer = _format_of(unwrapped_head(source.head, markup) if markup else source.head)
+        outer = _format_of(unwrapped_head(head, markup) if markup else head)
         if READERS[outer if format == "auto" else format].prefixed:
             paste = markup
     if paste is not None:
-        source = unwrapped(source, paste)
-        if paste.markup() is not None:
+        head = unwrapped_head(head, paste)
+        if paste.markup() is not None and notes is not None:
             add_note(notes, Note("source", f"read as pasted: {paste.what} taken off the lines"))
-    return source, _format_of(source.head) if format == "auto" else format
+    return (_format_of(head) if format == "auto" else format), paste
 
 
 def _format_of(head: bytes) -> str:

@@ -1,36 +1,20 @@
-"""What each finding means and what to do about it, as the reports say it.
+"""The cause of a finding as the reports say it: what the incident's evidence and the run's log
+tell (a NaN made in the loss, an fp32 run, no fp16).
 
 A kind's title, usual cause and remedies are its row in `stabilizer.core.kinds`; which remedies
 fit the run, and each remedy's action in words, are `stabilizer.core.advice` (every output's
-one rule, re-exported here); here is what the reports add: the cause that fits what the
-episode's evidence and the run's log tell (a NaN made in the loss, an fp32 run, no fp16).
+one rule); here is what the reports add to the usual cause.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stabilizer.core.advice import (
-    REMEDY_TEXT,
-    RunFacts,
-    advised,
-    fitting_remedies,
-    in_the_loss,
-    remedy_text,
-)
+from stabilizer.core.advice import RunFacts, in_the_loss
 from stabilizer.core.kinds import LOSS_SPIKE, Kind, kind_of
 from stabilizer.core.records import Finding
 
-__all__ = [
-    "REMEDY_TEXT",
-    "RunFacts",
-    "advice_for",
-    "advised",
-    "cause_for",
-    "fitting_remedies",
-    "in_the_loss",
-    "remedy_text",
-]
+__all__ = ["advice_for", "cause_for"]
 
 
 _LOSS_CAUSE = (
@@ -40,7 +24,7 @@ _LOSS_CAUSE = (
 
 
 def cause_for(kind: str, findings: Sequence[Finding], facts: RunFacts) -> str:
-    """The usual cause of ``kind``, as far as the episode's evidence and the run tell."""
+    """The usual cause of ``kind``, as far as the incident's evidence and the run tell."""
     row = kind_of(kind)
     if row.nan and in_the_loss(findings):
         return _LOSS_CAUSE

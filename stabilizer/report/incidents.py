@@ -1,12 +1,11 @@
-"""What the text and markdown reports share: episodes, number formats, notes and the verdict.
+"""What the text and markdown reports share: incidents, number formats, notes and the verdict.
 
-An *episode* is what a reader of the report thinks of as one event. Detectors report one event
-as several findings: a NaN that persists is two (the first step at once, then "not
-recovering"), a loss spike comes with the gradient spike at its start, an fp16 overflow cascade
-with the NaN loss it causes and the root cause of that NaN. Findings of one family (`Kind.family`
-in `stabilizer.core.kinds`) in one segment whose steps touch (a finding starting at most one step
-after the episode's last step) are one episode, with every piece of evidence, titled by its main
-finding. The JSON report keeps every finding as it is.
+An *incident* is what a reader of the report thinks of as one event, and the timeline's entry
+(the reports count them as its episodes): the episodes one event raises together, grouped by
+the one rule of `stabilizer.core.episode.group_incidents` (a loss spike with the gradient spike
+at its start; an fp16 overflow cascade with the NaN loss it causes and the root cause of that
+NaN), with every piece of evidence, titled by its main finding. The JSON report keeps every
+finding as it is.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from stabilizer.core.advice import RunFacts, fitting_remedies, remedy_text
+from stabilizer.core.episode import group_incidents
 from stabilizer.core.kinds import family_rank, kind_of
 from stabilizer.core.records import Finding
 from stabilizer.core.signals import LOSS_SCALE, SKIPPED
@@ -23,13 +24,13 @@ from stabilizer.outputs.findings_table import is_setup
 from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
 
-from .advice import RunFacts, cause_for, fitting_remedies, remedy_text
+from .causes import cause_for
 
 __all__ = [
-    "Episode",
-    "episodes",
+    "Incident",
     "evidence_text",
     "header_facts",
+    "incidents",
     "is_setup",
     "note_lines",
     "number",
@@ -44,13 +45,13 @@ MAX_NOTES = 12  # distinct notes listed; the JSON report has them all
 
 
 @dataclass(frozen=True)
-class Episode:
-    """Findings of one kind that start at one step of one segment, in the order they came.
+class Incident:
+    """The episodes one event raised in one segment (`group_incidents`), in the order they came.
 
     Args:
         number: 1-based position in the report's timeline.
         segment: The segment (1-based).
-        findings: The findings, as emitted.
+        findings: The findings, one per episode.
         facts: What the log tells of the run.
         recovered: Whether the run recovered from it, as the outcome line says (`outcome`);
             None when the outcome says neither.
@@ -70,7 +71,7 @@ class Episode:
 
     @property
     def cause(self) -> str:
-        """The likely cause, as the episode's evidence and the run tell."""
+        """The likely cause, as the incident's evidence and the run tell."""
         return cause_for(self.worst.kind, self.findings, self.facts)
 
     @property
@@ -118,32 +119,21 @@ def setup_findings(diagnosis: Diagnosis) -> list[Finding]:
     return sorted(found, key=lambda f: -f.severity)
 
 
-def episodes(diagnosis: Diagnosis) -> list[Episode]:
-    """The diagnosis's findings as episodes, by segment, then step (see the module docstring);
-    set-up advice (`is_setup`) is no episode."""
+def incidents(diagnosis: Diagnosis) -> list[Incident]:
+    """The diagnosis's findings as incidents, by segment, then step (`group_incidents`); set-up
+    advice (`is_setup`) is no incident."""
     events = [item for item in diagnosis.findings if not is_setup(item.finding)]
-    ordered = sorted(events, key=lambda item: (item.segment, item.finding.step))
-    groups: list[tuple[int, list[Finding]]] = []
-    latest: dict[tuple[int, str], list[Finding]] = {}  # the open episode by family (or kind)
-    for segment, finding in ordered:
-        rank = family_rank(finding.kind)
-        family = finding.kind if rank is None else rank[0]
-        found = latest.get((segment, family))
-        if found is None or not _joins(finding, found, in_family=rank is not None):
-            found = latest[segment, family] = []
-            groups.append((segment, found))
-        found.append(finding)
     facts, segments = run_facts(diagnosis), diagnosis.segments
     made = [
-        Episode(number, segment, tuple(found), facts)
-        for number, (segment, found) in enumerate(groups, 1)
+        Incident(number, segment, tuple(found), facts)
+        for number, (segment, found) in enumerate(group_incidents(events), 1)
     ]
     return [replace(e, recovered=_recovered(e, segments)) for e in made]
 
 
-def _recovered(episode: Episode, segments: Sequence[Segment]) -> bool | None:
-    """What the episode's outcome line says: recovered (True), never (False), or neither."""
-    said = outcome(episode, segments[episode.segment - 1], len(segments))
+def _recovered(incident: Incident, segments: Sequence[Segment]) -> bool | None:
+    """What the incident's outcome line says: recovered (True), never (False), or neither."""
+    said = outcome(incident, segments[incident.segment - 1], len(segments))
     return True if said.startswith("recovered") else False if said else None
 
 
@@ -151,15 +141,6 @@ def _precedence(kind: str) -> int:
     """A kind's precedence in its family (the main kind highest); 0 for a kind of none."""
     rank = family_rank(kind)
     return 0 if rank is None else rank[1]
-
-
-def _joins(finding: Finding, found: list[Finding], in_family: bool) -> bool:
-    """Whether ``finding`` belongs to the episode of ``found``: one of its family that starts
-    at most one step after the episode's last step; else one of its kind at its first step."""
-    if not in_family:
-        return finding.step == found[0].step
-    last = max(f.step if f.end_step is None else max(f.step, f.end_step) for f in found)
-    return finding.step <= last + 1
 
 
 def run_facts(diagnosis: Diagnosis) -> RunFacts:
@@ -202,12 +183,12 @@ def remedy_lines(remedies: Sequence[str], kind: str = "") -> list[str]:
     return [f"{remedy_text(name, kind)} ({name})" for name in remedies]
 
 
-def outcome(episode: Episode, segment: Segment, segments: int) -> str:
-    """Whether a non-finite episode ended, as the log tells; else ``""``."""
-    if not kind_of(episode.worst.kind).outcome:
+def outcome(incident: Incident, segment: Segment, segments: int) -> str:
+    """Whether a non-finite incident ended, as the log tells; else ``""``."""
+    if not kind_of(incident.worst.kind).outcome:
         return ""
     where = "segment" if segments > 1 else "log"
-    since, last = segment.nonfinite_since, episode.end or episode.start
+    since, last = segment.nonfinite_since, incident.end or incident.start
     if since is not None and since <= last:
         return (
             f"never recovers: the loss is non-finite from step {since} to the end of the {where} "
