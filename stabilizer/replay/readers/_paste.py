@@ -189,6 +189,11 @@ def _prefix(lines: list[str]) -> str | None:
         counts = Counter(option[:2] for found in options.values() for option in found)
         if not counts:
             break
+        for key in [key for key in counts if key[0] == "where"]:
+            if _varies(key, options, at, lines):
+                del counts[key]  # a step's "s:7435", not a source line
+        if not counts:
+            break
         key = max(counts, key=lambda key: (counts[key], key[1] != " "))
         if counts[key] < _SHARE * len(lines) or (key[0] in _ONCE and key[0] in dict(shape)):
             break
@@ -199,3 +204,21 @@ def _prefix(lines: list[str]) -> str | None:
     if not shape:
         return None
     return "".join(f"(?:{_FIELD_PATTERNS[kind]}){_SEP_PATTERNS[sep]}" for kind, sep in shape)
+
+
+def _varies(
+    key: tuple[str, str],
+    options: dict[int, list[tuple[str, str, int]]],
+    at: dict[int, int],
+    lines: list[str],
+) -> bool:
+    """Whether a field read as a source place (``name:function:42``) differs on most lines: a
+    logger's place repeats (a loop logs from a few lines of code), a step counts up
+    (``INFO:root:s:7435 loss...`` is basicConfig's prefix, then the log's own ``s:7435``)."""
+    places = [
+        found[0]
+        for i, read in options.items()
+        if any((*option,) == key for *option, _ in read)
+        and (found := _FIELD["where"].match(lines[i], at[i])) is not None
+    ]
+    return len(places) >= 4 and len(set(places)) > len(places) // 2
