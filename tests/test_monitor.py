@@ -114,7 +114,9 @@ def test_fp16_loss_is_unscaled_and_scale_logged(scenario_run: Callable[[str], Tr
 
 def test_invalid_arguments() -> None:
     policies = "protect, observe, auto"
-    with pytest.raises(ValueError, match=f"`policy` must be one of {policies} or a policy object, got 'fix'"):
+    with pytest.raises(
+        ValueError, match=f"`policy` must be one of {policies} or a policy object, got 'fix'"
+    ):
         StabilityMonitor(policy="fix")
     with pytest.raises(ValueError, match="`heatmap_every` must be >= 0, got -1"):
         StabilityMonitor(heatmap_every=-1)
