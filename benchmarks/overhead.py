@@ -67,7 +67,8 @@ class WindowTimer(pl.Callback):
         self.batches, self.elapsed, self.hooks, self._t, self._h = 0, 0.0, 0.0, 0.0, 0.0
 
     def _monitor_seconds(self) -> float:
-        return sum(self.monitor.cost.seconds.values()) if self.monitor is not None else 0.0
+        run = self.monitor.run if self.monitor is not None else None
+        return sum(run.cost.seconds.values()) if run is not None else 0.0
 
     def on_train_batch_start(self, *args: Any) -> None:
         if self.batches in (self.warmup, self.warmup + self.steps):
