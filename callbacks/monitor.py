@@ -22,9 +22,7 @@ from stabilizer.core.detectors.base import Detector
 from stabilizer.core.records import Finding
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 from stabilizer.outputs.notify import Notifier, as_notifier
-from stabilizer.step.guard import StepGuard
-from stabilizer.step.measurement import Probes
-from stabilizer.step.monitor import Options, RunMonitor
+from stabilizer.step.monitor import Options, RunMonitor, RunView
 from stabilizer.step.outputs import Sinks
 from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.swap import SWAPPED, add_param_group, pre_ln_hparams, restore_pre_ln
@@ -34,7 +32,7 @@ from .host import LightningHost
 __all__ = ["StabilityMonitor"]
 
 
-class StabilityMonitor(pl.Callback):
+class StabilityMonitor(RunView, pl.Callback):
     """Catch loss spikes, divergence, NaN/Inf, fp16 overflow and starved layers as they happen.
 
     Each optimizer step is measured on the device, copied to the host once and fed to the
@@ -94,33 +92,6 @@ class StabilityMonitor(pl.Callback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(policy=self.policy.name)
-
-    # --- what the run shows ------------------------------------------------------------------
-
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding of the fit so far (every rank), in order."""
-        return self.run.findings if self.run is not None else []
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
-        return self.run.skipped_steps if self.run is not None else 0
-
-    @property
-    def guard(self) -> StepGuard | None:
-        """The optimizers' guard (`Protect` and `Auto`)."""
-        return self.run.guard if self.run is not None else None
-
-    @property
-    def probes(self) -> Probes | None:
-        """The run's probes (None before the fit, or if they could not be built)."""
-        return self.run.probes if self.run is not None else None
-
-    @property
-    def root_causes(self) -> int:
-        """Root-cause replays run."""
-        return self.run.root_causes if self.run is not None else 0
 
     # --- Lightning hooks: each delegates -----------------------------------------------------
 

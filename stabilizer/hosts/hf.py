@@ -27,9 +27,8 @@ import torch
 from accelerate.state import GradientState
 from transformers import TrainerCallback
 
-from stabilizer.core.records import Finding
 from stabilizer.outputs.notify import as_notifier
-from stabilizer.step.monitor import Options, RunMonitor
+from stabilizer.step.monitor import Options, RunMonitor, RunView
 from stabilizer.step.outputs import Sinks
 from stabilizer.step.policies import Policy, as_policy
 
@@ -41,7 +40,7 @@ from .scalars import ScalarLogger
 __all__ = ["StabilityCallback"]
 
 
-class StabilityCallback(TrainerCallback):
+class StabilityCallback(RunView, TrainerCallback):
     """The step in a ``Trainer`` (see the module).
 
     Args:
@@ -64,16 +63,6 @@ class StabilityCallback(TrainerCallback):
         self._parts: list[Any] = []  # hooks and writers to remove or close at the end
         self._open = False  # inside a step
         self._index = 0  # micro-batches so far
-
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding of the training so far (every rank), in order."""
-        return self.run.findings if self.run is not None else []
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
-        return self.run.skipped_steps if self.run is not None else 0
 
     # --- the Trainer's events ------------------------------------------------------------------
 

@@ -32,8 +32,7 @@ from torch import nn
 
 from stabilizer.core.records import Finding
 from stabilizer.outputs.notify import as_notifier
-from stabilizer.step.guard import StepGuard
-from stabilizer.step.monitor import Options, RunMonitor
+from stabilizer.step.monitor import Options, RunMonitor, RunView
 from stabilizer.step.outputs import MetricsLogger, Sinks
 from stabilizer.step.policies import Policy, as_policy
 
@@ -46,7 +45,7 @@ from .scalars import ScalarLogger
 __all__ = ["Stabilizer"]
 
 
-class Stabilizer:
+class Stabilizer(RunView):
     """The step in a plain loop (see the module); use it in ``with``, or call `close` at the end.
 
     Args:
@@ -114,26 +113,6 @@ class Stabilizer:
         self._closed = False
 
     # --- what the run shows ------------------------------------------------------------------
-
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding so far (every rank), in order."""
-        return self.run.findings if self.run is not None else []
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
-        return self.run.skipped_steps if self.run is not None else 0
-
-    @property
-    def root_causes(self) -> int:
-        """Root-cause replays run."""
-        return self.run.root_causes if self.run is not None else 0
-
-    @property
-    def guard(self) -> StepGuard | None:
-        """The optimizers' guard (`Protect` and `Auto`), from the first step."""
-        return self.run.guard if self.run is not None else None
 
     @property
     def should_stop(self) -> bool:

@@ -52,7 +52,7 @@ from .policies import Auto, Policy, Protect
 from .protect import Protection
 from .report import Reporter
 
-__all__ = ["Options", "RunMonitor"]
+__all__ = ["Options", "RunMonitor", "RunView"]
 
 log = logging.getLogger("stabilizer")
 
@@ -321,3 +321,35 @@ class RunMonitor:
         """Back to a checkpoint's `state_dict` (a resumed run was checked when it started)."""
         self.reporter.load_state_dict(state)
         self.preflight.done = True
+
+
+class RunView:
+    """What a host's front end (the Lightning callback, a loop's `Stabilizer`, the HF callback)
+    shows of its `run`: nothing before the run starts, the last run's after it."""
+
+    run: RunMonitor | None
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding of the run so far (every rank), in order."""
+        return self.run.findings if self.run is not None else []
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped (by the guard, or by an fp16 grad scaler)."""
+        return self.run.skipped_steps if self.run is not None else 0
+
+    @property
+    def guard(self) -> StepGuard | None:
+        """The optimizers' guard (`Protect` and `Auto`)."""
+        return self.run.guard if self.run is not None else None
+
+    @property
+    def probes(self) -> Probes | None:
+        """The run's probes (None before the run, or if they could not be built)."""
+        return self.run.probes if self.run is not None else None
+
+    @property
+    def root_causes(self) -> int:
+        """Root-cause replays run."""
+        return self.run.root_causes if self.run is not None else 0
