@@ -135,3 +135,42 @@ def _has_ours(folder: Path, accumulator: Any) -> bool:
     acc = accumulator(str(folder), size_guidance={"scalars": 0})
     acc.Reload()
     return "stability/grad_norm" in acc.Tags()["scalars"]
+
+
+class Crash(TrainerCallback):
+    """The training dies at step `at` (an error in the user's code; HF has no event for it)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.at:
+            raise RuntimeError("the user's bug")
+
+
+def test_a_training_that_died_is_released_when_the_callback_trains_again(tmp_path: Path) -> None:
+    """A second ``train()`` after a crash (a notebook's next cell) starts clean: the dead
+    training's optimizer is no longer guarded, its hooks are off the model (none twice), and
+    the new training's findings are its own."""
+    scenario = Scenario()
+    model = HFWrapper(scenario.gpt)
+    hooks = {m: (len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()}
+    callback = StabilityCallback(jsonl=False)
+    first = Trainer(
+        model=model, args=arguments(tmp_path / "a"), train_dataset=Examples(scenario.windows),
+        optimizers=(scenario.optimizer(), None), callbacks=[Crash(3), callback],
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="the user's bug"):
+        train(scenario, first)
+    dead = first.optimizer.optimizer
+    second = Trainer(
+        model=model, args=arguments(tmp_path / "b"), train_dataset=Examples(scenario.windows),
+        optimizers=(scenario.optimizer(), None), callbacks=[callback],
+    )  # fmt: skip
+    train(scenario, second)
+    step = dead.step
+    assert not hasattr(getattr(step, "__func__", step), "_stabilizer_guard")
+    assert {m: (len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()} == hooks
+    assert [(f.kind, f.step) for f in callback.findings if f.kind == "nonfinite_loss"] == [
+        ("nonfinite_loss", NAN_AT)
+    ]  # once: the second training's

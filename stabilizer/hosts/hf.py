@@ -67,6 +67,9 @@ class StabilityCallback(RunView, TrainerCallback):
     # --- the Trainer's events ------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._parts and self.run is not None:  # the last training died (HF has no event)
+            self.run.abort()
+            self._release()
         host = HFHost(
             args, state, kwargs["model"], kwargs["optimizer"], kwargs.get("lr_scheduler"),
             kwargs.get("train_dataloader"),
@@ -114,14 +117,20 @@ class StabilityCallback(RunView, TrainerCallback):
         try:
             run.finish()
         finally:
-            run.release()
-            host.rewire()  # the optimizer's own step again
-            for part in self._parts:  # the hooks removed, our writer closed
-                if isinstance(part, ModelCalls | AfterUnscale):
-                    part.remove()
-                elif part is not None:
-                    part.close()
-            self._open = False
+            self._release()
+
+    def _release(self) -> None:
+        """The optimizer's own step again, the model's hooks removed, our writer closed."""
+        if self.run is not None:
+            self.run.release()
+        if self.host is not None:
+            self.host.rewire()
+        for part in self._parts:
+            if isinstance(part, ModelCalls | AfterUnscale):
+                part.remove()
+            elif part is not None:
+                part.close()
+        self._parts, self._open = [], False
 
     # --- the model's calls ---------------------------------------------------------------------
 
