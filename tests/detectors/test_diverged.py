@@ -7,7 +7,12 @@ import math
 import pytest
 
 from stabilizer.core.detectors import Diverged
-from stabilizer.core.detectors.diverged import GRAD_ALONE, GRAD_WITH_LOSS, LOSS_WITH_GRAD
+from stabilizer.core.detectors.diverged import (
+    GRAD_ALONE,
+    GRAD_WITH_LOSS,
+    LOSS_WITH_GRAD,
+    OUT_OF_PROPORTION,
+)
 from stabilizer.core.records import Finding, Severity, StepRecord
 
 # openpi#814 (tests/fixtures/real/logs/openpi_issue814_loss_1e8_gradnorm_1e6.log), first lines
@@ -15,11 +20,18 @@ OPENPI = [(681325.8, 344671968.0), (846482.4, 436317056.0), (549847.9, 247026608
 OPENPI += [(775058.4, 536607616.0), (897108.3, 267218320.0)]
 
 
-def _run(pairs: list[tuple[float, float | None]], first: int = 5900) -> list[Finding]:
+# benchmarks/regimes' huge-scale (a regression on prices in dollars, healthy), seed 0's first
+# 5 steps as the live monitor recorded them (its JSONL): the gradient scales with the targets
+DOLLARS = [(4.84e8, 3.51e8), (5.31e8, 3.8e8), (5.28e8, 3.59e8), (4.88e8, 3.54e8), (5.36e8, 4.07e8)]
+
+
+def _run(
+    pairs: list[tuple[float, float | None]], first: int = 5900, every: int = 100
+) -> list[Finding]:
     detector, found = Diverged(), []
     for i, (grad, loss) in enumerate(pairs):
         values = {"grad_norm": grad} if loss is None else {"grad_norm": grad, "loss": loss}
-        found += detector.update(StepRecord(first + 100 * i, values))
+        found += detector.update(StepRecord(first + every * i, values))
     return found + detector.finish()
 
 
@@ -58,6 +70,28 @@ def test_silent(pairs: list[tuple[float, float | None]]) -> None:
     assert _run(pairs) == []
 
 
+@pytest.mark.parametrize(("first", "every"), [(0, 1), (1, 1), (100, 100), (10, 10)])
+def test_a_log_from_its_runs_start_is_the_runs_own_scale(first: int, every: int) -> None:
+    """Gradient norms of 1e8 and losses of 1e8 from the first step on: a regression on
+    unnormalised targets (the harm benchmark's huge-scale, a live run from step 0), or
+    openpi#814's levels had its log begun at its run's start: no earlier level to diverge from."""
+    assert _run(DOLLARS, first, every) == []
+    assert _run(OPENPI, first, every) == []
+
+
+def test_a_gradient_out_of_all_proportion_is_broken_from_the_start() -> None:
+    """grokfast#9's 3.8e12 beside a loss of 11, from step 1: no loss's scale explains it."""
+    [found] = _run([(3.8e12, 11.1), (1.2e13, 11.3), (4.4e13, 11.7)], first=1, every=1)
+    assert found.step == 1
+    assert _run([(3.8e12, 3.8e7), (1.2e13, 1.2e8), (4.4e13, 4.4e8)], first=1, every=1) == []
+
+
+def test_an_excerpt_of_a_dollar_regression_is_judged_by_its_levels() -> None:
+    """A limit, kept on purpose: an excerpt from step 5900 at openpi#814's levels is read as
+    openpi#814 (the log does not say what its loss measures)."""
+    assert [f.kind for f in _run(DOLLARS)] == ["diverged", "diverged"]
+
+
 def test_a_stretch_that_ends_says_so() -> None:
     found = _run([*OPENPI[:4], (2.0, 1.5), (7e5, 4e8), (8e5, 5e8), (9e5, 4e8)])
     assert [(f.step, f.end_step) for f in found] == [(5900, 6100), (5900, 6200)]
@@ -68,6 +102,7 @@ def test_the_bounds_stay_far_from_healthy_runs() -> None:
     assert GRAD_WITH_LOSS >= 10 * 1.3e4  # an order above the largest healthy gradient norm known
     assert LOSS_WITH_GRAD >= 10 * 1e6  # ten times a healthy regression's loss
     assert GRAD_ALONE >= 1e4 * 1.3e4 / 2
+    assert OUT_OF_PROPORTION >= 100 * 7e3 / 5  # a detection model's start, 100 times over
 
 
 def test_records_must_be_positive() -> None:

@@ -11,22 +11,33 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from .base import check_at_least
 
-__all__ = ["GRAD_ALONE", "GRAD_WITH_LOSS", "LOSS_WITH_GRAD", "Diverged"]
+__all__ = ["GRAD_ALONE", "GRAD_WITH_LOSS", "LOSS_WITH_GRAD", "OUT_OF_PROPORTION", "Diverged"]
 
 GRAD_ALONE = 1e8
-"""A gradient norm no healthy run shows, whatever its loss: four orders of magnitude above the
-largest we know of a run that still trained (BigScience's 104B at 1.3e4 on the eve of a spike;
-language models show 0.1-10 after warm-up and up to ~100 at initialisation, detection models up
-to ~1e3 and, for a step or two at their start, ~7e3)."""
+"""A gradient norm that, out of all proportion to its loss (`OUT_OF_PROPORTION`), no healthy run
+shows: four orders of magnitude above the largest we know of a language model that still
+trained (BigScience's 104B at 1.3e4 on the eve of a spike; language models show 0.1-10 after
+warm-up and up to ~100 at initialisation, detection models up to ~1e3 and, for a step or two at
+their start, ~7e3). A regression on prices in dollars trains well with gradient norms of 1e7-8e8
+beside its loss of 1e7-4e8 (benchmarks/regimes, ``huge-scale``): the gradient scales with the
+targets, so alone it proves nothing."""
+
+OUT_OF_PROPORTION = 1e6
+"""How many times its loss a gradient norm of `GRAD_ALONE` or more must be to be broken on its
+own: grokfast#9's 3.8e12 beside a loss of 11 is 3e11 times it; healthy runs stay below ~1e3
+(a detection model's 7e3 beside a loss of ~5; the dollar regression's 8e8 beside 4e8 is 2)."""
 
 GRAD_WITH_LOSS = 2e5
-"""A gradient norm that, with a loss of `LOSS_WITH_GRAD` or more beside it, no healthy run
-shows: fifteen times the largest healthy one we know (1.3e4), a third of openpi#814's least."""
+"""A gradient norm that, with a loss of `LOSS_WITH_GRAD` or more beside it, an excerpt of a
+healthy language or vision model does not show: fifteen times the largest healthy one we know
+(1.3e4), a third of openpi#814's least. Judged only in a log that begins after its run's start:
+at the start, those levels are a regression's own scale."""
 
 LOSS_WITH_GRAD = 1e7
-"""A loss that, with a gradient norm of `GRAD_WITH_LOSS` or more, is broken: ten times above the
-1e6 of a regression on unnormalised targets (healthy), and beyond any cross-entropy (ln of the
-largest vocabulary is 12.5) or summed loss of a healthy run we know (1e4)."""
+"""A loss that, with a gradient norm of `GRAD_WITH_LOSS` or more, is broken in an excerpt: ten
+times above the 1e6 of a regression on unnormalised targets late in training, and beyond any
+cross-entropy (ln of the largest vocabulary is 12.5) or summed loss of a healthy run we know
+(1e4)."""
 
 
 class Diverged:
@@ -34,8 +45,13 @@ class Diverged:
 
     Requires: ``grad_norm``; ``loss`` when logged.
     Rule: from the first record of the stream on, `records` records or more in a row with a
-    gradient norm of `GRAD_ALONE` or more, or of `GRAD_WITH_LOSS` or more beside a loss of
-    `LOSS_WITH_GRAD` or more (openpi#814: gradient norms 5e5-1.2e6, losses 2e8-7e8, every record).
+    gradient norm of `GRAD_ALONE` or more and `OUT_OF_PROPORTION` times its loss or more (or no
+    loss logged), or, in a log that begins after its run's start, of `GRAD_WITH_LOSS` or more
+    beside a loss of `LOSS_WITH_GRAD` or more (openpi#814: from step 5900, gradient norms
+    5e5-1.2e6, losses 2e8-7e8, every record). A log begins at its run's start when its first
+    step is 1 or less, or no more than the steps between its first two records (a run logged
+    every 100 steps from step 100): its first levels are then the run's own scale, never a
+    divergence from an earlier healthy level (a live run from step 0 is one).
 
     The other detectors judge change against the run's own earlier records; an excerpt that
     starts already broken has no healthy record to compare with. A person still sees it: a
@@ -57,6 +73,9 @@ class Diverged:
         check_at_least("records", records, 1)
         self.records = records
         self._judging = True  # still within the out-of-range records the stream began with
+        self._first: int | None = None  # the stream's first step
+        self._begins: bool | None = None  # whether it shows its run's start (from 2 records)
+        self._by_level = False  # a record of the stretch is out of range by its loss's level
         self._start: int | None = None
         self._end = 0
         self._count = 0  # out-of-range records so far
@@ -70,7 +89,14 @@ class Diverged:
         if grad is None:  # (a record without a gradient norm changes nothing)
             return []
         loss = record.values.get(LOSS)
-        if not _out_of_range(grad, loss):
+        if self._first is None:
+            self._first = record.step
+            self._begins = True if record.step <= 1 else None
+        elif self._begins is None:
+            self._begins = self._first <= record.step - self._first
+        alone = _out_of_proportion(grad, loss)
+        self._by_level = self._by_level or not alone
+        if not (alone or _out_of_range(grad, loss)) or (self._begins and self._by_level):
             return self._close()
         self._start = record.step if self._start is None else self._start
         self._end, self._count = record.step, self._count + 1
@@ -90,12 +116,12 @@ class Diverged:
     def _finding(self, outcome: str) -> Finding:
         assert self._start is not None
         grad, loss = self._worst
-        bound = "" if grad >= GRAD_ALONE else f" beside a loss of up to {loss:.3g}"
+        bound = f" beside a loss of up to {loss:.3g}" if self._by_level else ""
         seen = (
             f"gradient norm up to {grad:.3g}{bound} on every one of the {self._count} records "
             f"since step {self._start}, the first of the log{outcome}: orders of magnitude "
-            "beyond any healthy run (a healthy gradient norm stays below ~1e4): the run had "
-            "diverged before its first logged step"
+            "beyond a healthy language or vision model's (their gradient norms stay below "
+            "~1e4): the run had diverged before its first logged step"
         )
         evidence = {"grad_norm": grad, "records": float(self._count)}
         if loss:
@@ -121,6 +147,9 @@ class Diverged:
     def state_dict(self) -> dict[str, Any]:
         return {
             "judging": self._judging,
+            "first": self._first,
+            "begins": self._begins,
+            "by_level": self._by_level,
             "start": self._start,
             "end": self._end,
             "count": self._count,
@@ -130,6 +159,9 @@ class Diverged:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._judging = bool(state["judging"])
+        self._first = state.get("first")
+        self._begins = state.get("begins")
+        self._by_level = bool(state.get("by_level", False))
         self._start = None if state["start"] is None else int(state["start"])
         self._end, self._count = int(state["end"]), int(state["count"])
         self._reported = int(state["reported"])
@@ -137,10 +169,17 @@ class Diverged:
         self._worst = (float(grad), float(loss))
 
 
+def _out_of_proportion(grad: float, loss: float | None) -> bool:
+    """A gradient norm beyond any healthy run's, whatever its loss's scale; NaN is not
+    (`NonFinite`'s)."""
+    if not math.isfinite(grad) or grad < GRAD_ALONE:
+        return False
+    return loss is None or not math.isfinite(loss) or grad >= OUT_OF_PROPORTION * abs(loss)
+
+
 def _out_of_range(grad: float, loss: float | None) -> bool:
-    """Whether a record is beyond any healthy run (see the bounds); NaN is not (`NonFinite`'s)."""
+    """A gradient norm and a loss beyond any healthy language or vision model's (see the
+    bounds): in an excerpt, a run that had diverged before it began."""
     if not math.isfinite(grad) or grad < GRAD_WITH_LOSS:
         return False
-    if grad >= GRAD_ALONE:
-        return True
     return loss is not None and math.isfinite(loss) and loss >= LOSS_WITH_GRAD
