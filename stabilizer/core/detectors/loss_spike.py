@@ -19,6 +19,8 @@ __all__ = ["LossSpike"]
 
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
 _KEEP = 64  # losses of an open episode kept (to tell whether a new level falls)
+_UNMARKED = 10  # records from which a new level the log says nothing of can show its fall
+_NEW_LEVEL = 4.0  # ...and the most times its old level it may jump to
 _LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
 _FROM_START = 2  # a jump with at most this many records before it blew up where the log starts
 
@@ -213,7 +215,9 @@ class LossSpike:
         why = self._changes.since(episode["start"] - self.settle_steps)
         if why:
             episode["change"] = why
-            episode["usual"] = fall_rate(list(window.values))
+        before = list(window.values)
+        episode["usual"] = fall_rate(before)
+        episode["learning"] = falls(before, 0.0)  # the loss was still falling before the jump
 
     def _follow(self, episode: dict[str, Any], loss: float, step: int) -> list[Finding]:
         """An open episode's new loss: drop a jump that did not stay up, let a new level the
@@ -237,7 +241,7 @@ class LossSpike:
         if "glitch" in episode:
             tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
             return []
-        if "change" in episode and falls(episode["losses"], episode["usual"]):
+        if _new_level(episode):
             tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
             self._regime.new()
             return []
@@ -311,7 +315,7 @@ class LossSpike:
         start_of_run = episode["baseline_records"] <= _FROM_START
         if "called" in episode:
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
-        if "change" in episode and falls(episode.get("losses", []), episode["usual"]):
+        if _new_level(episode):
             return []
         if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
@@ -342,3 +346,23 @@ class LossSpike:
         self._last = float(run.get("last", 0.0))
         self._zero, self._lost = bool(run.get("zero", state.get("zero"))), run.get("lost")
         self._tracker.load(state)
+
+
+def _new_level(episode: dict[str, Any]) -> bool:
+    """Whether a jump that stayed up is a new level the run made, not a failure: the loss falls
+    from it at its usual rate where the run said it changed itself there (new data, an LR
+    restart); where the log says nothing (a loss term switched on inside the step, a second
+    stage inside one dataset), a jump to at most `_NEW_LEVEL` times the baseline of a run whose
+    loss was still falling (by more than 2% over the baseline's records), from which the loss
+    falls at least as fast, for its level, as it fell before the jump. A run thrown into a
+    worse region holds there or climbs, or blows up past any new task's level (the ``diverge``
+    scenario: 80x); one given a new task learns it (docs/findings.md)."""
+    losses, usual = episode.get("losses", []), float(episode.get("usual", 0.0))
+    if "change" in episode:
+        return falls(losses, usual)
+    base = float(episode["baseline"])
+    if len(losses) < _UNMARKED or not episode.get("learning") or base <= 0.0:
+        return False
+    if max(losses) > _NEW_LEVEL * base:
+        return False
+    return falls(losses, 2.0 * usual * losses[0] / base)
