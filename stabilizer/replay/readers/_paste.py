@@ -187,8 +187,6 @@ def _prefix(lines: list[str]) -> str | None:
     for _ in range(_FIELDS):
         options = {i: _options(lines[i], start) for i, start in at.items()}
         counts = Counter(option[:2] for found in options.values() for option in found)
-        if not counts:
-            break
         for key in [key for key in counts if key[0] == "where"]:
             if _varies(key, options, at, lines):
                 del counts[key]  # a step's "s:7435", not a source line
