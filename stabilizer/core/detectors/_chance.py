@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity
 
-__all__ = ["CLASSES", "RECORDS", "VOCABULARIES", "Chance", "ChanceWatch", "chance_of"]
+__all__ = ["CLASSES", "RECORDS", "VOCABULARIES", "Chance", "ChanceWatch", "chance_of", "near_some"]
 
 VOCABULARIES = (
     30522,  # BERT (uncased)
@@ -104,7 +104,7 @@ _LOWS = [low for low, _ in _BANDS]
 _REACH = list(itertools.accumulate((high for _, high in _BANDS), max))  # the highest end so far
 
 
-def _near_some(loss: float, stated: float | None) -> bool:
+def near_some(loss: float, stated: float | None) -> bool:
     """Whether ``loss`` is within the band of some chance level (one bisection: of the bands
     that begin below it, the one that reaches highest holds it, if any does)."""
     at = bisect_right(_LOWS, loss)
@@ -146,7 +146,7 @@ class ChanceWatch:
                 self.end, self.count = step, self.count + 1
                 return []
             return self.finish("")
-        if not _near_some(loss, stated):  # (most losses: one bisection)
+        if not near_some(loss, stated):  # (most losses: one bisection)
             if self.recent:
                 self.recent.clear()
             return []

@@ -34,7 +34,7 @@ class RunChanges:
     def __init__(self) -> None:
         self.step: int | None = None  # the step of the last change
         self.why = ""  # what the run did there
-        self._lr: float | None = None  # the LR of the record before
+        self.lr: float | None = None  # the LR of the record before (None: none yet)
         self._peak = 0.0  # the highest LR so far
 
     def update(self, step: int, values: Mapping[str, float]) -> None:
@@ -42,12 +42,12 @@ class RunChanges:
         if NEW_DATA in values and values[NEW_DATA] >= 0.5:
             self.step, self.why = step, "the run started on new data"
         lr = values.get(LR)
-        if lr is None or not 0.0 < lr < math.inf:
-            return
-        last = self._lr
+        last = self.lr
+        if lr is None or lr == last or not 0.0 < lr < math.inf:
+            return  # (an LR as before: no restart, no new peak)
         if last is not None and lr >= _RESTART * last and lr <= _KNOWN * self._peak:
             self.step, self.why = step, f"the LR restarted ({last:.3g} -> {lr:.3g})"
-        self._lr = lr
+        self.lr = lr
         if lr > self._peak:
             self._peak = lr
 
@@ -57,7 +57,7 @@ class RunChanges:
 
     def state(self) -> dict[str, Any]:
         """The last change and the LR history, as plain data."""
-        return {"step": self.step, "why": self.why, "lr": self._lr, "peak": self._peak}
+        return {"step": self.step, "why": self.why, "lr": self.lr, "peak": self._peak}
 
     def load(self, state: Mapping[str, Any] | None) -> None:
         """Restore from `state` (None: a checkpoint of an earlier version, no change seen)."""
@@ -65,7 +65,7 @@ class RunChanges:
         step, lr = state.get("step"), state.get("lr")
         self.step = None if step is None else int(step)
         self.why = str(state.get("why", ""))
-        self._lr = None if lr is None else float(lr)
+        self.lr = None if lr is None else float(lr)
         self._peak = float(state.get("peak", 0.0))
 
 

@@ -21,42 +21,42 @@ class Bumps:
     losses also have a heavy tail: a run whose norm sits within 5% of its median may show a 3x
     bump every few thousand steps and be healthy. A value is outsized for *this* run only when
     it also clears the bumps the run has shown lately, spikes reported included, so that a run
-    whose bumps recur gets one episode for them, not one per bump. A sliding maximum: the
-    candidates are kept in a deque, oldest first and decreasing, so each push costs O(1)
-    amortised.
+    whose bumps recur gets one episode for them, not one per bump. Each record's rise goes into
+    a bounded deque (C's append, every record); the maximum is taken when a spike opens, rarely.
     """
 
     def __init__(self, size: int) -> None:
         check_at_least("size", size, 1)
         self.size = size
-        self.count = 0  # records pushed
-        self.kept: deque[tuple[int, float]] = deque()  # (record index, rise), rises decreasing
+        self.rises: deque[float] = deque(maxlen=size)  # the last `size` rises, oldest first
 
     def largest(self) -> float:
         """The largest rise of the last ``size`` records (0 when there is none)."""
-        kept = self.kept
-        while kept and kept[0][0] <= self.count - self.size:
-            kept.popleft()
-        return kept[0][1] if kept else 0.0
+        return max(0.0, max(self.rises, default=0.0))
 
     def push(self, rise: float) -> None:
         """One record's rise above its baseline (a fall counts as 0)."""
-        self.count += 1
-        kept = self.kept
-        while kept and kept[-1][1] <= rise:
-            kept.pop()
-        if rise > 0.0:
-            kept.append((self.count, rise))
+        self.rises.append(rise)
 
     def state(self) -> dict[str, Any]:
-        """The count and the kept rises, as plain data."""
-        return {"count": self.count, "kept": [list(pair) for pair in self.kept]}
+        """The last rises, as plain data."""
+        return {"rises": list(self.rises)}
 
     def load(self, state: Mapping[str, Any] | None) -> None:
-        """Restore from `state` (None: a checkpoint of an earlier version, no bumps)."""
-        state = state or {"count": 0, "kept": []}
-        self.count = int(state["count"])
-        self.kept = deque((int(i), float(r)) for i, r in state["kept"])
+        """Restore from `state` (None: a checkpoint of an earlier version, no bumps; one with
+        ``count`` and ``kept``: the sliding maxima it kept, each at its place, which give the
+        same largest rises from there on)."""
+        state = state or {}
+        if "rises" in state:
+            rises = [float(r) for r in state["rises"]]
+        else:
+            count = int(state.get("count", 0))
+            rises = [0.0] * min(count, self.size)
+            for index, rise in state.get("kept", []):
+                at = int(index) - (count - len(rises)) - 1
+                if 0 <= at < len(rises):
+                    rises[at] = float(rise)
+        self.rises = deque(rises, maxlen=self.size)
 
 
 class Regime:

@@ -169,14 +169,19 @@ class LossSpike:
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
-        if LR in values or NEW_DATA in values:
-            self._changes.update(record.step, values)
+        lr = values.get(LR)
+        if (lr is not None and lr != self._changes.lr) or NEW_DATA in values:
+            self._changes.update(record.step, values)  # (an LR as before changes nothing)
         loss = values.get(LOSS)
         if loss is None or not isfinite(loss):
             return []
         tracker = self._tracker
         window = tracker.window
-        self._count(record.step, loss, window)
+        ordered = window.ordered
+        if len(ordered) > 1 and ordered[-1] != 0.0 and self._first is not None:
+            self._records, self._last = self._records + 1, loss  # (`_count`, most records)
+        else:
+            self._count(record.step, loss, window)
         opened = tracker.episode
         self._rise = 0.0
         ended = tracker.observe(record.step, loss)

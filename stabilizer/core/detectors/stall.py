@@ -11,7 +11,7 @@ from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import LOSS, LR, VOCAB_SIZE
 
-from ._chance import ChanceWatch
+from ._chance import ChanceWatch, near_some
 from ._robust import median
 from .base import check_at_least, check_fraction
 
@@ -83,8 +83,12 @@ class Stall:
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
-        if LR in values:
-            self._note_lr(values[LR])
+        lr = values.get(LR)
+        if lr is not None:
+            if lr == self._lr:
+                self._rising = False  # (`_note_lr` of an LR as before)
+            else:
+                self._note_lr(lr)
         if VOCAB_SIZE in values:
             self._stated = values[VOCAB_SIZE]
         loss = values.get(LOSS)
@@ -93,14 +97,19 @@ class Stall:
         if self._first_step is None:
             self._first_step = record.step
             self._done = record.step > self.steps // 4  # the start of training is not in view
-        found = [] if self._done else self._from_start(record.step, loss)
-        if found:  # a stall from the first step on: one report is enough
-            self._chance.silenced = True
-            return found
-        if self._lr == 0.0 or self._chance.silenced:
+        if not self._done:
+            found = self._from_start(record.step, loss)
+            if found:  # a stall from the first step on: one report is enough
+                self._chance.silenced = True
+                return found
+        chance = self._chance
+        if self._lr == 0.0 or chance.silenced:
             return []
+        stated = self._stated or self.vocab_size
+        if chance.open is None and not chance.recent and not near_some(loss, stated):
+            return []  # (most losses: far from every chance level)
         start = not self._done and record.step < self.steps
-        found = self._chance.update(record.step, loss, self._stated or self.vocab_size, start)
+        found = chance.update(record.step, loss, stated, start)
         self._done = self._done or bool(found)  # (at chance level: the start rule adds nothing)
         return found
 
