@@ -189,7 +189,9 @@ class GradSpike:
             episode["tail"] = regime.bumps.largest()  # the run's bumps before this one
         # Every record's rise joins the run's bumps: over its median, or in a spike over the
         # baseline the spike froze (the spikes are bumps the run has shown too).
-        regime.bumps.push(level - opened["baseline"] if opened is not None else self._rise)
+        regime.bumps.rises.append(  # (`Bumps.push`, without its call: every record)
+            level - opened["baseline"] if opened is not None else self._rise
+        )
         if ended is not None:
             findings += self._ended(ended)
         if episode is not None and record.step - episode["start"] > self.recovery_window:

@@ -187,7 +187,9 @@ class LossSpike:
         ended = tracker.observe(record.step, loss)
         if opened is None and tracker.episode is not None:
             tracker.episode["tail"] = self._regime.bumps.largest()  # the rises before it
-        self._regime.bumps.push(loss - opened["baseline"] if opened is not None else self._rise)
+        self._regime.bumps.rises.append(  # (`Bumps.push`, without its call: every record)
+            loss - opened["baseline"] if opened is not None else self._rise
+        )
         if ended is not None:
             return self._ended(ended, record.step)
         episode = tracker.episode
