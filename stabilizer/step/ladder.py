@@ -6,14 +6,17 @@ Each applied remedy is watched for `CHECK_STEPS` steps (``AutoRemedies(check_ste
 for ``swap_to_pre_ln``, a ``depth_imbalance`` band still open at the window's end or a loss that
 did not fall (the median of the last `LEVEL` losses not below its median when the swap was made:
 the failure it answers is a stack that does not learn). It *worked* only when the numbers say the
-run is better off: the loss is finite and its level at the window's end (the median of the last
-`LEVEL` losses) is not above its level before the trouble began (the median of the `LEVEL`
-finite losses before the finding's first step) by more than `WORSE` of it. A run whose failure
-did not come back but whose loss stayed above that level is *not better*: said so, with the
-numbers, and left alone (no further remedy, no stop: nothing failed again). A remedy that did not
-work is followed by the next remedy for that finding (`Remedy.next` in the remedy table), and
-when none is left by a CRITICAL ``remedy_result`` that says what was tried and what to do, and a
-clean stop.
+run is better off: the loss is finite and, for a failure that shows in the loss (`IN_LOSS`: a
+spike, a divergence, a NaN loss), its level at the window's end (the median of the last `LEVEL`
+losses) is not above its level before the trouble began (the median of the `LEVEL` finite losses
+before the finding's first step) by more than `WORSE` of it. A run whose failure did not come
+back but whose loss stayed above that level is *not better*: said so, with the numbers, and left
+alone (no further remedy, no stop: nothing failed again). A remedy for a failure of the gradients
+(a gradient spike, clipping saturated, a NaN gradient) is judged by that failure alone: the loss
+may stand at a new level for reasons of its own (a new stage of training began with the spike).
+A remedy that did not work is followed by the next remedy for that finding (`Remedy.next` in the
+remedy table), and when none is left by a CRITICAL ``remedy_result`` that says what was tried
+and what to do, and a clean stop.
 """
 
 from __future__ import annotations
@@ -24,13 +27,22 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stabilizer.core.kinds import DEPTH_IMBALANCE, REMEDY_RESULT, TABLE
+from stabilizer.core.kinds import (
+    DEPTH_IMBALANCE,
+    DIVERGED,
+    DIVERGENCE,
+    LOSS_SPIKE,
+    NONFINITE_LOSS,
+    REMEDY_RESULT,
+    TABLE,
+)
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.remedies import remedy
 
 __all__ = [
     "CHECK_STEPS",
     "FAILS",
+    "IN_LOSS",
     "LEVEL",
     "Ladder",
     "Result",
@@ -41,6 +53,9 @@ __all__ = [
 
 CHECK_STEPS = 50
 """Steps a remedy is watched for before it is said to have worked."""
+
+IN_LOSS = frozenset({LOSS_SPIKE, DIVERGENCE, DIVERGED, NONFINITE_LOSS})
+"""The failures that show in the loss: a remedy for one is judged by the loss level as well."""
 
 LEVEL = 10
 """Losses whose median is a loss level (before the trouble, at a swap, at a verdict)."""
@@ -141,7 +156,7 @@ class Ladder:
             return Result(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
         if not math.isfinite(loss):
             return Result(w, False, loss, why="the loss is not finite")
-        if level > w.before + WORSE * abs(w.before):  # (NaN: nothing to compare with)
+        if w.cause in IN_LOSS and level > w.before + WORSE * abs(w.before):  # (NaN: no level)
             why = (
                 f"the run is not better: its loss level is {_num(level)}, it was "
                 f"{_num(w.before)} before the trouble (median of {LEVEL} losses)"

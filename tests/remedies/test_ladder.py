@@ -226,6 +226,22 @@ def test_a_remedy_after_which_the_loss_stays_above_its_level_is_not_better() -> 
     assert [f.remedies[0] for f in out if f.kind == "remedy_applied"] == ["clip_gradients"]
 
 
+def _grad_spike(step: int) -> Finding:
+    return Finding("grad_spike", step, step + 1, Severity.WARNING, "grad spike", {})
+
+
+def test_a_clip_for_a_gradient_spike_is_judged_by_the_gradients_not_the_loss_level() -> None:
+    """The harm benchmark's staged-internal: a gradient spike at the step a new stage began,
+    clipping for it, and the loss at the new stage's level (2.9, it was 1.6): the gradient spike
+    did not come back, so the clip worked; the loss level is the stage's, not the remedy's."""
+    trainer, module = _trainer()
+    auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"], check_steps=30))
+    out = _run(auto, trainer, module, range(120, 150), {}, loss=1.6)
+    out += _run(auto, trainer, module, range(150, 190), {151: [_grad_spike(150)]}, loss=2.9)
+    (result,) = _results(out)
+    assert result.evidence["worked"] == 1.0 and result.severity == Severity.INFO
+
+
 def test_a_remedy_after_which_the_loss_is_back_at_its_level_worked() -> None:
     trainer, module = _trainer()
     auto = AutoRemedies(trainer, Auto(allow=["clip_gradients"], check_steps=30))
