@@ -121,3 +121,29 @@ def loop_host(
     module = module if module is not None else torch.nn.Linear(2, 2)
     optimizer = optimizer or torch.optim.AdamW(module.parameters(), lr=lr)
     return LoopHost(module, [optimizer], [], None, HostFacts(precision=precision))
+
+
+@pytest.fixture
+def watcher() -> Iterator[list[Any]]:
+    """`stabilizer watch` processes a test starts (test_watch's ``_Watcher``), killed after it."""
+    started: list[Any] = []
+    yield started
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+
+
+@pytest.fixture
+def hook() -> Iterator[Any]:
+    """A real HTTP server recording the webhook's POSTs (test_notify's ``_Hook``)."""
+    import threading
+
+    from test_notify import _Hook
+
+    server = _Hook()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()

@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 import warnings
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -49,16 +48,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
-
-
-@pytest.fixture
-def hook() -> Iterator[_Hook]:
-    server = _Hook()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def _nan(step: int, severity: Severity = Severity.ERROR, message: str = "loss is nan") -> Finding:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,16 +96,6 @@ class _Watcher:
 def _collect(stream: object, lines: list[str]) -> None:
     for line in stream:  # type: ignore[attr-defined]
         lines.append(line.rstrip("\n"))
-
-
-@pytest.fixture
-def watcher() -> Iterator[list[_Watcher]]:
-    started: list[_Watcher] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait()
 
 
 def test_watch_follows_nan_overflow_rotation_truncation(

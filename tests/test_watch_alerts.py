@@ -11,37 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from test_notify import _Hook
 from test_watch import _WAIT, _healthy, _Watcher, _write
 
 from stabilizer.core.records import StepRecord
 
 _NAN = "steps: {} loss: nan lr: [0.0001]"
-
-
-@pytest.fixture
-def watcher() -> Iterator[list[_Watcher]]:
-    started: list[_Watcher] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait()
-
-
-@pytest.fixture
-def hook() -> Iterator[_Hook]:
-    server = _Hook()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_a_persistent_nan_escalates_to_critical_stops_and_is_sent(
