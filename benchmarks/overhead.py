@@ -20,6 +20,13 @@ the activation probes' hooks inside the forward): on a CPU that is the overhead,
 step-time noise; on a GPU it is host time that overlaps the device's work unless it waits.
 Then one ``protect`` run with a NaN at one step times the root-cause replay, paid only on a
 failing step.
+
+On a shared machine the wall clock also counts the time other processes took the core away from
+the monitor. ``--clock thread --threads 1`` runs torch on one thread and reads the cost meter
+with the thread's CPU time (``time.thread_time``) instead: the monitor's own host work, free of
+preemption (the step times stay wall-clock). ``--parts`` prints the meter's parts (``measure``:
+the numbers and the weights' check; ``guard``: the judge inside the step; ``report``: the
+engine) per monitored mode.
 Results are recorded in docs/benchmarks.md.
 """
 
@@ -30,7 +37,9 @@ import logging
 import os
 import statistics
 import time
+import types
 import warnings
+from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
@@ -43,6 +52,7 @@ from stabilizer.callbacks.demo.datamodule import StabilizerDataModule
 from stabilizer.callbacks.demo.lit_gpt import LitGPT
 from stabilizer.callbacks.demo.run import precision_args
 from stabilizer.demo.config import GPTConfig
+from stabilizer.step import cost as cost_module
 
 MODES = ("none", "observe", "protect", "auto", "grad_norm", "sync", "detect_anomaly")
 DEFAULT_MODES = MODES[:-1]
@@ -64,11 +74,13 @@ class WindowTimer(pl.Callback):
 
     def __init__(self, warmup: int, steps: int, monitor: Any) -> None:
         self.warmup, self.steps, self.monitor = warmup, steps, monitor
-        self.batches, self.elapsed, self.hooks, self._t, self._h = 0, 0.0, 0.0, 0.0, 0.0
+        self.batches, self.elapsed, self.hooks, self._t = 0, 0.0, 0.0, 0.0
+        self._h: dict[str, float] = {}
+        self.parts: dict[str, float] = {}  # the meter's parts over the window (seconds)
 
-    def _monitor_seconds(self) -> float:
+    def _monitor_seconds(self) -> dict[str, float]:
         run = self.monitor.run if self.monitor is not None else None
-        return sum(run.cost.seconds.values()) if run is not None else 0.0
+        return dict(run.cost.seconds) if run is not None else {}
 
     def on_train_batch_start(self, *args: Any) -> None:
         if self.batches in (self.warmup, self.warmup + self.steps):
@@ -77,7 +89,8 @@ class WindowTimer(pl.Callback):
             if self.batches == self.warmup:
                 self._t, self._h = now, spent
             else:
-                self.elapsed, self.hooks = now - self._t, spent - self._h
+                self.parts = {k: v - self._h.get(k, 0.0) for k, v in spent.items()}
+                self.elapsed, self.hooks = now - self._t, sum(self.parts.values())
         self.batches += 1
 
 
@@ -110,8 +123,11 @@ class NaNOnce(pl.Callback):
         pl_module.model.blocks[-1].mlp.register_forward_hook(hook)
 
 
-def run_mode(mode: str, config: GPTConfig, args: argparse.Namespace) -> tuple[float, float]:
-    """Time per step (s) over the window, and host time per step inside the monitor's hooks.
+def run_mode(
+    mode: str, config: GPTConfig, args: argparse.Namespace, parts: dict[str, float] | None = None
+) -> tuple[float, float]:
+    """Time per step (s) over the window, and host time per step inside the monitor's hooks
+    (each part's, per step, added to `parts` when given).
 
     Mode ``replay``: ``protect`` with a NaN at step 2; returns the root-cause replay's time
     instead of the hooks' time.
@@ -152,6 +168,8 @@ def run_mode(mode: str, config: GPTConfig, args: argparse.Namespace) -> tuple[fl
         assert monitor is not None
         (cause,) = [f for f in monitor.findings if f.kind == "root_cause"]
         return per_step, float(cause.evidence["elapsed_s"])
+    if parts is not None:
+        parts.update({k: v / args.steps for k, v in timer.parts.items() if v > 0})
     return per_step, timer.hooks / args.steps
 
 
@@ -169,17 +187,34 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
     parser.add_argument("--no-replay", action="store_true", help="skip the root-cause timing")
+    parser.add_argument(
+        "--clock", choices=("wall", "thread"), default="wall",
+        help="the monitor's host time: wall clock, or the thread's CPU time (with --threads 1)",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--parts", action="store_true", help="print the meter's parts")
     return parser.parse_args()
+
+
+def _use_clock(clock: str) -> None:
+    """The cost meter reads the thread's CPU time: preemption by other processes left out."""
+    if clock == "thread":
+        cpu = types.SimpleNamespace(perf_counter=time.thread_time)
+        cost_module.time = cpu  # type: ignore[attr-defined,assignment]
 
 
 def main() -> None:
     args = _arguments()
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _use_clock(args.clock)
     device = torch.cuda.get_device_name() if args.accelerator == "cuda" else "cpu"
     print(
         f"# {device}, {args.precision}, torch threads {torch.get_num_threads()}, "
-        f"load {os.getloadavg()[0]:.1f}, {args.rounds} rounds x {args.steps} steps"
+        f"load {os.getloadavg()[0]:.1f}, {args.rounds} rounds x {args.steps} steps, "
+        f"monitor's host time by the {args.clock} clock"
     )
     print(
         f"{'layers':>6} {'mode':>15} {'median step (ms)':>17} {'ratio':>7} "
@@ -193,16 +228,22 @@ def main() -> None:
         )  # fmt: skip
         times: dict[str, list[float]] = {m: [] for m in args.modes}
         hooks: dict[str, list[float]] = {m: [] for m in args.modes}
+        parts: dict[str, defaultdict[str, list[float]]] = {m: defaultdict(list) for m in args.modes}
         for _ in range(args.rounds):
             for mode in args.modes:
-                step, hook = run_mode(mode, config, args)
+                got: dict[str, float] = {}
+                step, hook = run_mode(mode, config, args, got)
                 times[mode].append(step)
                 hooks[mode].append(hook)
+                for name, seconds in got.items():
+                    parts[mode][name].append(seconds)
         base = statistics.median(times[args.modes[0]])
         for mode in args.modes:
             med, hook = statistics.median(times[mode]), statistics.median(hooks[mode])
             extra = f"{hook * 1e3:>27.2f} {hook / base:>12.2%}" if mode in MONITORED else ""
             print(f"{n_layer:>6} {mode:>15} {med * 1e3:>17.2f} {med / base:>6.3f}x {extra}")
+        if args.parts:
+            _print_parts(n_layer, parts)
         if not args.no_replay:
             step, replay = run_mode("replay", config, args)
             print(
@@ -210,6 +251,17 @@ def main() -> None:
                 f"(a training step: {step * 1e3:.1f} ms); 0 on every other step"
             )
     print(f"# load at the end {os.getloadavg()[0]:.1f}")
+
+
+def _print_parts(n_layer: int, parts: dict[str, defaultdict[str, list[float]]]) -> None:
+    """Each monitored mode's parts of its host time: median ms per step over the rounds."""
+    for mode, by_part in parts.items():
+        if by_part:
+            cells = ", ".join(
+                f"{name} {statistics.median(v) * 1e3:.2f}"
+                for name, v in sorted(by_part.items(), key=lambda kv: -statistics.median(kv[1]))
+            )
+            print(f"{n_layer:>6} {mode:>15} parts (ms/step): {cells}")
 
 
 if __name__ == "__main__":
