@@ -61,14 +61,25 @@ class ModelCalls:
         returned: Callable[[Any, dict[str, Any]], None] | None = None,
     ) -> None:
         self.module, self._begin, self._wanted, self._returned = module, begin, wanted, returned
-        self.fresh = True  # the next call begins a micro-batch
         self._calls: list[Call] = []
+        self.fresh = True
         self._device = next((p.device.type for p in module.parameters()), "cpu")
         self._handles = [module.register_forward_pre_hook(self._called, with_kwargs=True)]
         if returned is not None:
             self._handles.append(
                 module.register_forward_hook(self._output, with_kwargs=True, always_call=False)
             )
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the next call begins a micro-batch."""
+        return self._fresh
+
+    @fresh.setter
+    def fresh(self, value: bool) -> None:
+        self._fresh = value
+        if value:  # the batch in flight keeps the calls for a replay, until the step's end;
+            self._calls = []  # kept here too, they (the inputs) would outlive the step
 
     def _takes(self, module: nn.Module) -> bool:
         # Under no_grad (an evaluation) or in eval mode the call is no training step's.

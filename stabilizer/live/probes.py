@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,7 +65,8 @@ class GradProbe:
         grouping: Callable[[str], str] | None = None,
     ) -> None:
         self._module, self._optimizers, self._grouping = module, list(optimizers), grouping
-        self._marks: list[tuple[nn.Parameter, Tensor | None, int]] = []
+        # Each watched tensor, a weak reference to the gradient measured, and its version.
+        self._marks: list[tuple[nn.Parameter, weakref.ref[Tensor] | None, int]] = []
         self.exact = False  # the fast path failed once: per-tensor norms from then on
         self._index: tuple[tuple[int, ...], Tensor] | None = None  # group indices, on the device
         self.gradless: set[str] = set()  # the group keys none of whose tensors had a gradient
@@ -79,14 +81,19 @@ class GradProbe:
         """
         if self._signature() != self._seen:
             self._build()
-        grads, index, marks = [], [], []
+        grads, index = [], []
+        marks: list[tuple[nn.Parameter, weakref.ref[Tensor] | None, int]] = []
         for p, i in zip(self._tensors, self._group_idx, strict=True):
             g = p.grad
-            marks.append((p, g, -1 if g is None else g._version))
-            if g is not None:
-                # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces.
-                grads.append(g.to_local() if hasattr(g, "to_local") else g)
-                index.append(i)
+            if g is None:
+                marks.append((p, None, -1))
+                continue
+            # A weak reference: the probe must not keep a step's gradients alive after it (with
+            # `zero_grad(set_to_none=True)` that would be a second copy of them).
+            marks.append((p, weakref.ref(g), g._version))
+            # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces.
+            grads.append(g.to_local() if hasattr(g, "to_local") else g)
+            index.append(i)
         self._marks = marks
         present = set(index)
         self.gradless = {k for i, k in enumerate(self.keys[2:]) if i not in present}
@@ -107,7 +114,14 @@ class GradProbe:
         Torch counts in-place writes in a tensor's ``_version``; a new ``.grad`` is a new
         object. A write through ``.data`` is not counted: see ``docs/protection.md``.
         """
-        return all(p.grad is g and (g is None or g._version == v) for p, g, v in self._marks)
+        for p, ref, version in self._marks:
+            g = p.grad
+            if ref is None:
+                if g is not None:
+                    return False
+            elif g is None or g is not ref() or g._version != version:
+                return False
+        return True
 
     @property
     def tensors(self) -> list[Tensor]:
