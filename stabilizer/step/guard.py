@@ -307,9 +307,16 @@ _Snapshot = tuple[list[torch.Tensor], dict[torch.Tensor, dict[str, Any]]]
 
 def _snapshot(opt: torch.optim.Optimizer) -> _Snapshot:
     params = [p.detach().clone() for p in _params(opt)]
-    # Deep: LBFGS keeps lists of tensors (its history) that a step appends to in place.
-    state = {p: {k: copy.deepcopy(v) for k, v in s.items()} for p, s in opt.state.items()}
+    # A tensor is cloned (a deep copy of one costs several times more); the rest is copied
+    # deep: LBFGS keeps lists of tensors (its history) that a step appends to in place.
+    state = {p: {k: _copied(v) for k, v in s.items()} for p, s in opt.state.items()}
     return params, state
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and not value.requires_grad:
+        return value.clone()
+    return copy.deepcopy(value)
 
 
 def _restore(opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
