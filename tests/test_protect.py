@@ -209,7 +209,7 @@ def test_a_step_that_cannot_be_checked_is_skipped(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Old code: any internal error turned the whole monitor off, and every later NaN got through.
-    def broken(self: object) -> torch.Tensor:
+    def broken(self: object, check: object = None) -> torch.Tensor:
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr("stabilizer.live.probes.GradProbe.__call__", broken)
@@ -241,7 +241,7 @@ def test_an_error_in_reporting_leaves_the_protection_on(
 
 
 def test_strict_monitor_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: object) -> torch.Tensor:
+    def broken(self: object, check: object = None) -> torch.Tensor:
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr("stabilizer.live.probes.GradProbe.__call__", broken)

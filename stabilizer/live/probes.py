@@ -11,20 +11,21 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
-from stabilizer.live.tensors import l2_norms
+from stabilizer.live.tensors import count_suspect, host_norms, l2_norms
 
 __all__ = ["HOST_READ", "ActivationProbe", "GradProbe", "HostCopy"]
 
 HOST_READ = "stabilizer::host_read"  # the profiler's name for a step's one planned host read
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class GradProbe:
@@ -72,13 +73,30 @@ class GradProbe:
         self.gradless: set[str] = set()  # the group keys none of whose tensors had a gradient
         self._build()
 
-    def __call__(self) -> Tensor:
-        """``(2 + n_groups,)`` float64 on the gradients' device, ordered as :attr:`keys`.
+    def __call__(self, check: Sequence[Tensor] | None = None) -> Tensor:
+        """``(2 + n_groups,)`` float64 on the gradients' device, ordered as :attr:`keys`; with
+        `check`, one value more past them: the weights' fast test of those tensors
+        (`stabilizer.live.tensors.count_suspect`: 0 when all are finite), in the same pass.
 
         Norms never overflow, so a finite gradient never has a non-finite norm (see
         `stabilizer.live.tensors.l2_norms`): ``nonfinite_grads`` counts exactly the tensors
         that hold a NaN or an Inf.
         """
+        grads, index = self._gather()
+        if grads and grads[0].is_cpu and not self.exact:  # one pass, its values read at once
+            found = self._fast(lambda: host_norms(grads, check or ()))
+            if found is not None:
+                values = self._sums(found[0], index)
+                values += [float(found[1])] if check is not None else []
+                return torch.tensor(values, dtype=torch.float64)
+        out = self._device_norms(grads, index)
+        if check is None:
+            return out
+        return torch.cat((out, count_suspect(check, out.device).to(out.dtype).view(1)))
+
+    def _gather(self) -> tuple[list[Tensor], list[int]]:
+        """The gradients of the watched tensors that have one, and their groups; notes which
+        groups have none and what each gradient was (`untouched`)."""
         if self._signature() != self._seen:
             self._build()
         grads, index = [], []
@@ -92,21 +110,33 @@ class GradProbe:
             # `zero_grad(set_to_none=True)` that would be a second copy of them).
             marks.append((p, weakref.ref(g), g._version))
             # Sharded (FSDP2 DTensor) gradients: the local shard; the caller reduces.
-            grads.append(g.to_local() if hasattr(g, "to_local") else g)
+            grads.append(g if type(g) is Tensor or not hasattr(g, "to_local") else g.to_local())
             index.append(i)
         self._marks = marks
         present = set(index)
         self.gradless = {k for i, k in enumerate(self.keys[2:]) if i not in present}
+        return grads, index
+
+    def _device_norms(self, grads: list[Tensor], index: list[int]) -> Tensor:
+        """The norms as tensors on the gradients' device: nothing waits."""
         if not grads:  # nothing to update this step
-            return torch.zeros(len(self.keys), device=self._device)
+            return torch.zeros(len(self.keys), dtype=torch.float64, device=self._device)
         device = grads[0].device
         norms = self._norms(grads, device)  # (n_grads,) float64
         # One bucket past the groups holds the tensors that are checked but not logged per group.
         sq = torch.zeros(len(self.groups) + 1, dtype=torch.float64, device=device)
         sq.index_add_(0, self._group_index(tuple(index), device), norms.square())
         nonfinite = (~torch.isfinite(norms)).sum().double()
-        out = torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
-        return out
+        return torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
+
+    def _sums(self, norms: list[float], index: list[int]) -> list[float]:
+        """The total norm, the non-finite count and each group's norm, from the tensors'."""
+        sq = [0.0] * (len(self.groups) + 1)
+        for i, n in zip(index, norms, strict=True):
+            sq[i] += n * n
+        total = math.sqrt(sum(sq))
+        nonfinite = sum(1.0 for n in norms if not math.isfinite(n))
+        return [total, nonfinite, *(math.sqrt(v) for v in sq[:-1])]
 
     def untouched(self) -> bool:
         """Whether every watched gradient is the tensor the last call measured, unchanged since.
@@ -162,17 +192,26 @@ class GradProbe:
         self._seen = self._signature()
 
     def _norms(self, grads: list[Tensor], device: torch.device) -> Tensor:
-        if not self.exact:
-            try:
-                return l2_norms(grads, device)
-            except (RuntimeError, NotImplementedError, TypeError) as e:
-                self.exact = True
-                log.warning(
-                    "gradient norms: the fast path cannot run on these gradients (%s); each "
-                    "gradient is now checked on its own: exact, slower",
-                    str(e).splitlines()[0][:120],
-                )
+        found = self._fast(lambda: l2_norms(grads, device))
+        if found is not None:
+            return found
         return torch.cat([l2_norms([g], g.device).to(device) for g in grads])
+
+    def _fast(self, norms: Callable[[], _T]) -> _T | None:
+        """The fast path's `norms`; None, and the exact path from then on, where it cannot run
+        on these gradients (said once)."""
+        if self.exact:
+            return None
+        try:
+            return norms()
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            self.exact = True
+            log.warning(
+                "gradient norms: the fast path cannot run on these gradients (%s); each "
+                "gradient is now checked on its own: exact, slower",
+                str(e).splitlines()[0][:120],
+            )
+            return None
 
     def _group_index(self, index: tuple[int, ...], device: torch.device) -> Tensor:
         # Built again only when the set of gradients changes: a host-to-device copy waits.

@@ -3,7 +3,10 @@ finiteness of any dtype, the tensors an optimizer holds.
 
 Every check here is exact for every dtype: fp16, bf16, fp32 and fp64, complex (its real and
 imaginary parts), sparse (its stored values). Nothing here waits for the device unless its name
-says so (`all_finite` returns a Python bool; the rest return device tensors).
+says so (`all_finite` returns a Python bool, `host_norms` Python floats of CPU tensors; the rest
+return device tensors). A step's pass over its tensors is one ``_foreach_norm`` per dtype and one
+reduction, never a Python loop of kernels: on the CPU, where ``_foreach_norm`` is such a loop
+inside torch, the small tensors are joined into one first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ __all__ = [
     "all_finite",
     "count_nonfinite",
     "count_suspect",
+    "host_norms",
     "l2_norms",
     "optimizer_state_tensors",
     "stored_values",
@@ -27,8 +31,10 @@ __all__ = [
 ]
 
 CPU_READ = "stabilizer::cpu_read"  # the profiler's name for the CPU path's read of its norms
-_SMALL = 4096  # elements: tensors this small are flattened into one for `count_suspect`
+_SMALL = 4096  # elements: on the CPU, tensors this small are joined into one for the fast test
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_F32 = frozenset({torch.float16, torch.bfloat16, torch.float32})  # norms taken in float32
+_LOW = frozenset({torch.float16, torch.bfloat16})
 
 
 def wide_dtype(device: torch.device) -> torch.dtype:
@@ -68,13 +74,12 @@ def l2_norms(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     1e40, which float32 cannot hold): the norm is non-finite exactly when the tensor holds a NaN
     or an Inf. On an accelerator the squares are accumulated in float64 (an fp64 tensor is
     scaled by its largest magnitude first). On the CPU, where float64 arithmetic costs ~3x, the
-    norms are taken in float32 and read at once (a CPU read waits for nothing); the few that
-    are not finite are taken again in float64.
+    norms are taken in float32 and read at once (`host_norms`).
     """
     with torch.no_grad():
         real = list(_checkable(grads))
         if real and len(real) == len(grads) and _alike(real):  # one dtype, one device: usual
-            return _norms(real, real[0].dtype, real[0].device.type == "cpu").to(device)
+            return _norms(real, real[0].dtype, real[0].is_cpu).to(device)
         real = [_real(g) for g in grads]
         by_dtype: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for i, g in enumerate(real):
@@ -97,18 +102,50 @@ def _alike(ts: list[Tensor]) -> bool:
 
 
 def _norms(ts: list[Tensor], dtype: torch.dtype, cpu: bool) -> Tensor:
+    if cpu:
+        return torch.tensor(_host_grad_norms(ts, [])[0], dtype=torch.float64)
     if dtype == torch.float64:
         return torch.stack([_scaled_norm(t) for t in ts])
-    if not cpu:
-        return torch.stack(torch._foreach_norm(ts, dtype=torch.float64))
-    norms = torch.stack(torch._foreach_norm(ts, dtype=torch.float32))
+    return torch.stack(torch._foreach_norm(ts, dtype=torch.float64))
+
+
+def host_norms(
+    grads: Sequence[Tensor], check: Iterable[Tensor] = ()
+) -> tuple[list[float], bool] | None:
+    """On the CPU, in one pass: each gradient's L2 norm as a Python float (as `l2_norms`), and
+    whether the fast test of `check` (`count_suspect`) found anything.
+
+    One ``_foreach_norm`` over the gradients and the checked tensors of their dtype, one read
+    (a CPU tensor's values: nothing waits). None unless every gradient is a non-empty floating
+    CPU tensor and all share one dtype: then `l2_norms` and `count_suspect`.
+    """
+    with torch.no_grad():
+        real = list(_checkable(grads))
+        if not (real and len(real) == len(grads) and _alike(real) and real[0].is_cpu):
+            return None
+        return _host_grad_norms(real, _test_groups(check, real[0].device))
+
+
+def _host_grad_norms(real: list[Tensor], groups: list[list[Tensor]]) -> tuple[list[float], bool]:
+    """`host_norms` of checkable CPU gradients of one dtype and the fast test's `groups`. The
+    few gradient norms that are not finite (a NaN, an Inf, or squares beyond float32) are taken
+    again in float64; an fp64 gradient's is scaled by its peak instead."""
+    dtype, n = real[0].dtype, len(real)
+    joint = next((g for g in groups if g[0].dtype == dtype), []) if dtype in _F32 else []
+    if dtype in _F32:  # with the checked tensors of the same dtype: one call
+        norms = list(torch._foreach_norm([*real, *joint], dtype=torch.float32))
+    else:
+        norms = [_scaled_norm(t) for t in real]
+    norms += [x for g in groups if g is not joint for x in _test_norms(g)]
     with torch.profiler.record_function(CPU_READ):  # a CPU tensor's values: nothing waits
-        finite = all(map(math.isfinite, norms.tolist()))
-    norms = norms.double()
-    if not finite:  # a NaN, an Inf, or squares beyond float32: those again, in float64
-        bad = (~torch.isfinite(norms)).nonzero().flatten().tolist()
-        norms[bad] = torch.stack(torch._foreach_norm([ts[i] for i in bad], dtype=torch.float64))
-    return norms
+        values: list[float] = torch.stack(norms).tolist()
+    grad_norms, tested = values[:n], values[n:]
+    bad = [i for i, v in enumerate(grad_norms) if not math.isfinite(v)]
+    if bad and dtype in _F32:
+        again = torch._foreach_norm([real[i] for i in bad], dtype=torch.float64)
+        for i, norm in zip(bad, torch.stack(again).tolist(), strict=True):
+            grad_norms[i] = norm
+    return grad_norms, not all(map(math.isfinite, tested))
 
 
 def _scaled_norm(t: Tensor) -> Tensor:
@@ -127,24 +164,56 @@ def count_nonfinite(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
     """
     with torch.no_grad():
         groups = [torch._foreach_norm(ts, ord=math.inf) for ts in _by_dtype(tensors, device)]
-        return _bad(groups, device)
+        norms = [n for group in groups for n in group]
+        if not norms:
+            return torch.zeros((), dtype=torch.float32, device=device)
+        return (~torch.isfinite(torch.stack(norms))).sum().float()
 
 
 def count_suspect(tensors: Iterable[Tensor], device: torch.device) -> Tensor:
     """A fast test for `count_nonfinite`: a float32 scalar on `device` that is 0 when every
     tensor is finite and its squares fit float32 (values below ~1e19), above 0 otherwise — not a
     count. A caller confirms a positive answer exactly (`all_finite`, `count_nonfinite`: the rare
-    case). The float32 L2 norm is several times faster than the max-abs norm on a CPU; the small
-    tensors (biases, norms' weights, step counters) are flattened into one first, so the cost is
-    the bytes, not the number of tensors."""
+    case). One float32 L2 norm per tensor (several times faster than the max-abs norm on a CPU),
+    one ``_foreach_norm`` per dtype, one reduction. Tensors on another device are left out."""
     with torch.no_grad():
-        groups = []
-        for ts in _by_dtype(tensors, device):
-            small = [t for t in ts if t.numel() <= _SMALL]
-            whole = [t for t in ts if t.numel() > _SMALL]
-            whole += [_flatten(small)] if small else []
-            groups.append(torch._foreach_norm(whole))
-        return _bad(groups, device)
+        norms = [x for g in _test_groups(tensors, device) for x in _test_norms(g)]
+        if not norms:
+            return torch.zeros((), dtype=torch.float32, device=device)
+        return (~torch.isfinite(torch.stack(norms).sum())).float()
+
+
+def _test_groups(tensors: Iterable[Tensor], device: torch.device) -> list[list[Tensor]]:
+    """The fast test's tensors on `device`, one list per dtype. On the CPU the small ones
+    (biases, norms' weights, Adam's step counters) are joined into one (`_join_small`): there
+    ``_foreach_norm`` is a loop over its tensors, so the cost is then the bytes, not the count."""
+    cpu = device.type == "cpu"
+    groups: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
+    for t in _checkable(tensors):
+        if t.device == device:
+            whole, small = groups.setdefault(t.dtype, ([], []))
+            (small if cpu and t.numel() <= _SMALL else whole).append(t)
+    return [[*whole, _join_small(small)] if small else whole for whole, small in groups.values()]
+
+
+def _test_norms(ts: list[Tensor]) -> tuple[Tensor, ...]:
+    """Float32 L2 norms of same-dtype tensors (fp16's 65504 caps no norm: float32 sums)."""
+    return torch._foreach_norm(ts, dtype=torch.float32 if ts[0].dtype in _LOW else None)
+
+
+def _join_small(ts: Sequence[Tensor]) -> Tensor:
+    """One 1-D copy of same-dtype tensors in at most three C++ calls, whatever their number:
+    the 0-d ones (Adam's step counters) stacked, the 1-d ones (biases, norms' weights) joined as
+    they are, the others flattened."""
+    by_dim: tuple[list[Tensor], list[Tensor], list[Tensor]] = ([], [], [])
+    for t in ts:
+        by_dim[min(t.dim(), 2)].append(t)
+    scalars, parts, rest = by_dim
+    if scalars:
+        parts.insert(0, torch.stack(scalars))
+    if rest:
+        parts.append(_flatten_dense_tensors(rest))  # type: ignore[no-untyped-call]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _by_dtype(tensors: Iterable[Tensor], device: torch.device) -> list[list[Tensor]]:
@@ -154,22 +223,6 @@ def _by_dtype(tensors: Iterable[Tensor], device: torch.device) -> list[list[Tens
         if t.device == device:
             groups.setdefault(t.dtype, []).append(t)
     return list(groups.values())
-
-
-def _flatten(ts: list[Tensor]) -> Tensor:
-    """One 1-D copy of `ts` (one C++ call, as DDP buckets them)."""
-    if len(ts) == 1:
-        return ts[0]
-    flat: Tensor = _flatten_dense_tensors(ts)  # type: ignore[no-untyped-call]
-    return flat
-
-
-def _bad(groups: Sequence[Sequence[Tensor]], device: torch.device) -> Tensor:
-    """How many of the norms are not finite, as a float32 scalar on `device`."""
-    norms = [n for group in groups for n in group]
-    if not norms:
-        return torch.zeros((), dtype=torch.float32, device=device)
-    return (~torch.isfinite(torch.stack(norms))).sum().float()
 
 
 def all_finite(tensors: Iterable[Tensor]) -> bool:

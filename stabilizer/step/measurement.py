@@ -33,8 +33,12 @@ __all__ = ["Measurement", "Measurer", "Probes", "WeightsCheck", "lr_key", "measu
 
 log = logging.getLogger("stabilizer")
 
-WeightsCheck = Callable[[torch.optim.Optimizer, int, torch.device], torch.Tensor]
-"""``(optimizer, step, device) -> count``: the protection's check of the weights before a step."""
+WeightsCheck = Callable[
+    [torch.optim.Optimizer, int], tuple[list[torch.Tensor], torch.Tensor | None]
+]
+"""``(optimizer, step) -> (tensors, counted)``: what the protection's check of the weights before
+a step covers (`stabilizer.step.weights.WeightsWatch.to_check`): the tensors the gradient probe
+tests in its pass, and a count already taken of the rest (or None)."""
 
 
 def lr_key(group: int) -> str:
@@ -210,16 +214,17 @@ def measure(
     """The step's numbers, stacked on the device and sent to the host without waiting.
 
     With `weights` (the protection's check), the numbers also count the tensors among the
-    parameters, optimizer state and buffers that turned non-finite before this step (one more
-    reduction in the same copy).
+    parameters, optimizer state and buffers that turned non-finite before this step: the
+    gradient probe tests them in its own pass (one ``_foreach_norm``, one reduction).
     """
-    norms = grads()
-    scale = host.loss_scale
     step = host.step
-    if weights is not None:
-        checked = weights(optimizer, step, norms.device).reshape(1)
-    else:
-        checked = torch.zeros(1, device=norms.device)
+    tested, counted = weights(optimizer, step) if weights is not None else (None, None)
+    norms = grads(tested)  # the weights' fast test in the same pass: one value past the norms
+    checked = norms[-1:] if tested is not None else torch.zeros(1, device=norms.device)
+    norms = norms[:-1] if tested is not None else norms
+    if counted is not None:
+        checked = checked + counted.to(checked.device)
+    scale = host.loss_scale
     parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), checked]
     sampled = acts.detach() if acts is not None else None
     if sampled is not None:

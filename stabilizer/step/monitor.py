@@ -252,7 +252,7 @@ class RunMonitor:
         prot = self.protection
         with self.cost.part("measure"):  # the numbers go to the host without waiting
             loss = self.batch.step_loss()
-            weights = prot.weights.check if prot is not None else None
+            weights = prot.weights.to_check if prot is not None else None
             factor = self.auto.lr.factor if self.auto is not None else 1.0
             measured = self.measurer(self.host, optimizer, loss, weights, factor)
         step = InFlight(measured, found=self._extra, new_data=self._new_data)

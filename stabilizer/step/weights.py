@@ -52,12 +52,15 @@ class WeightsWatch:
         notes of tensors that hold NaN/Inf by design, first seen now."""
         self.buffers.begin()
         notes = self._learn(optimizers, step)
-        device = next((p.device for p in self.module.parameters()), torch.device("cpu"))
-        noted = self.buffers.buffers
-        whole, partial = self.held.split([b for _, b in noted], [k for k, _ in noted])
-        self.buffers_nonfinite = count_nonfinite(whole, device) + self.held.count_new(
-            partial, device
-        )
+        noted = [(k, b) for k, b in self.buffers.buffers if b.is_floating_point() or b.is_complex()]
+        self.buffers_nonfinite = None  # none can be non-finite (a bool mask, a counter)
+        if noted:
+            device = next((p.device for p in self.module.parameters()), torch.device("cpu"))
+            whole, partial = self.held.split([b for _, b in noted], [k for k, _ in noted])
+            count = count_nonfinite(whole, device)
+            if partial:
+                count = count + self.held.count_new(partial, device)
+            self.buffers_nonfinite = count
         return notes
 
     def _learn(self, optimizers: Sequence[torch.optim.Optimizer], step: int) -> list[Finding]:
@@ -86,23 +89,34 @@ class WeightsWatch:
                 named += [(id(t), f"optimizer {i}'s state", t) for t in state]
         return [_held_finding(h, step, first) for h in self.held.learn(named)]
 
+    def to_check(
+        self, optimizer: torch.optim.Optimizer, step: int
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """What the fast test before `optimizer` steps covers: the tensors it tests whole, and
+        the count already taken of the rest (a device scalar, or None): the buffers before this
+        step's forward, the tensors that hold NaN/Inf by design (their other positions). Every
+        state tensor every step (a NaN written into Adam's moments outside the step shows in no
+        loss or gradient before it reaches the weights); the parameters too on an accelerator, a
+        `CPU_SHARES`-th in turn on the CPU (a NaN parameter also makes the next loss NaN, and
+        that step is then checked in full). Nothing waits."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if params and params[0].is_cpu:
+            params = params[step % CPU_SHARES :: CPU_SHARES]
+        whole, partial = self.held.split([*params, *optimizer_state_tensors(optimizer)])
+        counted = self.buffers_nonfinite
+        if partial:
+            held = self.held.count_new(partial, partial[0][0].device)
+            counted = held if counted is None else counted + held.to(counted.device)
+        return whole, counted
+
     def check(
         self, optimizer: torch.optim.Optimizer, step: int, device: torch.device
     ) -> torch.Tensor:
         """The fast test before `optimizer` steps (a device scalar, nothing waits): above 0 when
-        a value turned non-finite among its parameters and state, or among the buffers before
-        this step's forward. Every state tensor is tested every step (a NaN written into Adam's
-        moments outside the step shows in no loss or gradient before it reaches the weights);
-        the parameters too on an accelerator, a `CPU_SHARES`-th in turn on the CPU (a NaN
-        parameter also makes the next loss NaN, and that step is then checked in full)."""
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        if device.type == "cpu":
-            params = params[step % CPU_SHARES :: CPU_SHARES]
-        whole, partial = self.held.split([*params, *optimizer_state_tensors(optimizer)])
-        count = count_suspect(whole, device) + self.held.count_new(partial, device)
-        if self.buffers_nonfinite is not None:
-            count = count + self.buffers_nonfinite.to(device)
-        return count
+        a value turned non-finite among what `to_check` covers."""
+        whole, counted = self.to_check(optimizer, step)
+        count = count_suspect(whole, device)
+        return count if counted is None else count + counted.to(device)
 
     def count(self, optimizer: torch.optim.Optimizer, buffers: torch.Tensor | None) -> float:
         """How many of the optimizer's parameters and state, and of the buffers before the
