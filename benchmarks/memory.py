@@ -135,7 +135,7 @@ def loop_child(mode: str, args: argparse.Namespace) -> dict[str, float]:
     data = RandomWindows(load_corpus().train, config.block_size, args.batch_size, total, seed=0)
     model = GPT(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    stab = Stabilizer(model, optimizer, mode) if mode != "none" else None
+    stab = Stabilizer(model, optimizer, mode, jsonl=False) if mode != "none" else None
     for step in range(total):
         window.start(step)
         x, y = (t.to(device) for t in data[step])

@@ -123,3 +123,23 @@ def test_untouched_sees_in_place_writes_and_new_gradients() -> None:
     probe()
     layer.bias.grad = torch.zeros(2)  # a new gradient object
     assert not probe.untouched()
+
+
+def test_the_weights_fast_test_rides_on_every_path_of_the_probe() -> None:
+    # The fast path (one pass over the gradients and the checked tensors), gradients the fast
+    # path cannot take (two dtypes: the device path), and no gradient at all: the same answer,
+    # one value past the keys, and the norms as without a check.
+    model = model_with_grads()
+    probe = GradProbe(model)
+    plain = probe()
+    bad, good = [torch.ones(3), torch.tensor(math.nan)], [torch.ones(3), torch.tensor(2.0)]
+    for check, want in ((good, 0.0), (bad, 1.0)):
+        out = probe(check)
+        assert out[:-1].tolist() == plain.tolist() and (out[-1] > 0) == (want > 0)
+    bias = model.ln_f.bias
+    bias.grad_dtype = None  # two dtypes among the gradients
+    bias.grad = bias.grad.double()  # type: ignore[union-attr]
+    assert probe(bad)[-1] > 0 and probe(good)[-1] == 0 and len(probe(good)) == len(probe.keys) + 1
+    model.zero_grad(set_to_none=True)  # no gradient at all
+    assert probe(bad)[-1] > 0 and probe(good)[-1] == 0
+    assert probe(good)[:-1].tolist() == [0.0] * len(probe.keys)

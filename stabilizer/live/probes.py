@@ -120,7 +120,7 @@ class GradProbe:
     def _device_norms(self, grads: list[Tensor], index: list[int]) -> Tensor:
         """The norms as tensors on the gradients' device: nothing waits."""
         if not grads:  # nothing to update this step
-            return torch.zeros(len(self.keys), dtype=torch.float64, device=self._device)
+            return torch.zeros(len(self.keys), device=self._device)
         device = grads[0].device
         norms = self._norms(grads, device)  # (n_grads,) float64
         # One bucket past the groups holds the tensors that are checked but not logged per group.
