@@ -14,6 +14,7 @@ command itself, run in this process) and is scored by the rule of the developmen
 - ``divergence``: a divergence, a loss spike (an excerpt may end before any recovery) or a stall;
 - ``overflow``: an fp16 overflow (loss-scale cascade);
 - ``grad_explosion``: a gradient spike or non-finite gradient, or a divergence;
+- ``stall``: a stall (the loss sits at its chance level: the run does not learn);
 
 and, when ``steps`` ``[lo, hi]`` are labelled, the finding's steps must overlap ``[lo, hi]``
 widened by two logging intervals (the mean step distance between records). Findings at info
@@ -42,6 +43,7 @@ ACCEPT = {  # label → words one of which the kind of an answering finding hold
     "divergence": ("diverg", "loss_spike", "stall"),
     "overflow": ("overflow",),
     "grad_explosion": ("grad", "diverg"),
+    "stall": ("stall",),
 }
 
 

@@ -27,6 +27,7 @@ ACCEPT = {
     "divergence": ("diverg", "loss_spike", "stall"),
     "overflow": ("overflow",),
     "grad_explosion": ("grad", "diverg"),
+    "stall": ("stall",),
 }
 
 
