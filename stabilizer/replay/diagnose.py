@@ -24,7 +24,7 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import GRAD_NORM, LOSS
 
-from .document import document_kind
+from .document import STRUCTURED, document_kind, not_a_log
 from .history import History
 from .readers import Item, LogReadError, Note, Restart, read_log, unreadable_message
 
@@ -46,9 +46,6 @@ MAX_KEYS = 4096
 
 MAX_FINDINGS = 10_000
 """The monitor's own findings of a ``stability.jsonl`` looked at: the first of the log."""
-
-_STRUCTURED = frozenset(("jsonl", "tensorboard", "lightning_csv", "csv", "hf_trainer_state"))
-"""Formats that are no console text: never taken for a document."""
 
 
 class RecordSink(Protocol):
@@ -310,11 +307,10 @@ def diagnose(
     """
     notes: list[Note] = []
     stream = read_log(path, format, notes=notes)
-    kind = None if stream.format in _STRUCTURED else document_kind(stream.head_lines())
+    kind = None if stream.format in STRUCTURED else document_kind(stream.head_lines())
     if kind is not None:  # a README or a script: whatever lines of it quote a log
         stream.close()
-        name = "standard input" if path == "-" else path
-        raise LogReadError(f"{name}: no training records: this is {kind}, not a training log")
+        raise LogReadError(not_a_log(path, kind))
     diagnosis = Diagnosis(path, stream.format, notes, history=History(bins))
     replay = _Diagnosing(diagnosis, sinks)
     try:

@@ -1,0 +1,150 @@
+"""Which log a watch of a folder follows: the newest run below it, and that run's richest log.
+
+A *run* is a directory holding a log; its logs are ranked by what they tell (`RICHNESS`): the
+monitor's ``stability.jsonl`` (every step, the run's facts, the root cause) over TensorBoard event
+files, over Lightning's ``metrics.csv``, over a console log (``*.log``, ``*.out``). Below the
+folder given, at any depth (hidden directories skipped, no symbolic link followed), the newest
+run is the one whose log was written last.
+
+`RunFinder` is that choice kept over time, so that a watch neither lets go of its run nor
+flaps between two that both grow:
+
+- at the first look: the newest run, its richest log;
+- later, a richer log of the same run (the JSONL the monitor opens at the first batch, after
+  the event file Lightning wrote at start) is a *switch* of source, not a rotation;
+- a log that appears in another directory is a new run (``runs/exp1/`` created after
+  ``runs/exp0/``): followed from its start;
+- anything else leaves the choice as it is (a log that grows elsewhere is no reason to move).
+
+`newest_source` is the one function that ranks what a folder holds; another kind of store
+(a tracker's run folder) joins by a row of `RICHNESS`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+__all__ = ["CONSOLE", "DEPTH", "RICHNESS", "Choice", "LogFile", "RunFinder", "newest_source"]
+
+CONSOLE = "auto"
+"""The format of a console log found in a folder: detected from its first lines."""
+
+RICHNESS: tuple[tuple[str, str], ...] = (
+    ("jsonl", "stability.jsonl"),
+    ("tensorboard", "events.out.tfevents.*"),
+    ("lightning_csv", "metrics.csv"),
+    (CONSOLE, "*.log"),
+    (CONSOLE, "*.out"),
+)
+"""(format, file name pattern), the richest first. A ``trainer_state.json`` is no row: the HF
+Trainer rewrites it whole at each checkpoint, so it cannot be followed."""
+
+DEPTH = 16
+"""Directory levels looked into below the folder given."""
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """A log found below the folder: the file, its format, its rank in `RICHNESS` (0 richest)
+    and when it was last written."""
+
+    path: Path
+    format: str
+    rank: int
+    mtime: float
+
+    @property
+    def run(self) -> Path:
+        """The run: the directory that holds the log."""
+        return self.path.parent
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a look at the folder decided: the log to follow, and whether it starts a new run
+    (a log of another run appeared) rather than replacing the source of the same run."""
+
+    log: LogFile
+    new_run: bool = False
+
+
+def _kind(name: str, format: str) -> tuple[str, int] | None:
+    """The format and rank of a file named ``name`` (None: no log), ``format`` forced or auto."""
+    for rank, (kind, pattern) in enumerate(RICHNESS):
+        if fnmatchcase(name, pattern):
+            if format not in ("auto", kind) and kind != CONSOLE:
+                return None
+            return (kind if format == "auto" else format), rank
+    return None
+
+
+def scan(folder: Path, format: str = "auto") -> list[LogFile]:
+    """Every log below ``folder`` (see the module docstring), in path order."""
+    found: list[LogFile] = []
+    top = folder.resolve() if folder.exists() else folder
+    for root, dirs, files in os.walk(top, followlinks=False):
+        depth = len(Path(root).relative_to(top).parts)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and depth < DEPTH)
+        for name in sorted(files):
+            kind = _kind(name, format)
+            if kind is None:
+                continue
+            path = Path(root) / name
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if os.path.isfile(path) and not path.is_symlink():
+                found.append(LogFile(folder / path.relative_to(top), *kind, info.st_mtime))
+    return found
+
+
+def newest_source(logs: list[LogFile]) -> LogFile | None:
+    """The richest log of the newest run among ``logs`` (None: none)."""
+    if not logs:
+        return None
+    newest = max(logs, key=lambda log: (log.mtime, str(log.path))).run
+    return _richest([log for log in logs if log.run == newest])
+
+
+def _richest(logs: list[LogFile]) -> LogFile:
+    return min(logs, key=lambda log: (log.rank, -log.mtime, str(log.path)))
+
+
+class RunFinder:
+    """The log a watch of ``folder`` follows, looked for again at each `look`.
+
+    Args:
+        folder: The folder given.
+        format: A reader name, or ``"auto"``.
+    """
+
+    def __init__(self, folder: Path, format: str = "auto") -> None:
+        self.folder, self.format = folder, format
+        self.current: LogFile | None = None
+        self._known: set[Path] | None = None  # the logs of the last look (None: no look yet)
+
+    def look(self) -> Choice | None:
+        """The log to follow now; None while there is none. A choice that is no change (the
+        same file) is the current one again."""
+        logs = scan(self.folder, self.format) if self.folder.is_dir() else []
+        known, self._known = self._known, {log.path for log in logs}
+        current = self.current
+        if current is None:
+            chosen = newest_source(logs)
+            if chosen is None:
+                return None
+            self.current = chosen
+            return Choice(chosen, new_run=known is not None and chosen.path not in known)
+        fresh = [log for log in logs if known is not None and log.path not in known]
+        elsewhere = [log for log in fresh if log.run != current.run]
+        if elsewhere:  # a new run started: its richest log
+            self.current = newest_source(elsewhere)
+            return Choice(self.current, new_run=True)  # type: ignore[arg-type]
+        richer = [log for log in logs if log.run == current.run and log.rank < current.rank]
+        if richer:
+            self.current = _richest(richer)
+        return Choice(self.current)  # type: ignore[arg-type]
