@@ -123,9 +123,9 @@ def incidents(diagnosis: Diagnosis) -> list[Incident]:
     """The diagnosis's findings as incidents, by segment, then step (`group_incidents`); set-up
     advice (`is_setup`) is no incident."""
     events = [item for item in diagnosis.findings if not is_setup(item.finding)]
-    facts, segments = run_facts(diagnosis), diagnosis.segments
+    segments = diagnosis.segments
     made = [
-        Incident(number, segment, tuple(found), facts)
+        Incident(number, segment, tuple(found), run_facts(diagnosis, segment))
         for number, (segment, found) in enumerate(group_incidents(events), 1)
     ]
     return [replace(e, recovered=_recovered(e, segments)) for e in made]
@@ -143,17 +143,20 @@ def _precedence(kind: str) -> int:
     return 0 if rank is None else rank[1]
 
 
-def run_facts(diagnosis: Diagnosis) -> RunFacts:
-    """What the log tells: fp16 (a loss scale logged), the spans with skipped steps, and the
-    precision its header names."""
+def run_facts(diagnosis: Diagnosis, segment: int | None = None) -> RunFacts:
+    """What the log tells (of ``segment``'s run, when given: a log may hold several runs): fp16
+    (a loss scale logged), the spans with skipped steps, and the precision its header names."""
     bins = diagnosis.history.bins
     skipped = tuple(
         (one.first_step, one.last_step)
         for one in bins
         if SKIPPED in one.series and one.series[SKIPPED][1] >= 0.5
-    )
+        and segment in (None, one.segment)
+    )  # fmt: skip
     seen = diagnosis.history.keys()
     run = diagnosis.run
+    if segment is not None and 0 < segment <= len(diagnosis.segments):
+        run = diagnosis.segments[segment - 1].run or run
     low, precision = (None, "") if run is None else (run.low_precision, run.precision)
     return RunFacts(LOSS_SCALE in seen, skipped, low, precision)
 
@@ -230,5 +233,15 @@ def header_facts(diagnosis: Diagnosis) -> list[tuple[str, str]]:
         facts.append(("run", diagnosis.run.describe()))
     facts.append(("records", f"{diagnosis.records}{span}"))
     if len(segments) > 1:
-        facts.append(("segments", f"{len(segments)} (the run was restarted)"))
+        facts.append(("segments", f"{len(segments)} ({_segments(segments)})"))
     return facts
+
+
+def _segments(segments: Sequence[Segment]) -> str:
+    """``"2 runs in one log"``, ``"the run was restarted"``, or both: what the segments are."""
+    runs = 1 + sum(segment.new_run for segment in segments)
+    restarts = len(segments) - runs
+    if runs == 1:
+        return "the run was restarted"
+    said = f"{runs} runs in one log"
+    return said if not restarts else f"{said}, {restarts} restart{'s' if restarts > 1 else ''}"

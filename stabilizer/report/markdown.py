@@ -57,7 +57,8 @@ def _header(diagnosis: Diagnosis) -> list[str]:
     lines += [f"| {label} | {_escape(value)} |" for label, value in header_facts(diagnosis)]
     if len(diagnosis.segments) > 1:
         lines += ["", "**Segments**", ""]
-        lines += [f"{_escape(segment_text(s)).replace('  ', '. ', 1)}" for s in diagnosis.segments]
+        shown = [segment_text(s, diagnosis.run) for s in diagnosis.segments]
+        lines += [f"{_escape(text).replace('  ', '. ', 1)}" for text in shown]
     notes = note_lines(diagnosis.notes)
     if notes:
         lines += ["", "**Notes**", "", *(f"- {_escape(note)}" for note in notes)]

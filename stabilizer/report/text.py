@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stabilizer.core.records import Finding, Severity
+from stabilizer.core.run import RunHeader
 from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
@@ -60,12 +61,15 @@ def _block(label: str, lines: list[str], indent: str = "") -> list[str]:
     ]
 
 
-def segment_text(segment: Segment) -> str:
-    """``"2  steps 200–400, 201 records; line 230: restart: step went back ..."``."""
+def segment_text(segment: Segment, first: RunHeader | None = None) -> str:
+    """``"2  steps 200–400, 201 records; line 230: restart: step went back ..."``, and the
+    segment's run facts where they are not the log's ``first``."""
     text = f"{segment.index}  {step_range(segment.first_step, segment.last_step)}, "
     text += f"{segment.records} records"
     if segment.why:
         text += f"; line {segment.line}: {segment.why}" if segment.line else f"; {segment.why}"
+    if segment.run is not None and segment.run != first:
+        text += f"; run: {segment.run.describe()}"
     return text
 
 
@@ -75,7 +79,7 @@ def _header(diagnosis: Diagnosis) -> list[str]:
     for label, value in header_facts(diagnosis):
         lines += _block(label, [value])
     if len(diagnosis.segments) > 1:
-        lines += _block("", [segment_text(s) for s in diagnosis.segments])
+        lines += _block("", [segment_text(s, diagnosis.run) for s in diagnosis.segments])
     notes = note_lines(diagnosis.notes)
     if notes:
         lines += _block("notes", notes)

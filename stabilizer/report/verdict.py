@@ -46,10 +46,11 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
         act += f": {remedy_text(first.remedies[0], first.worst.kind)}"
     below = _below(first.worst.severity, fail_on)
     plural = "s" if len(found) > 1 else ""
-    last = diagnosis.segments[-1].index
+    last = diagnosis.segments[-1]
     clean = ""
-    if last > 1 and all(incident.segment < last for incident in found):
-        clean = f"; segment {last}, after the last restart, is clean"
+    if last.index > 1 and all(incident.segment < last.index for incident in found):
+        after = "a new run" if last.new_run else "after the last restart"
+        clean = f"; segment {last.index}, {after}, is clean"
     return f"{head}{below}: {len(found)} episode{plural} ({tally}); {act}{clean}{tail}"
 
 
