@@ -25,6 +25,7 @@ from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
 
 from .causes import cause_for
+from .consistency import refuted
 
 __all__ = [
     "Incident",
@@ -71,8 +72,8 @@ class Incident:
 
     @property
     def cause(self) -> str:
-        """The likely cause, as the incident's evidence and the run tell."""
-        return cause_for(self.worst.kind, self.findings, self.facts)
+        """The likely cause, as the incident's evidence, its outcome and the run tell."""
+        return cause_for(self.worst.kind, self.findings, self.facts, self.recovered)
 
     @property
     def start(self) -> int:
@@ -158,7 +159,9 @@ def run_facts(diagnosis: Diagnosis, segment: int | None = None) -> RunFacts:
     if segment is not None and 0 < segment <= len(diagnosis.segments):
         run = diagnosis.segments[segment - 1].run or run
     low, precision = (None, "") if run is None else (run.low_precision, run.precision)
-    return RunFacts(LOSS_SCALE in seen, skipped, low, precision)
+    fp16 = LOSS_SCALE in seen
+    no_scaler = not fp16 and any(note.kind == "no_fp16_scaler" for note in diagnosis.notes)
+    return RunFacts(fp16, skipped, low, precision, no_scaler)
 
 
 def number(value: float) -> str:
@@ -180,17 +183,26 @@ def evidence_text(evidence: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {number(value)}" for key, value in evidence.items())
 
 
-def remedy_lines(remedies: Sequence[str], kind: str = "") -> list[str]:
-    """Each remedy's action (after a finding of ``kind``), in order, with its name:
-    ``"clip ... to 1.0 (clip_gradients)"``."""
-    return [f"{remedy_text(name, kind)} ({name})" for name in remedies]
+def remedy_lines(
+    remedies: Sequence[str], kind: str = "", facts: RunFacts | None = None
+) -> list[str]:
+    """Each remedy's action (after a finding of ``kind``, in a run of ``facts``), in order, with
+    its name: ``"clip ... to 1.0 (clip_gradients)"``."""
+    return [f"{remedy_text(name, kind, facts)} ({name})" for name in remedies]
 
 
 def outcome(incident: Incident, segment: Segment, segments: int) -> str:
-    """Whether a non-finite incident ended, as the log tells; else ``""``."""
-    if not kind_of(incident.worst.kind).outcome:
-        return ""
+    """Whether a non-finite incident ended, as the log tells; for another incident, that it
+    never did where the log refutes the recovery its findings claim (`refuted`); else ``""``."""
     where = "segment" if segments > 1 else "log"
+    if not kind_of(incident.worst.kind).outcome:
+        since = refuted(incident.findings, segment)
+        if since is None:
+            return ""
+        return (
+            f"never recovers: the loss is non-finite from step {since} to the end of the {where} "
+            f"(step {segment.last_step})"
+        )
     since, last = segment.nonfinite_since, incident.end or incident.start
     if since is not None and since <= last:
         return (

@@ -35,6 +35,8 @@ from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
 from .causes import advice_for
+from .check import check, log_disagreements
+from .consistency import what
 from .incidents import (
     Incident,
     evidence_text,
@@ -92,17 +94,19 @@ def _incident(incident: Incident, diagnosis: Diagnosis) -> list[str]:
     head += f"{worst.severity.name}  {advice_for(worst.kind).title}"
     if len(segments) > 1:
         head += f"  (segment {incident.segment})"
-    lines = [head, *_block("what", [observation(f) for f in incident.findings], "    ")]
+    segment, where = segments[incident.segment - 1], "segment" if len(segments) > 1 else "log"
+    lines = [head, *_block("what", [what(f, segment, where) for f in incident.findings], "    ")]
     if incident.location:
         lines += _block("where", [", ".join(incident.location)], "    ")
     if incident.evidence:
         lines += _block("evidence", [evidence_text(incident.evidence)], "    ")
-    ended = outcome(incident, segments[incident.segment - 1], len(segments))
+    ended = outcome(incident, segment, len(segments))
     if ended:
         lines += _block("outcome", [ended], "    ")
     lines += _block("cause", [incident.cause], "    ")
     if incident.remedies:
-        lines += _block("remedy", remedy_lines(incident.remedies, worst.kind), "    ")
+        remedies = remedy_lines(incident.remedies, worst.kind, incident.facts)
+        lines += _block("remedy", remedies, "    ")
     return lines
 
 
@@ -119,7 +123,9 @@ def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> s
         lines += ["", "set-up: the monitor's checks at the first batch"]
         lines += [f"    {setup_line(finding)}" for finding in setup]
     lines += ["", f"verdict: {verdict(diagnosis, fail_on)}"]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    log_disagreements(diagnosis.path, check(diagnosis, text))
+    return text
 
 
 def setup_line(finding: Finding) -> str:

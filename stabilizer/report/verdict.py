@@ -3,7 +3,7 @@
     critical: 2 episodes (1 critical, 1 warning); act first on #2, non-finite loss (NaN/Inf) at
     steps 2010–2070: roll back ...; segment 2, after the last restart, is clean
 
-Set-up advice is counted apart (``1 set-up note below (1 info)``); a run with no episode is
+Set-up advice is counted apart (``1 set-up note (1 info)``); a run with no episode is
 healthy unless its set-up holds a risk at warning or above.
 """
 
@@ -29,7 +29,7 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     setup = setup_findings(diagnosis)
     if setup:
         count = f"{len(setup)} set-up note{'s' if len(setup) > 1 else ''}"
-        tail = f"; {count} below ({', '.join(_tally(setup))}){tail}"
+        tail = f"; {count} ({', '.join(_tally(setup))}){tail}"
     if not found:
         head = "healthy"
         if setup and setup[0].severity >= Severity.WARNING:  # a risk the run did not show yet
@@ -43,7 +43,7 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     if first.worst.evidence.get("never_learned"):  # a blow-up from the start: say which failure
         act += " (the run never learned)"
     if first.remedies:
-        act += f": {remedy_text(first.remedies[0], first.worst.kind)}"
+        act += f": {remedy_text(first.remedies[0], first.worst.kind, first.facts)}"
     below = _below(first.worst.severity, fail_on)
     plural = "s" if len(found) > 1 else ""
     last = diagnosis.segments[-1]
