@@ -20,6 +20,7 @@ import click
 
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
+from stabilizer.outputs.findings_table import is_setup
 from stabilizer.outputs.notify import ENV_WEBHOOK
 from stabilizer.replay.readers import FORMAT_ALIASES, READERS
 from stabilizer.report import (
@@ -132,7 +133,12 @@ def demo(
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
     # Lightning only loads for this command
-    from stabilizer.callbacks.demo.run import quiet_lightning, run_scenario, sample_text
+    from stabilizer.callbacks.demo.run import (
+        cpu_threads,
+        quiet_lightning,
+        run_scenario,
+        sample_text,
+    )
     from stabilizer.callbacks.demo.summary import missing, protect_line, tensorboard_command
     from stabilizer.callbacks.monitor import StabilityMonitor
 
@@ -144,6 +150,9 @@ def demo(
     click.echo(
         f"corpus: {corpus.source}, {len(corpus.train):,} train / {len(corpus.val):,} val bytes"
     )
+    threads = cpu_threads(device)
+    if threads:
+        click.echo(threads)
     start = time.perf_counter()
     monitor = StabilityMonitor(policy=policy)
     name = sc.name if data is None else f"{sc.name}-{data.stem}"  # not the stdlib's "healthy"
@@ -175,8 +184,14 @@ def demo(
         click.echo(why)
     jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"
     found = advised_run(monitor.findings, jsonl)  # one per episode, as the console counts
-    click.echo(f"findings: {len(found) or 'none'}")
-    for finding in found:
+    episodes = [finding for finding in found if not is_setup(finding)]
+    click.echo(f"findings: {len(episodes) or 'none'}")
+    for finding in episodes:
+        click.echo(f"  {finding}")
+    setup = [finding for finding in found if is_setup(finding)]  # advice, no event of the run
+    if setup:
+        click.echo(f"set-up notes: {len(setup)}")
+    for finding in setup:
         click.echo(f"  {finding}")
     if sample:
         click.echo("--- sample ---")

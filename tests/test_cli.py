@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -44,7 +45,7 @@ def test_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "healthy: 20 steps in" in result.output
     # The monitor ran: a healthy start finds nothing wrong, only the preflight's note on clipping.
-    assert "findings: 1\n  step 0 info config_risk" in result.output
+    assert "findings: none\nset-up notes: 1\n  step 0 info config_risk" in result.output
     assert "--- sample ---" in result.output
     events = list((tmp_path / "healthy").rglob("events.out.tfevents.*"))
     assert events, result.output
@@ -125,3 +126,37 @@ def test_the_tensorboard_command_names_the_venvs_program(monkeypatch: pytest.Mon
     program = tensorboard_command(Path("runs")).split()[0]
     assert program.endswith("tensorboard") and Path(program).is_file()
     assert tensorboard_command(Path("runs")).endswith(" --logdir runs")
+
+
+def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from stabilizer.cli import main; main()", "demo", *args,
+         "--device", "cpu", "--sample", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_the_demo_of_a_run_the_guard_stopped_says_so(tmp_path: Path) -> None:
+    """#41: softmax-fp16 (NaN from step ~31, stopped after 10 in a row) was told "the weights
+    stayed finite, so the run trained on"; its set-up notes were counted as findings."""
+    done = _demo(tmp_path, "--scenario", "softmax-fp16")
+    assert "the guard skipped them, then stopped the run at step " in done.stdout
+    assert "trained on" not in done.stdout
+    findings = done.stdout.split("findings: ")[1].split("set-up notes: ")
+    assert "config_risk" not in findings[0] and "config_risk" in findings[1]
+    stop = [i for i, line in enumerate(done.stderr.splitlines()) if "stopping at step" in line]
+    assert done.stderr.splitlines()[stop[0] + 1].startswith("stabilizer: done at step")
+
+
+def test_the_healthy_demo_is_healthy_and_takes_one_thread(tmp_path: Path) -> None:
+    """#41: the healthy demo's end line said "1 finding (1 info)" (its set-up note) where the
+    README and `diagnose` say healthy; on a loaded CPU its steps took 12x longer with the
+    default threads than with one."""
+    done = _demo(tmp_path, "--steps", "5")
+    assert "cpu: 1 torch thread" in done.stdout
+    [end] = [line for line in done.stderr.splitlines() if line.startswith("stabilizer: done")]
+    assert "healthy, no findings; 1 set-up note (1 info); 0 steps skipped" in end
+    assert "findings: none" in done.stdout and "set-up notes: 1" in done.stdout

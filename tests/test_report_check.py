@@ -30,6 +30,7 @@ LOGS = sorted(
     ]
 )
 
+
 def _hf_log(tmp_path: Path, last: int = 60) -> Path:
     """An HF Trainer log whose loss spikes at step 50 and then goes NaN, which the Trainer logs
     as ``'loss': 0.0`` (its ``logging_nan_inf_filter``) beside a NaN gradient norm."""

@@ -39,14 +39,22 @@ def tensorboard_command(log_dir: Path) -> str:
 
 
 def protect_line(trainer: pl.Trainer, skipped: int, policy: str) -> str:
-    """Why a run with non-finite steps went on, when the monitor's guard is the reason (no
-    grad scaler skipped them); ``""`` otherwise."""
+    """What the monitor's guard did for a run with non-finite steps (no grad scaler skipped
+    them): it kept the weights finite, and the run trained on, or it stopped the run (as the
+    Trainer tells: a stop asked for before its last step); ``""`` otherwise."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if not skipped or policy == "observe" or scaler is not None:
         return ""
     plural = "s" if skipped > 1 else ""
+    went = f"protect: {skipped} step{plural} went NaN/Inf and the guard skipped "
+    went += "them" if plural else "it"
+    last = trainer.max_steps
+    if trainer.should_stop and (last is None or last < 0 or trainer.global_step < last):
+        return (
+            f"{went}, then stopped the run at step {trainer.global_step}, its weights still "
+            "finite: it was not recovering (--policy observe shows the same run without the guard)"
+        )
     return (
-        f"protect: {skipped} step{plural} went NaN/Inf and the guard skipped "
-        f"{'them' if plural else 'it'}: the weights stayed finite, so the run trained on "
+        f"{went}: the weights stayed finite, so the run trained on "
         "(--policy observe shows the same run without the guard)"
     )
