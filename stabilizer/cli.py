@@ -20,6 +20,7 @@ import click
 
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
+from stabilizer.outputs.event_file import tensorboard_command
 from stabilizer.outputs.findings_table import is_setup
 from stabilizer.outputs.notify import ENV_WEBHOOK
 from stabilizer.replay.readers import FORMAT_ALIASES, READERS
@@ -38,7 +39,6 @@ from stabilizer.report.session import (
     Outputs,
     diagnose_input,
     expand_runs,
-    needs_progress,
     plan_outputs,
     progress_bar,
     warnings_as_lines,
@@ -139,7 +139,7 @@ def demo(
         run_scenario,
         sample_text,
     )
-    from stabilizer.callbacks.demo.summary import missing, protect_line, tensorboard_command
+    from stabilizer.callbacks.demo.summary import missing, protect_line
     from stabilizer.callbacks.monitor import StabilityMonitor
 
     if missing(device):  # one line and exit 2, not Lightning's traceback
@@ -278,6 +278,9 @@ def diagnose(
     render = None if as_json else render_markdown if markdown else render_text
     try:
         outcomes = _diagnose_all(paths, format_, plans, render, severity)
+        if tb_dir is not None and any(isinstance(o, Diagnosis) for o in outcomes):
+            # one TensorBoard for every run written (several PATHs: one run each inside it)
+            _tell(f"stabilizer diagnose: view: {tensorboard_command(tb_dir)}")
         if as_json:
             _say(json.dumps(report_dict(outcomes, severity), indent=2, allow_nan=False))
         elif len(paths) > 1:
@@ -301,7 +304,7 @@ def _diagnose_all(
     with warnings_as_lines(sys.stderr, "stabilizer diagnose"):
         for index, (path, outputs) in enumerate(zip(paths, plans, strict=True), 1):
             with contextlib.ExitStack() as stack:
-                progress = _progress(path, stack) if needs_progress(path) else None
+                progress = _progress(path, stack)  # (shown once the reading takes a while)
                 outcome, messages = diagnose_input(path, format_, outputs, progress)
             outcomes.append(outcome)
             if isinstance(outcome, Failure):
@@ -350,7 +353,8 @@ def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
     """A progress bar on stderr, by bytes of the input read, on a terminal."""
     if not _stderr_is_terminal():
         return None
-    return progress_bar(f"reading {path}", stack, sys.stderr)
+    name = "standard input" if path == "-" else path
+    return progress_bar(f"reading {name}", stack, sys.stderr)
 
 
 @main.command(name="watch")

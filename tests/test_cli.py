@@ -67,6 +67,21 @@ def test_demo_bad_data_is_a_usage_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_demo_refuses_a_binary_data_file(tmp_path: Path) -> None:
+    """#41: ``demo --data`` trained on a binary file and printed raw bytes as its sample."""
+    binary = tmp_path / "python"
+    binary.write_bytes(Path(sys.executable).resolve().read_bytes()[:4096])
+    result = CliRunner().invoke(main, ["demo", "--data", str(binary)])
+    assert result.exit_code == 2
+    assert f"data file is binary, expected a text file: {binary}" in result.output
+    assert "Traceback" not in result.output
+    latin = tmp_path / "latin.txt"  # any text is a corpus: Latin-1 too
+    latin.write_bytes("déjà vu, où est la gare ? ".encode("latin-1") * 100)
+    args = ["demo", "--data", str(latin), "--steps", "2", "--device", "cpu", "--sample", "0"]
+    result = CliRunner().invoke(main, [*args, "--log-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+
+
 def test_demo_unknown_scenario_lists_choices() -> None:
     result = CliRunner().invoke(main, ["demo", "--scenario", "boom"])
     assert result.exit_code == 2
@@ -120,7 +135,7 @@ def test_the_demo_of_a_nan_says_that_protect_kept_it_alive(tmp_path: Path) -> No
 
 
 def test_the_tensorboard_command_names_the_venvs_program(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stabilizer.callbacks.demo.summary import tensorboard_command
+    from stabilizer.outputs.event_file import tensorboard_command
 
     monkeypatch.setenv("PATH", "/nonexistent")  # the venv is not activated
     program = tensorboard_command(Path("runs")).split()[0]

@@ -166,3 +166,16 @@ def test_watch_refuses_a_markdown_file_and_a_device_as_diagnose_does() -> None:
         )
         assert done.returncode == 2 and why in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_an_empty_pipe_is_called_standard_input_by_watch_and_diagnose() -> None:
+    """#41: an empty standard input was called ``-`` (``-: empty file``) by diagnose, and "no
+    training steps found" by watch."""
+    for command in ("watch", "diagnose"):
+        done = subprocess.run(
+            [*_WATCH[:-1], command, "-"], input="", capture_output=True, text=True, timeout=_WAIT
+        )
+        assert done.returncode == 2
+        assert done.stderr == (
+            f"stabilizer {command}: error: standard input: empty (nothing was written to it)\n"
+        )

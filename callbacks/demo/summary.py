@@ -2,21 +2,16 @@
 
 The demo is a user's first run: each line says something true of it that the user would
 otherwise have to work out: that the device asked for is not there (one line, not a
-traceback), how to open TensorBoard from this environment, and what the monitor did for a run
-that survived a NaN.
+traceback), and what the monitor did for a run with NaN steps (how to open TensorBoard from this
+environment: `stabilizer.outputs.event_file.tensorboard_command`).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-from pathlib import Path
-
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["missing", "protect_line", "tensorboard_command"]
+__all__ = ["missing", "protect_line"]
 
 
 def missing(device: str) -> str:
@@ -26,16 +21,6 @@ def missing(device: str) -> str:
     if device in ("cuda", "gpu") and not torch.cuda.is_available():
         return "this machine has no CUDA GPU: use --device cpu or auto"
     return ""
-
-
-def tensorboard_command(log_dir: Path) -> str:
-    """``tensorboard --logdir runs`` as this environment runs it: the venv's program by its
-    path when the venv is not on PATH (`make demo` does not activate it)."""
-    here = Path(sys.executable).parent / "tensorboard"
-    program = "tensorboard"
-    if here.exists() and shutil.which("tensorboard") != str(here):
-        program = os.path.relpath(here) if here.is_relative_to(Path.cwd()) else str(here)
-    return f"{program} --logdir {log_dir}"
 
 
 def protect_line(trainer: pl.Trainer, skipped: int, policy: str) -> str:

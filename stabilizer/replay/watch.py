@@ -45,6 +45,8 @@ __all__ = ["QUEUE", "Alert", "Watch"]
 QUEUE = 64
 """Batches waiting for the engines at most; a reader that is that far ahead waits."""
 
+_EMPTY = "empty (nothing was written to it)"  # (as `diagnose` says of an empty pipe)
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -116,7 +118,8 @@ class _Followed:
                 return [*self.done, self.failure]
             fmt = self.replay.diagnosis.format if self.replay is not None else "generic"
             name = "standard input" if self.path == "-" else self.path
-            return [*self.done, Failure(self.path, _unreadable(name, self.head, fmt))]
+            why = _unreadable(name, self.head, fmt) if self.head else f"{name}: {_EMPTY}"
+            return [*self.done, Failure(self.path, why)]
         return [*self.done, self.replay.diagnosis]
 
 
