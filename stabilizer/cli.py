@@ -21,7 +21,6 @@ import click
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
 from stabilizer.outputs.event_file import tensorboard_command
-from stabilizer.outputs.findings_table import is_setup
 from stabilizer.outputs.notify import ENV_WEBHOOK
 from stabilizer.replay.readers import FORMAT_ALIASES, READERS
 from stabilizer.report import (
@@ -139,7 +138,7 @@ def demo(
         run_scenario,
         sample_text,
     )
-    from stabilizer.callbacks.demo.summary import missing, protect_line
+    from stabilizer.callbacks.demo.summary import missing, run_lines
     from stabilizer.callbacks.monitor import StabilityMonitor
 
     if missing(device):  # one line and exit 2, not Lightning's traceback
@@ -171,28 +170,11 @@ def demo(
         trainer_args={"log_every_n_steps": 10},
     )
     elapsed = time.perf_counter() - start
-    metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
     click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: {tensorboard_command(log_dir)})")
-    click.echo(
-        f"{sc.name}: {run.trainer.global_step} steps in {elapsed:.1f} s on "
-        f"{run.trainer.accelerator.__class__.__name__.removesuffix('Accelerator').lower()}, "
-        f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
-        f"val loss {metrics.get('val/loss', float('nan')):.3f}"
-    )
-    why = protect_line(run.trainer, monitor.skipped_steps, policy)
-    if why:
-        click.echo(why)
     jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"
     found = advised_run(monitor.findings, jsonl)  # one per episode, as the console counts
-    episodes = [finding for finding in found if not is_setup(finding)]
-    click.echo(f"findings: {len(episodes) or 'none'}")
-    for finding in episodes:
-        click.echo(f"  {finding}")
-    setup = [finding for finding in found if is_setup(finding)]  # advice, no event of the run
-    if setup:
-        click.echo(f"set-up notes: {len(setup)}")
-    for finding in setup:
-        click.echo(f"  {finding}")
+    for line in run_lines(sc.name, run.trainer, elapsed, monitor.skipped_steps, policy, found):
+        click.echo(line)
     if sample:
         click.echo("--- sample ---")
         click.echo(sample_text(run.module.model, corpus.decode, sample))
@@ -382,11 +364,12 @@ def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
 def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options: Any) -> None:
     """Follow running jobs' logs and report each finding the moment it is found.
 
-    PATH is a log file (it may appear later, rotate or be truncated), a run directory (its
-    newest log is followed) or - for standard input (torchrun ... | tee log | stabilizer
-    watch -), in any format diagnose reads. Each finding is printed as it is found, with the
-    wall time; Ctrl-C, SIGTERM or the end of standard input prints the report diagnose would
-    print.
+    PATH is a log file (it may appear later, rotate or be truncated), a folder (the newest run
+    below it, at any depth, its richest log: stability.jsonl, then an event file, metrics.csv,
+    *.log or *.out; a run that starts later below it is followed too) or - for standard input
+    (torchrun ... | tee log | stabilizer watch -), in any format diagnose reads. Each finding
+    is printed as it is found, with the wall time; Ctrl-C, SIGTERM or the end of standard input
+    prints the report diagnose would print.
 
     Exit status: 1 at the first finding at or above --exit-on; otherwise, at the end, 0 when
     no finding is at or above --fail-on, 1 when one is, 2 for a usage error or an input that

@@ -8,10 +8,15 @@ environment: `stabilizer.outputs.event_file.tensorboard_command`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["missing", "protect_line"]
+from stabilizer.core.records import Finding
+from stabilizer.outputs.findings_table import is_setup
+
+__all__ = ["missing", "protect_line", "run_lines"]
 
 
 def missing(device: str) -> str:
@@ -43,3 +48,30 @@ def protect_line(trainer: pl.Trainer, skipped: int, policy: str) -> str:
         f"{went}: the weights stayed finite, so the run trained on "
         "(--policy observe shows the same run without the guard)"
     )
+
+
+def run_lines(
+    name: str,
+    trainer: pl.Trainer,
+    elapsed: float,
+    skipped: int,
+    policy: str,
+    found: Sequence[Finding],
+) -> list[str]:
+    """The lines after a demo run: steps, time and losses; what the guard did (`protect_line`);
+    the findings (``found``: one per episode, advised as the reports advise them) and, apart,
+    the set-up notes (advice on the configuration, no event of the run)."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    device = trainer.accelerator.__class__.__name__.removesuffix("Accelerator").lower()
+    lines = [
+        f"{name}: {trainer.global_step} steps in {elapsed:.1f} s on {device}, "
+        f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
+        f"val loss {metrics.get('val/loss', float('nan')):.3f}"
+    ]
+    lines += [why for why in [protect_line(trainer, skipped, policy)] if why]
+    episodes = [finding for finding in found if not is_setup(finding)]
+    lines += [f"findings: {len(episodes) or 'none'}", *(f"  {f}" for f in episodes)]
+    setup = [finding for finding in found if is_setup(finding)]
+    if setup:
+        lines += [f"set-up notes: {len(setup)}", *(f"  {f}" for f in setup)]
+    return lines

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
@@ -36,6 +35,7 @@ from stabilizer.outputs.findings_table import is_setup
 from stabilizer.outputs.wording import counted, observation
 
 from .cost import budget_verdict
+from .fold import Fold
 
 __all__ = ["FOLD_STEPS", "STOP_LINE", "Console", "compact_groups", "show_info"]
 
@@ -77,50 +77,6 @@ def compact_groups(groups: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-@dataclass
-class _Fold:
-    """Repeats of one (kind, severity) not printed yet, and the largest of them."""
-
-    first: int
-    last: int
-    count: int = 1  # findings
-    skipped: bool = True
-    steps: int = 1  # the distinct steps among them
-    largest: Finding | None = None
-
-    def add(self, finding: Finding) -> None:
-        """Count one more repeat; keep the largest (by its ratio, else its peak)."""
-        if finding.step != self.last and self.count:
-            self.steps += 1
-        self.last, self.count = finding.step, self.count + 1
-        if self.largest is None or _size(finding) > _size(self.largest):
-            self.largest = finding
-
-    def text(self, noun: str) -> str:
-        """``"NaN/Inf loss at 5 more steps (70…102)"``; several findings at one step (one in
-        each of 19 modules) are ``"overflow_risk in 19 more places at step 200"``; where the
-        repeats differ in size, the largest is said (a 47.9x spike is never hidden behind the
-        2.2x one printed first)."""
-        if self.steps == 1 and self.count > 1:
-            text = f"{noun} in {self.count} more places at step {self.first}"
-        else:
-            span = f"{self.first}…{self.last}" if self.last != self.first else str(self.first)
-            more = f", {self.count} findings" if self.count > self.steps else ""
-            text = f"{noun} at {counted(self.steps, 'more step')} ({span}){more}"
-        if self.largest is not None and _size(self.largest) > 0 and self.count > 1:
-            text += f"; the largest: {observation(self.largest)}"
-        elif self.largest is not None and _size(self.largest) > 0:
-            text += f": {observation(self.largest)}"
-        return text
-
-
-def _size(finding: Finding) -> float:
-    """How large a finding is, to compare repeats of its kind: its ratio, else its peak."""
-    evidence = finding.evidence
-    size = evidence.get("ratio", evidence.get("peak", 0.0))
-    return size if size == size else 0.0  # (NaN: no size)
-
-
 class Console:
     """The monitor's lines on the console; only rank 0 prints.
 
@@ -142,7 +98,7 @@ class Console:
         self._intact: bool | None = None  # the monitor's last check of the weights
         self._cost: Cost | None = None  # what the monitor cost, measured
         self._shown: set[tuple[str, Severity]] = set()
-        self._folds: dict[tuple[str, Severity], _Fold] = {}
+        self._folds: dict[tuple[str, Severity], Fold] = {}
         self._episodes = Episodes()
         self._groups: frozenset[str] = frozenset()  # every depth group of the run
         self.setup: Counter[Severity] = Counter()  # set-up advice, counted apart
@@ -299,11 +255,11 @@ class Console:
             return
         fold = self._folds.get(key)
         if fold is None:
-            fold = self._folds[key] = _Fold(finding.step, finding.step, 0)
+            fold = self._folds[key] = Fold(finding.step, finding.step, 0)
         fold.add(finding)
         fold.skipped = fold.skipped and _skipped(record) and _checked_finite(record)
 
-    def _flush(self, due: Callable[[_Fold], bool]) -> None:
+    def _flush(self, due: Callable[[Fold], bool]) -> None:
         for (kind, severity), fold in list(self._folds.items()):
             if not due(fold):
                 continue
