@@ -84,22 +84,29 @@ def _kind(name: str, format: str) -> tuple[str, int] | None:
 def scan(folder: Path, format: str = "auto") -> list[LogFile]:
     """Every log below ``folder`` (see the module docstring), in path order."""
     found: list[LogFile] = []
-    top = folder.resolve() if folder.exists() else folder
-    for root, dirs, files in os.walk(top, followlinks=False):
-        depth = len(Path(root).relative_to(top).parts)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and depth < DEPTH)
-        for name in sorted(files):
-            kind = _kind(name, format)
-            if kind is None:
+    _visit(str(folder), format, DEPTH, found)
+    return sorted(found, key=lambda log: str(log.path))
+
+
+def _visit(directory: str, format: str, depth: int, found: list[LogFile]) -> None:
+    try:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+    except OSError:  # unreadable, or gone: nothing to find there
+        return
+    for entry in entries:
+        try:
+            if entry.is_symlink():
                 continue
-            path = Path(root) / name
-            try:
-                info = path.lstat()
-            except OSError:
+            if entry.is_dir():
+                if depth > 0 and not entry.name.startswith("."):
+                    _visit(entry.path, format, depth - 1, found)
                 continue
-            if os.path.isfile(path) and not path.is_symlink():
-                found.append(LogFile(folder / path.relative_to(top), *kind, info.st_mtime))
-    return found
+            kind = _kind(entry.name, format)
+            if kind is not None and entry.is_file():
+                found.append(LogFile(Path(entry.path), *kind, entry.stat().st_mtime))
+        except OSError:  # (gone between the listing and the look)
+            continue
 
 
 def newest_source(logs: list[LogFile]) -> LogFile | None:
