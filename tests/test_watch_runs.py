@@ -150,6 +150,10 @@ def test_two_growing_runs_do_not_take_the_watch_back_and_forth(tmp_path: Path) -
     (b / "events.out.tfevents.1.host").write_bytes(b"")  # a richer log of the same run
     richer = finder.look()
     assert richer is not None and richer.log.format == "tensorboard" and not richer.new_run
+    (b / "events.out.tfevents.1.host.stabilizer-replay").write_bytes(b"")  # a replay: no log
+    (b / "events.out.tfevents.2.host").write_bytes(b"")  # a new session's event file
+    again = finder.look()
+    assert again is not None and again.new_run and again.log.path.name.endswith(".2.host")
     (tmp_path / "c" / "deep" / "er").mkdir(parents=True)
     (tmp_path / "c" / "deep" / "er" / "stability.jsonl").write_text("")
     new = finder.look()

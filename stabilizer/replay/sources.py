@@ -10,11 +10,15 @@ run is the one whose log was written last.
 flaps between two that both grow:
 
 - at the first look: the newest run, its richest log;
-- later, a richer log of the same run (the JSONL the monitor opens at the first batch, after
-  the event file Lightning wrote at start) is a *switch* of source, not a rotation;
+- later, a richer log of the same run (the JSONL the monitor opens at fit start, a moment after
+  Lightning's event file) is a *switch* of source, not a rotation;
 - a log that appears in another directory is a new run (``runs/exp1/`` created after
-  ``runs/exp0/``): followed from its start;
+  ``runs/exp0/``), and so is a new log as rich beside the one followed (a resumed process's
+  new event file): followed from its start;
 - anything else leaves the choice as it is (a log that grows elsewhere is no reason to move).
+
+Event files that ``stabilizer diagnose --tensorboard`` wrote (a replay of another log) are no
+run's log.
 
 `newest_source` is the one function that ranks what a folder holds; another kind of store
 (a tracker's run folder) joins by a row of `RICHNESS`.
@@ -26,6 +30,8 @@ import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+
+from .readers._rundir import REPLAY_SUFFIX
 
 __all__ = ["CONSOLE", "DEPTH", "RICHNESS", "Choice", "LogFile", "RunFinder", "newest_source"]
 
@@ -73,6 +79,8 @@ class Choice:
 
 def _kind(name: str, format: str) -> tuple[str, int] | None:
     """The format and rank of a file named ``name`` (None: no log), ``format`` forced or auto."""
+    if name.endswith(REPLAY_SUFFIX):
+        return None
     for rank, (kind, pattern) in enumerate(RICHNESS):
         if fnmatchcase(name, pattern):
             if format not in ("auto", kind) and kind != CONSOLE:
@@ -147,7 +155,7 @@ class RunFinder:
             self.current = chosen
             return Choice(chosen, new_run=known is not None and chosen.path not in known)
         fresh = [log for log in logs if known is not None and log.path not in known]
-        elsewhere = [log for log in fresh if log.run != current.run]
+        elsewhere = [log for log in fresh if log.run != current.run or log.rank == current.rank]
         if elsewhere:  # a new run started: its richest log
             self.current = newest_source(elsewhere)
             return Choice(self.current, new_run=True)  # type: ignore[arg-type]

@@ -1,5 +1,4 @@
-"""The one check at the end of every report: no two of its sentences about the same steps
-disagree, and its advice fits the run's precision.
+"""Where a report's sentences about the same steps meet, the log's own record wins.
 
 A report speaks of a run's steps in several places: each finding's own words (``back after 1
 step``), the outcome line (``never recovers: the loss is non-finite from step 51 ...``), the cause

@@ -38,6 +38,7 @@ from .incidents import (
     incidents,
     note_lines,
     outcome,
+    run_facts,
     setup_findings,
     step_range,
 )
@@ -103,7 +104,8 @@ def render_markdown(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) 
     setup = setup_findings(diagnosis)
     if setup:
         lines += ["", "### Set-up", ""]
-        lines += [f"- {_escape(setup_line(finding))}" for finding in setup]
+        facts = run_facts(diagnosis, 1)  # (the first batch's checks: of the log's first run)
+        lines += [f"- {_escape(setup_line(finding, facts))}" for finding in setup]
     lines += ["", f"**Verdict:** {_escape(verdict(diagnosis, fail_on))}"]
     text = "\n".join(lines)
     log_disagreements(diagnosis.path, check(diagnosis, text))

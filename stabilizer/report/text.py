@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stabilizer.core.advice import RunFacts
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.run import RunHeader
 from stabilizer.outputs.wording import observation
@@ -45,6 +46,7 @@ from .incidents import (
     note_lines,
     outcome,
     remedy_lines,
+    run_facts,
     setup_findings,
     step_range,
 )
@@ -121,20 +123,21 @@ def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> s
     setup = setup_findings(diagnosis)
     if setup:
         lines += ["", "set-up: the monitor's checks at the first batch"]
-        lines += [f"    {setup_line(finding)}" for finding in setup]
+        facts = run_facts(diagnosis, 1)  # (the first batch's checks: of the log's first run)
+        lines += [f"    {setup_line(finding, facts)}" for finding in setup]
     lines += ["", f"verdict: {verdict(diagnosis, fail_on)}"]
     text = "\n".join(lines)
     log_disagreements(diagnosis.path, check(diagnosis, text))
     return text
 
 
-def setup_line(finding: Finding) -> str:
+def setup_line(finding: Finding, facts: RunFacts | None = None) -> str:
     """``"INFO  no gradient clipping: ... -> clip the global gradient norm to 1.0"``."""
     text = f"{finding.severity.name}  {observation(finding)}"
     if finding.location:
         text += f" [{', '.join(finding.location)}]"
     if finding.remedies:
-        text += f" -> {'; '.join(remedy_lines(finding.remedies, finding.kind))}"
+        text += f" -> {'; '.join(remedy_lines(finding.remedies, finding.kind, facts))}"
     return text
 
 
