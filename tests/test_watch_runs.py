@@ -134,17 +134,21 @@ def test_watch_of_a_folder_follows_a_run_created_later_in_a_subfolder(
 
 def test_two_growing_runs_do_not_take_the_watch_back_and_forth(tmp_path: Path) -> None:
     """The newest run is chosen once; a log that grows elsewhere is no reason to move, a log
-    that appears elsewhere is a new run, a richer log of the run is a switch of its source."""
+    that appears elsewhere is a new run, a richer log of the run is a switch of its source; a
+    console log with no training record in it is no run's log."""
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    (a / "train.log").write_text("x\n")
-    (b / "train.log").write_text("x\n")
+    log = "".join(line + "\n" for line in _healthy(1, 3))
+    (a / "train.log").write_text(log)
+    (b / "train.log").write_text(log)
     os.utime(a / "train.log", (1, 1))
+    (tmp_path / "wandb").mkdir()  # a tracker's own log, the newest file of all: no records
+    (tmp_path / "wandb" / "debug.log").write_text("2024-05-01 INFO Starting the internal service\n")
     finder = RunFinder(tmp_path)
     first = finder.look()
     assert first is not None and first.log.path == b / "train.log"  # the newest run
-    (a / "train.log").write_text("x\ny\n")  # the other run grows: no switch
+    (a / "train.log").write_text(log * 2)  # the other run grows: no switch
     again = finder.look()
     assert again is not None and again.log.path == b / "train.log" and not again.new_run
     (b / "events.out.tfevents.1.host").write_bytes(b"")  # a richer log of the same run

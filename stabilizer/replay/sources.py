@@ -18,7 +18,9 @@ flaps between two that both grow:
 - anything else leaves the choice as it is (a log that grows elsewhere is no reason to move).
 
 Event files that ``stabilizer diagnose --tensorboard`` wrote (a replay of another log) are no
-run's log.
+run's log, nor is a console log in whose first 64 KiB no line reads as a training record (a
+tracker's ``debug.log``, a ``pip.log``): what a person reading it would see, by the universal
+reader; it is looked at again when it grows.
 
 `newest_source` is the one function that ranks what a folder holds; another kind of store
 (a tracker's run folder) joins by a row of `RICHNESS`.
@@ -26,12 +28,18 @@ run's log.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from stabilizer.core.records import StepRecord
+
+from .readers._lines import text_lines
 from .readers._rundir import REPLAY_SUFFIX
+from .readers._source import HEAD
+from .readers.universal import UniversalReader
 
 __all__ = ["CONSOLE", "DEPTH", "RICHNESS", "Choice", "LogFile", "RunFinder", "newest_source"]
 
@@ -141,11 +149,13 @@ class RunFinder:
         self.folder, self.format = folder, format
         self.current: LogFile | None = None
         self._known: set[Path] | None = None  # the logs of the last look (None: no look yet)
+        self._console: dict[Path, tuple[float, bool]] = {}  # mtime, and whether it has records
 
     def look(self) -> Choice | None:
         """The log to follow now; None while there is none. A choice that is no change (the
         same file) is the current one again."""
         logs = scan(self.folder, self.format) if self.folder.is_dir() else []
+        logs = [log for log in logs if log.format != CONSOLE or self._training(log)]
         known, self._known = self._known, {log.path for log in logs}
         current = self.current
         if current is None:
@@ -163,3 +173,19 @@ class RunFinder:
         if richer:
             self.current = _richest(richer)
         return Choice(self.current)  # type: ignore[arg-type]
+
+    def _training(self, log: LogFile) -> bool:
+        """Whether a console log's first bytes hold a training record (looked at again only
+        when it was written since, and not once it has one)."""
+        seen = self._console.get(log.path)
+        if seen is not None and (seen[1] or seen[0] == log.mtime):
+            return seen[1]
+        try:
+            with log.path.open("rb") as file:
+                head = file.read(HEAD)
+        except OSError:
+            return False
+        lines = list(text_lines(io.BytesIO(head), []))
+        found = any(isinstance(item, StepRecord) for item in UniversalReader().read_lines(lines))
+        self._console[log.path] = (log.mtime, found)
+        return found
