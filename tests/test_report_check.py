@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TracedRun
+from stabilizer.core.run import RunHeader
 from stabilizer.demo.scenarios import SCENARIOS
 from stabilizer.replay.diagnose import Diagnosis, diagnose
 from stabilizer.replay.readers import LogReadError
@@ -100,3 +101,12 @@ def test_a_bf16_megatron_run_is_not_told_to_switch_to_bf16() -> None:
         assert check(diagnosis, text) == []
     said = render_text(diagnosis).replace("(fp32 islands)", "(fp32 islands), or switch to bf16")
     assert check(diagnosis, said)
+
+
+def test_one_record_is_one_record(tmp_path: Path) -> None:
+    """#41: "1 records", "1 depth groups"."""
+    log = tmp_path / "one.log"
+    log.write_text("step 1 loss 2.0\n")
+    text = render_text(diagnose(str(log)))
+    assert text.endswith("no instabilities found in 1 record") and "1 records" not in text
+    assert RunHeader("32-true", "cpu", groups=("embed",)).describe().endswith(", 1 depth group")

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from stabilizer.core.advice import RunFacts
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.run import RunHeader
-from stabilizer.outputs.wording import observation
+from stabilizer.outputs.wording import counted, observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
 from .causes import advice_for
@@ -69,7 +69,7 @@ def segment_text(segment: Segment, first: RunHeader | None = None) -> str:
     """``"2  steps 200–400, 201 records; line 230: restart: step went back ..."``, and the
     segment's run facts where they are not the log's ``first``."""
     text = f"{segment.index}  {step_range(segment.first_step, segment.last_step)}, "
-    text += f"{segment.records} records"
+    text += counted(segment.records, "record")
     if segment.why:
         text += f"; line {segment.line}: {segment.why}" if segment.line else f"; {segment.why}"
     if segment.run is not None and segment.run != first:

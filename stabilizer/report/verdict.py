@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from stabilizer.core.advice import remedy_text
 from stabilizer.core.records import Finding, Severity
+from stabilizer.outputs.wording import counted
 from stabilizer.replay.diagnose import Diagnosis, severity_counts
 
 from .causes import advice_for
@@ -34,7 +35,7 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
         head = "healthy"
         if setup and setup[0].severity >= Severity.WARNING:  # a risk the run did not show yet
             head = setup[0].severity.name.lower() + _below(setup[0].severity, fail_on)
-        return f"{head}: no instabilities found in {diagnosis.records} records{tail}"
+        return f"{head}: no instabilities found in {counted(diagnosis.records, 'record')}{tail}"
     tally = ", ".join(_tally(e.worst for e in found))
     first = min(found, key=lambda e: (-e.worst.severity, e.segment, e.start))
     head = first.worst.severity.name.lower()
