@@ -5,12 +5,18 @@ reader is confident of, an event file's header, or `HEAD` bytes), detects it as 
 (`detect_head`: a pasted log or a logger's prefix is read without its wrapper), reads it with
 that format's reader, and puts messages on the queue of `Watch`, each ``(index, payload, live)``:
 
-- `Detected`: the format, and the first lines (for the message of a log with no step in it);
+- `Detected`: the format, the file read, and the first lines (for the message of a log with no
+  step in it);
 - a list of items (`StepRecord`, `Restart`, ...): all that one read of the input gave (at most
   `BATCH`), handed over before the next read, which may wait; ``live`` is False for the file's
   history (what it held when it was opened);
 - a `LogReadError`: the input cannot be read (one line);
+- `Switched`: a folder's followed log changed to another (a richer log of the run, or a new
+  run: `stabilizer.replay.sources`); a `Detected` and the new log's items follow;
 - `Ended`, always last.
+
+A text log that is a document (markdown, source code: `document_kind`) is refused as
+``diagnose`` refuses it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .document import STRUCTURED, document_kind, not_a_log
 from .follow import FollowedFile, FollowedPipe, resolver
 from .readers import READERS, LogReadError, Note, TensorBoardReader
 from .readers._lines import IDLE_CHUNK, text_lines
@@ -31,7 +38,7 @@ from .readers._source import HEAD, is_binary
 from .readers._unwrap import unwrapped_followed
 from .readers.reading import detect_head
 
-__all__ = ["BATCH", "Detected", "Ended", "Put", "feed"]
+__all__ = ["BATCH", "Detected", "Ended", "Put", "Switched", "feed"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +53,21 @@ Put = Callable[[tuple[int, Any, bool]], None]
 
 @dataclass(frozen=True)
 class Detected:
-    """The format of an input, and its first lines."""
+    """The format of an input, its first lines, the file read (``"-"`` for a pipe), and the
+    list its reader leaves its notes in."""
 
     format: str
     head: list[str]
+    file: str = ""
+    notes: list[Note] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Switched:
+    """A folder's followed log is now ``file``: a new run's, or a richer one of the same run."""
+
+    file: str
+    new_run: bool
 
 
 @dataclass(frozen=True)
@@ -71,7 +89,6 @@ def feed(
     index: int,
     path: str,
     format: str,
-    notes: list[Note],
     put: Put,
     *,
     stop: threading.Event,
@@ -84,7 +101,6 @@ def feed(
         index: The input's position, sent with each message.
         path: A file, a run directory, or ``-``.
         format: A reader name, or ``"auto"``.
-        notes: Where its reader leaves its notes.
         put: Puts a message on the queue.
         stop: Set to end the input.
         tell: Gets one line on what happens to the input (it appeared, rotated, ...).
@@ -93,9 +109,15 @@ def feed(
     try:
         source = _source(path, format, stop, tell, poll)
         try:
-            _read(_Input(index, path, format, notes), source, put)
-            if isinstance(source, FollowedFile) and not source.appeared:
-                raise LogReadError(_never(path))
+            while True:
+                _read(_Input(index, path, format, []), source, put)
+                if isinstance(source, FollowedFile) and not source.appeared:
+                    raise LogReadError(_never(path))
+                if not isinstance(source, FollowedFile) or source.switch is None:
+                    break
+                source.close()
+                put((index, Switched(str(source.switch.log.path), source.switch.new_run), True))
+                source = FollowedFile(path, source.resolve, stop, tell, poll, fresh=True)
         finally:
             source.close()
     except LogReadError as exc:
@@ -139,7 +161,11 @@ def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
     fmt, paste = "", None
     if given.format != "auto" or head.strip() or not ended:  # (else no text came)
         fmt, paste = detect_head(head, source.path, given.format, given.notes)
-    put((given.index, Detected(fmt, lines[:20]), False))
+    kind = document_kind(lines) if fmt and fmt not in STRUCTURED else None
+    if kind is not None:  # a README or a script: whatever lines of it quote a log
+        raise LogReadError(not_a_log(source.path, kind))
+    file = source.file if isinstance(source, FollowedFile) else "-"
+    put((given.index, Detected(fmt, lines[:20], file or "", given.notes), False))
     if not fmt:
         return
     reader = READERS[fmt](given.notes)

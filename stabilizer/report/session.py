@@ -25,21 +25,16 @@ from .files import OutputError, check_file, check_run_dir
 from .inputs import Wrap, progress_bar
 
 __all__ = [
-    "PROGRESS_BYTES",
     "OutputError",
     "Outputs",
     "diagnose_input",
     "expand_runs",
-    "needs_progress",
     "plan_outputs",
     "plot_path",
     "progress_bar",
     "run_dir",
     "warnings_as_lines",
 ]
-
-PROGRESS_BYTES = 50 * 2**20
-"""Files larger than this are worth a progress bar (`progress_bar`, by bytes read)."""
 
 
 def expand_runs(paths: Sequence[str], format: str = "auto") -> list[str]:
@@ -55,15 +50,6 @@ def expand_runs(paths: Sequence[str], format: str = "auto") -> list[str]:
 def _is_dir(path: str) -> bool:
     try:
         return Path(path).is_dir()
-    except OSError:
-        return False
-
-
-def needs_progress(path: str) -> bool:
-    """Whether ``path`` is a file larger than `PROGRESS_BYTES`."""
-    file = Path(path)
-    try:
-        return path != "-" and file.is_file() and file.stat().st_size > PROGRESS_BYTES
     except OSError:
         return False
 
@@ -179,7 +165,7 @@ def _diagnose(
     with TensorBoardExport(run, replace=outputs.force) as export:
         diagnosis = diagnose(path, format, sinks=[export], wrap=wrap)
         notes = export.finish(diagnosis)
-    messages.append(f"TensorBoard run of {path}: {run} (tensorboard --logdir {run})")
+    messages.append(f"TensorBoard run of {path}: {run}")  # (the command: `stabilizer.cli`)
     messages += notes
     return diagnosis
 

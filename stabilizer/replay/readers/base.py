@@ -34,9 +34,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-NOTE_KINDS = ("format", "skipped", "truncated", "hidden_nan", "source")
+NOTE_KINDS = ("format", "skipped", "truncated", "hidden_nan", "source", "no_fp16_scaler")
 """`Note.kind` values: a quirk of the format, input skipped, input cut short, signs of hidden NaN
-losses, and which files were read."""
+losses, which files were read, and a log that shows no fp16 loss scaler (bf16 or fp32: the
+reports then advise no switch to bf16)."""
 
 
 class LogReadError(ValueError):

@@ -150,7 +150,8 @@ class MegatronReader(BaseReader):
             del values[LOSS_SCALE]
             if not self._fixed:
                 self._fixed = True
-                self.note("format", "loss scale 1.0 on every line: no fp16 scaler (bf16 or fp32)")
+                why = "loss scale 1.0 on every line: no fp16 scaler (bf16 or fp32)"
+                self.note("no_fp16_scaler", why)
         return StepRecord(step, values)
 
     def _note_interval(self, last: int | None, step: int, lineno: int) -> None:
