@@ -9,7 +9,7 @@ step: a record takes the count of the training bar printed since the record befo
 [``), else counts on; a dict's own ``step`` wins; eval dicts land on the current step; the final
 summary is skipped. The Trainer hides NaN losses by default (``logging_nan_inf_filter``):
 `HiddenNan` notes the traces. Overflow lines of DeepSpeed or apex among the dicts are skipped
-steps (`_shapes`); so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
+steps (`words`); so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
 at the first steps (`Probing`). The rules in full: docs/readers.md.
 """
 
@@ -26,8 +26,8 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 from ._keys import KeyMap
 from ._lines import Segments, numbered_lines
 from ._probing import Probing
-from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
+from .words import Overflow, overflow_of, printed_again
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
 
