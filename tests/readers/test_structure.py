@@ -112,3 +112,17 @@ def test_a_test_set_loss_after_cjk_text_is_held_out() -> None:
     assert [r.values["loss"] for r in found] == [2.496931314468384, 1.6171432733535767,
                                                  1.2562278509140015]  # fmt: skip
     assert found[1].values["val_loss"] == 262.62046909332275
+
+
+def test_fields_that_print_their_value_before_their_name() -> None:
+    """tinygrad/tinygrad#13803 (examples/mlperf/model_train.py): ``   3 7.34 s run, 11.8750 loss,
+    0.000000000002 LR, 1454.57 GB used`` (unread on the unchanged code)."""
+    text = (
+        "    1 93.44 s run, 11.8750 loss, 0.000000000001 LR, 642.43 GB used,  19644.30 GFLOPS\n"
+        "    2 101.78 s run, 11.9375 loss, 0.000000000001 LR, 1454.57 GB used,  17039.35 GFLOPS\n"
+    )
+    found = records(text)
+    assert [(r.values["loss"], r.values["lr"]) for r in found] == [
+        (11.875, 1e-12),
+        (11.9375, 1e-12),
+    ]

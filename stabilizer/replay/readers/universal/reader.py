@@ -31,7 +31,7 @@ from .joiner import MAX_HELD, Joiner
 from .shapes import Shapes
 from .steps import Steps, counted_by
 from .tables import numbered_blocks, row_of, table_of
-from .values import evaluated, known, values_of
+from .values import evaluated, known, named_after, values_of
 
 __all__ = ["MAX_HELD", "UniversalReader", "unreadable_message"]
 
@@ -94,7 +94,7 @@ def _where(steps: Steps, line: str, low: str) -> tuple[int | None, tuple[int, ..
     """A line's step, every counter it prints, and its metrics (`values_of`): the step a key of
     them names (``'counters/updates': 5024``); none for an evaluation's line (`evaluated`)."""
     step, where = steps.of(low)
-    values = values_of(line)
+    values = values_of(line) or (named_after(line) if "," in line else {})
     if step is None and "/" in line and (counted := counted_by(values)) is not None:
         step, where = counted, (counted,)
     if LOSS in values and evaluated(low, values):

@@ -18,7 +18,7 @@ from .._shapes import NUM
 from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
 from .steps import STEP_NAMES
 
-__all__ = ["evaluated", "key_of", "known", "total", "values_of"]
+__all__ = ["evaluated", "key_of", "known", "named_after", "total", "values_of"]
 
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast), after CJK text too ("整体测试集上的Loss: 262.6") and
@@ -29,6 +29,9 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     r"(" + NUM + r")(?(3)['\"]|(?(4)['\"]|(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)))"  # dict of strings,
 )  # quoted both sides); "nanms", "12:30", "1/2", "6%", "0'" are no values; "**LOSS : nan**"
 # (markdown bold) holds one
+_AFTER = re.compile(  # a field of a list, its value before its name: "11.8750 loss, 1e-12 LR"
+    r"(?:^|[,;|])\s*(" + NUM + r")\s+([A-Za-z_][\w/]*+(?: [A-Za-z]++)?)\s*(?=[,;|]|$)"
+)
 _JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
 _PREFIXES = ("train/", "train_", "training/")
 _FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
@@ -101,6 +104,18 @@ def values_of(line: str) -> dict[str, float]:
                 values[key] = math.nan
     if "total" in values and LOSS not in values and "losses" in line.lower():
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
+    return values
+
+
+def named_after(line: str) -> dict[str, float]:
+    """The metrics of a list of fields that each print a value before its name (tinygrad's
+    ``   3 7.34 s run, 11.8750 loss, 0.000000000002 LR, 1454.57 GB used``): what `values_of`
+    reads for ``loss: 11.875``; for a line in which it read nothing."""
+    values: dict[str, float] = {}
+    for text, name in _AFTER.findall(line):
+        key = key_of(name)
+        if key is not None and key not in values:
+            values[key] = float(text.replace(",", "") if "," in text else text)
     return values
 
 
