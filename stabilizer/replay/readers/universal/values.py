@@ -39,7 +39,7 @@ _HELD_OUT = ("val", "valid", "test", "eval", "dev")  # a CamelCase loss of these
 _TRAINING = frozenset(("train", "training"))
 _EVALUATING = re.compile(  # a word that says a line reports an evaluation, not a training step
     r"(?<![a-z0-9/._-])(?:val|valid|validation|validating|eval|evaluation|evaluating|evaluate"
-    r"|test|testing)(?![a-z0-9_/.-])|测试|验证|评估"
+    r"|test|testing)(?![a-z0-9_/-]|\.\w)|测试|验证|评估"  # "Val. Epoch: 262" (not "test.py")
 )  # "loss/train" (a tag: the metric, then its split)
 
 
@@ -161,8 +161,8 @@ def evaluated(low: str, values: dict[str, float]) -> bool:
     """Whether a line with a loss reports an evaluation: a word before its first ``loss`` says
     so (``| epoch 010 | valid on 'valid' subset 1000 / 1311 loss=1.60``, ``Test: [ 0/50]
     loss: 0.52``, ``整体测试集上的Loss: 262.6``). Then its loss is a held-out loss, `VAL_LOSS`
-    (and its perplexity, ``val_ppl``), kept in ``values`` for the reports, never the training
-    loss; its counts number the evaluation's batches, not training steps."""
+    (its perplexity ``val_ppl``, its parts ``val_<part>``), kept in ``values`` for the reports,
+    never the training loss; its counts number the evaluation's batches, not training steps."""
     at = low.find("loss")
     if at <= 0 or _EVALUATING.search(low, 0, at) is None:
         return False
@@ -170,4 +170,6 @@ def evaluated(low: str, values: dict[str, float]) -> bool:
         values.setdefault(VAL_LOSS, values.pop(LOSS))
     if PPL in values:
         values["val_ppl"] = values.pop(PPL)
+    for key in [key for key in values if _part(key)]:  # "Classification loss: 0.277" too
+        values[f"val_{key}"] = values.pop(key)
     return True
