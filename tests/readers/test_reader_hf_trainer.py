@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from reader_cases import findings, kinds, parse, records, serious
+from reader_cases import findings, kinds, parse, parse_items, records, serious
 
-from stabilizer.core.records import StepRecord
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.replay.readers import Note
 
 CONSOLE = """\
@@ -199,3 +199,15 @@ def test_a_window_of_nan_losses_logged_as_zero_is_read_as_nan() -> None:
         "{'loss': 0.0, 'grad_norm': 0.0966, 'learning_rate': 6.7e-06, 'epoch': 0.33}\n"
     )
     assert [r.values["loss"] for r in parse("hf_trainer", real)] == [0.0153, 0.0]
+
+
+def test_a_message_that_reports_trouble_among_the_dicts_is_said() -> None:
+    """DeepSpeed's exit at the floor of its loss scale, printed into the Trainer's console
+    (ymcui/Chinese-LLaMA-Alpaca#534's title): a finding that the trainer said it."""
+    text = (
+        "{'loss': 2.0491, 'learning_rate': 0.0001961913563176343, 'epoch': 0.28}\n"
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.\n"
+    )
+    said = [item for item in parse_items("hf_trainer", text) if isinstance(item, Finding)]
+    assert [(f.kind, f.step) for f in said] == [("trainer_said", 1)]

@@ -10,7 +10,8 @@ step: a record takes the count of the training bar printed since the record befo
 summary is skipped. The Trainer hides NaN losses by default (``logging_nan_inf_filter``):
 `HiddenNan` notes the traces, and reads a window of NaN steps, which it logs as a loss of
 exactly 0, as the NaN it was. Overflow lines of DeepSpeed or apex among the dicts are skipped
-steps (`words`); so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
+steps (`words`), and a message of the trainers' catalogue that reports trouble is said in a
+finding; so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
 at the first steps (`Probing`). The rules in full: docs/readers.md.
 """
 
@@ -28,7 +29,7 @@ from ._keys import KeyMap
 from ._lines import Segments, numbered_lines
 from ._probing import Probing
 from .base import BaseReader, Item
-from .words import Overflow, overflow_of, printed_again
+from .words import Overflow, Told, overflow_of, printed_again
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
 
@@ -109,7 +110,7 @@ class HfTrainerReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _BarSteps()
-        probing = Probing(self)
+        probing, told = Probing(self), Told()
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
         for lineno, line in numbered_lines(stream, self.notes):
             if " [" in line and "/" in line:
@@ -119,6 +120,7 @@ class HfTrainerReader(BaseReader):
                 found = overflow_of(line)
                 if found is None:
                     segments.other(line)
+                    yield from told.said(line, steps.last)
                     continue
                 if overflow is not None and printed_again(line, found, *overflow):
                     continue

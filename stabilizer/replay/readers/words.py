@@ -35,6 +35,7 @@ __all__ = [
     "WORDS",
     "Heard",
     "Overflow",
+    "Told",
     "Words",
     "heard_early",
     "heard_in",
@@ -289,3 +290,19 @@ def said(words: Words, step: int, text: str) -> Finding:
         severity=Severity.parse(words.severity),
         seen=f"the trainer said {quoted!r} at step {step}: {words.means} ({words.trainer})",
     )
+
+
+class Told:
+    """The rows a reader has said in a finding already: each is said once, the first time."""
+
+    def __init__(self) -> None:
+        self.rows: set[Words] = set()
+
+    def said(self, line: str, step: int) -> list[Finding]:
+        """The finding that the trainer said what ``line`` says, at ``step``, where it is a
+        message that reports trouble said for the first time; none otherwise."""
+        heard = heard_in(line.lower())
+        if heard is None or heard.words.severity is None or heard.words in self.rows:
+            return []
+        self.rows.add(heard.words)
+        return [said(heard.words, step, line)]
