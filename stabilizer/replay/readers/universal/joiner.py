@@ -24,6 +24,7 @@ from .._shapes import vocab_of
 from ..aliases import SIGNALS, VAL_LOSS
 from ..base import Item, Restart
 from ..words import Heard, Words, printed_again, said
+from .shapes import Series
 from .values import total, values_of
 
 __all__ = ["MAX_HELD", "Joiner"]
@@ -144,6 +145,13 @@ class Joiner:
         self.pending = _Pending(step, where, values, line, lineno, lineno, overflow=True)
         return done
 
+    def series(self, lineno: int, line: str, found: list[Series]) -> list[Item]:
+        """The records a line's shape gives (`Shapes.read`: the lines of a series so far)."""
+        done: list[Item] = []
+        for step, values in found:
+            done += self.line(lineno, line, (step, () if step is None else (step,)), values)
+        return done
+
     def wraps(self, lineno: int, line: str, values: _Values) -> bool:
         """Whether a line without a step, that alone would be no record, continues the pending
         record's line (see `_wraps`)."""
@@ -182,7 +190,10 @@ class Joiner:
             done.append(Restart(pend.step, pend.start, why))
         self.logged = self.last = pend.step
         self.previous = pend.values
-        done += self._record(pend.step, (pend.values, pend.words, pend.text))
+        if pend.words is None:  # (most records: no message)
+            done.append(StepRecord(pend.step, total(pend.values)))
+        else:
+            done += self._record(pend.step, (pend.values, pend.words, pend.text))
         return done
 
     def _place(self, before: int | None) -> list[Item]:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, ClassVar
 
 from stabilizer.core.records import StepRecord
-from stabilizer.core.signals import LOSS
+from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from .._lines import ANSI, IDLE, text_lines
 from ..base import BaseReader, Item
@@ -31,7 +31,7 @@ from .joiner import MAX_HELD, Joiner
 from .shapes import Shapes
 from .steps import Steps, counted_by
 from .tables import numbered_blocks, row_of, table_of
-from .values import evaluated, known, named_after, values_of
+from .values import EVALUATING, held_out, known, named_after, values_of
 
 __all__ = ["MAX_HELD", "UniversalReader", "unreadable_message"]
 
@@ -67,12 +67,16 @@ class UniversalReader(BaseReader):
             if line is IDLE:  # a followed log waits: the pending record is done
                 yield from join.done()
                 continue
-            line, table = _row(line, table)
+            if table is not None or "\x1b" in line:
+                line, table = _row(line, table)
             low = line.lower()
             if any(map(low.__contains__, EARLY_NEEDS)) and (heard := heard_early(low)):
                 yield from join.overflow(lineno, line, heard.values, heard.rank)
                 continue
             step, where, values = _where(steps, line, low)
+            if step is not None and not steps.weak and (LOSS in values or GRAD_NORM in values):
+                yield from join.line(lineno, line, (step, where), values)  # (most lines)
+                continue
             signals = known(values)
             if (step is None or not signals) and (heard := heard_in(low)) is not None:
                 yield from join.heard(lineno, line, heard, {k: values[k] for k in signals})
@@ -82,8 +86,7 @@ class UniversalReader(BaseReader):
             elif values and join.wraps(lineno, line, values):  # "learning rate: ... |"
                 yield from join.line(lineno, line, (None, ()), values)
             elif not values and (found := shapes.read(line)):  # "76930 2.6496577": bare columns
-                for counted, read in found:
-                    yield from join.line(lineno, line, (counted, _counters(counted)), read)
+                yield from join.series(lineno, line, found)
             else:
                 table, above = table_of(line, low, above), line
                 join.other(line)
@@ -92,13 +95,15 @@ class UniversalReader(BaseReader):
 
 def _where(steps: Steps, line: str, low: str) -> tuple[int | None, tuple[int, ...], _Values]:
     """A line's step, every counter it prints, and its metrics (`values_of`): the step a key of
-    them names (``'counters/updates': 5024``); none for an evaluation's line (`evaluated`)."""
+    them names (``'counters/updates': 5024``); none for an evaluation's line (a word before
+    its loss says so, `EVALUATING`: its values are held out, `held_out`)."""
     step, where = steps.of(low)
     values = values_of(line) or (named_after(line) if "," in line else {})
     if step is None and "/" in line and (counted := counted_by(values)) is not None:
         step, where = counted, (counted,)
-    if LOSS in values and evaluated(low, values):
-        step, where = None, ()  # an evaluation's batch counts no training step
+    if LOSS in values and (at := low.find("loss")) > 2 and EVALUATING.search(low, 0, at):
+        held_out(values)  # an evaluation's line: its batch counts no training step
+        step, where = None, ()
     return step, where, values
 
 
@@ -111,10 +116,6 @@ def _row(line: str, table: tuple[str, ...] | None) -> tuple[str, tuple[str, ...]
         row = row_of(line, table)
         return (line, None) if row is None else (row, table)
     return line, table
-
-
-def _counters(step: int | None) -> tuple[int, ...]:
-    return () if step is None else (step,)
 
 
 def unreadable_message(name: str, lines: Iterable[str], format: str = "generic") -> str:

@@ -18,7 +18,7 @@ from .._shapes import NUM
 from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
 from .steps import STEP_NAMES
 
-__all__ = ["evaluated", "key_of", "known", "named_after", "total", "values_of"]
+__all__ = ["EVALUATING", "held_out", "key_of", "known", "named_after", "total", "values_of"]
 
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast), after CJK text too ("整体测试集上的Loss: 262.6") and
@@ -37,10 +37,13 @@ _PREFIXES = ("train/", "train_", "training/")
 _FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
 _HELD_OUT = ("val", "valid", "test", "eval", "dev")  # a CamelCase loss of these is no training loss
 _TRAINING = frozenset(("train", "training"))
-_EVALUATING = re.compile(  # a word that says a line reports an evaluation, not a training step
+EVALUATING = re.compile(  # a word that says a line reports an evaluation, not a training step
     r"(?<![a-z0-9/._-])(?:val|valid|validation|validating|eval|evaluation|evaluating|evaluate"
     r"|test|testing)(?![a-z0-9_/-]|\.\w)|测试|验证|评估"  # "Val. Epoch: 262" (not "test.py")
-)  # "loss/train" (a tag: the metric, then its split)
+)
+"""A word before a line's first ``loss`` that says the line reports an evaluation (searched in
+the lower-cased line up to it): its values are `held_out`; its counts number the evaluation's
+batches, not training steps."""  # "loss/train" (a tag: the metric, then its split)
 
 
 @lru_cache(maxsize=4096)
@@ -138,7 +141,13 @@ def known(values: dict[str, float]) -> set[str]:
     """The keys of ``values`` that make a line a record without a step: signals but the
     learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), the parts of
     the training loss (``loss_cls``, ObjectGS's ``image_loss``)."""
-    return {key for key in values if (key in SIGNALS and key != LR) or _part(key)}
+    return {
+        key
+        for key in values
+        if (key in SIGNALS and key != LR)
+        or key.startswith("loss_")
+        or (key.endswith("_loss") and _part(key))
+    }
 
 
 def total(values: dict[str, float]) -> dict[str, float]:
@@ -157,19 +166,14 @@ def total(values: dict[str, float]) -> dict[str, float]:
     return values
 
 
-def evaluated(low: str, values: dict[str, float]) -> bool:
-    """Whether a line with a loss reports an evaluation: a word before its first ``loss`` says
-    so (``| epoch 010 | valid on 'valid' subset 1000 / 1311 loss=1.60``, ``Test: [ 0/50]
-    loss: 0.52``, ``整体测试集上的Loss: 262.6``). Then its loss is a held-out loss, `VAL_LOSS`
-    (its perplexity ``val_ppl``, its parts ``val_<part>``), kept in ``values`` for the reports,
-    never the training loss; its counts number the evaluation's batches, not training steps."""
-    at = low.find("loss")
-    if at <= 0 or _EVALUATING.search(low, 0, at) is None:
-        return False
+def held_out(values: dict[str, float]) -> None:
+    """The values of an evaluation's line (`EVALUATING`: ``| epoch 010 | valid on 'valid'
+    subset 1000 / 1311 loss=1.60``, ``Test: [ 0/50] loss: 0.52``, ``整体测试集上的Loss: 262.6``)
+    made held out, in place: its loss is `VAL_LOSS`, its perplexity ``val_ppl``, its parts
+    ``val_<part>``: kept for the reports, never the training loss."""
     if LOSS in values:
         values.setdefault(VAL_LOSS, values.pop(LOSS))
     if PPL in values:
         values["val_ppl"] = values.pop(PPL)
     for key in [key for key in values if _part(key)]:  # "Classification loss: 0.277" too
         values[f"val_{key}"] = values.pop(key)
-    return True
