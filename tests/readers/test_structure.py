@@ -6,18 +6,16 @@ or misread."""
 
 from __future__ import annotations
 
-import io
 import math
 
+from reader_cases import parse_items
+
 from stabilizer.core.records import StepRecord
-from stabilizer.replay.readers._lines import text_lines
-from stabilizer.replay.readers.base import Restart
-from stabilizer.replay.readers.universal import UniversalReader
+from stabilizer.replay.readers.base import Item, Restart
 
 
-def items(text: str) -> list[object]:
-    lines = text_lines(io.BytesIO(text.encode()), [])
-    return list(UniversalReader().read_lines(lines))
+def items(text: str) -> list[Item]:
+    return parse_items("generic", text)
 
 
 def records(text: str) -> list[StepRecord]:

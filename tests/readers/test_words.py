@@ -4,16 +4,16 @@ finding that the trainer said it, and the lines of one event make one record."""
 
 from __future__ import annotations
 
-import io
 import math
+from pathlib import Path
 
 import pytest
+from reader_cases import parse_items
 
 from stabilizer.core.kinds import TRAINER_SAID
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.replay.readers._lines import text_lines
-from stabilizer.replay.readers.universal import UniversalReader
-from stabilizer.replay.readers.words import WORDS, Heard, heard_early, heard_in
+from stabilizer.replay.readers.base import Item
+from stabilizer.replay.readers.words import TRIGGERS, WORDS, Heard, heard_early, heard_in
 
 # Messages as the trainers' sources print them: every row of the catalogue reads one of them.
 EXAMPLES = [
@@ -67,6 +67,7 @@ def test_every_row_reads_a_message_and_cites_its_source(index: int) -> None:
     assert any((heard := _heard(line)) is not None and heard.words is row for line in EXAMPLES)
     assert row.trainer and row.source and row.means
     assert row.severity in (None, "warning", "error")
+    assert row.early or any(word in row.needs for word in TRIGGERS)  # (the cheap test sees it)
 
 
 @pytest.mark.parametrize(
@@ -83,9 +84,8 @@ def test_other_lines_are_no_message(line: str) -> None:
     assert _heard(line) is None
 
 
-def items(text: str) -> list[object]:
-    lines = text_lines(io.BytesIO(text.encode()), [])
-    return list(UniversalReader().read_lines(lines))
+def items(text: str) -> list[Item]:
+    return parse_items("generic", text)
 
 
 def test_a_log_whose_trouble_is_only_in_words_is_read() -> None:
@@ -168,3 +168,9 @@ def test_routine_words_give_values_and_no_finding() -> None:
     found = items(text)
     assert not any(isinstance(item, Finding) for item in found)
     assert [r.values for r in found if isinstance(r, StepRecord)][1] == {"lr": 1e-4}
+
+
+def test_the_docs_table_lists_every_row() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "readers.md").read_text()
+    for row in WORDS:
+        assert f"| `{row.pattern.replace('|', chr(92) + '|')}` | {row.trainer} |" in docs, row

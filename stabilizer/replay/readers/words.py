@@ -187,7 +187,11 @@ WORDS: tuple[Words, ...] = (
 EARLY_NEEDS = tuple(dict.fromkeys(row.needs for row in WORDS if row.early))
 """What a lower-cased line must hold one of to be an overflow line (for `heard_early`)."""
 _LATE = tuple(row for row in WORDS if not row.early)
-_NEEDS = tuple(dict.fromkeys(row.needs for row in _LATE))
+TRIGGERS = ("nan", "loss", "grad", "diverg", "minimum", "spike", "finite", "learning rate",
+            "plateau")  # fmt: skip
+"""Words one of which every message that is no overflow holds (its `Words.needs` holds one):
+a line with none of them is none (one regex scan, cheaper than a test a row)."""
+_TRIGGER = re.compile("|".join(TRIGGERS))
 _GROUPS = {"loss": LOSS, "grad_norm": GRAD_NORM, "lr": LR}
 _NEW_SCALE = re.compile(
     r"(?:reducing (?:loss scale )?to|setting (?:loss )?scale to:?(?: to)?|loss scale from \S+ "
@@ -249,7 +253,7 @@ def printed_again(line: str, found: Overflow, last_line: str, last: Overflow) ->
 
 def heard_in(low: str) -> Heard | None:
     """What a lower-cased line that is no overflow line says, if it is in the catalogue."""
-    if not any(map(low.__contains__, _NEEDS)):
+    if _TRIGGER.search(low) is None:
         return None
     for row in _LATE:
         if row.needs in low and (found := row.regex.search(low)):
