@@ -60,7 +60,8 @@ class Words:
         source: The file of the trainer's source that prints it.
         needs: Lower-case text every line of it holds (the cheap test before the pattern).
         pattern: A regex over the lower-cased line; its named groups give values: ``loss``,
-            ``grad_norm``, ``lr`` (numbers as printed), ``step`` (the step it names).
+            ``grad_norm``, ``lr``, ``scale`` (the loss scale; numbers as printed), ``step`` (the
+            step it names).
         means: What it means, one line.
         values: What every such line gives its record besides its groups (``skipped`` 1, a
             NaN loss where the message says so in words).
@@ -111,7 +112,8 @@ WORDS: tuple[Words, ...] = (
           r"loss scale already at minimum",
           "fp16 overflow at the smallest loss scale: DeepSpeed exits the run", _SKIP, "error"),
     Words("fairseq", "fairseq/optim/dynamic_loss_scaler.py", "minimum loss scale reached",
-          r"minimum loss scale reached", "fp16 overflow at the smallest loss scale: fairseq "
+          r"minimum loss scale reached \((?P<scale>NUM)\)", "fp16 overflow at the smallest loss "
+          "scale: fairseq "
           "stops (its loss is probably exploding)", _SKIP, "error"),
     # A NaN/Inf loss the trainer stopped on.
     Words("TensorFlow (estimator, NanTensorHook)",
@@ -192,14 +194,13 @@ TRIGGERS = ("nan", "loss", "grad", "diverg", "minimum", "spike", "finite", "lear
 """Words one of which every message that is no overflow holds (its `Words.needs` holds one):
 a line with none of them is none (one regex scan, cheaper than a test a row)."""
 _TRIGGER = re.compile("|".join(TRIGGERS))
-_GROUPS = {"loss": LOSS, "grad_norm": GRAD_NORM, "lr": LR}
+_GROUPS = {"loss": LOSS, "grad_norm": GRAD_NORM, "lr": LR, "scale": LOSS_SCALE}
 _NEW_SCALE = re.compile(
     r"(?:reducing (?:loss scale )?to|setting (?:loss )?scale to:?(?: to)?|loss scale from \S+ "
     r"to)\s*(" + NUM + ")"
 )
 _ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + NUM + ")")
 _LG_SCALE = re.compile(r"lg_loss_scale to\s*(" + NUM + ")")
-_MINIMUM = re.compile(r"minimum loss scale reached \((" + NUM + r")\)")
 _RANK = re.compile(r"\brank\s*(\d+)")
 
 
@@ -261,9 +262,6 @@ def heard_in(low: str) -> Heard | None:
             for name, text in found.groupdict().items():
                 if text is not None and name in _GROUPS:
                     values[_GROUPS[name]] = float(text.replace(",", ""))
-            minimum = _MINIMUM.search(low) if "minimum" in low else None
-            if minimum is not None:
-                values[LOSS_SCALE] = float(minimum[1])
             step = found.groupdict().get("step")
             rank = _RANK.search(low)
             return Heard(row, values, rank and int(rank[1]), None if step is None else int(step))
@@ -302,11 +300,15 @@ class Told:
     def __init__(self) -> None:
         self.rows: set[Words] = set()
 
-    def said(self, line: str, step: int) -> list[Finding]:
-        """The finding that the trainer said what ``line`` says, at ``step``, where it is a
-        message that reports trouble said for the first time; none otherwise."""
-        heard = heard_in(line.lower())
-        if heard is None or heard.words.severity is None or heard.words in self.rows:
+    def tell(self, words: Words | None, step: int, text: str) -> list[Finding]:
+        """The finding that the trainer said ``text`` (a message of ``words``) at ``step``,
+        where the row reports trouble and was not said yet; none otherwise."""
+        if words is None or words.severity is None or words in self.rows:
             return []
-        self.rows.add(heard.words)
-        return [said(heard.words, step, line)]
+        self.rows.add(words)
+        return [said(words, step, text)]
+
+    def said(self, line: str, step: int) -> list[Finding]:
+        """`tell` what ``line`` says, if it is a message of the catalogue."""
+        heard = heard_in(line.lower())
+        return [] if heard is None else self.tell(heard.words, step, line)

@@ -23,7 +23,7 @@ from .._lines import resume_banner
 from .._shapes import vocab_of
 from ..aliases import SIGNALS, VAL_LOSS
 from ..base import Item, Restart
-from ..words import Heard, Words, printed_again, said
+from ..words import Heard, Told, Words, printed_again
 from .shapes import Series
 from .values import total, values_of
 
@@ -63,7 +63,7 @@ class Joiner:
     last: int | None = None  # the last step given to a record
     banner: str = ""  # a resume banner seen since the last record
     vocab: float | None = None  # the vocabulary a line stated, for the next record
-    told: set[Words] = field(default_factory=set)  # the rows said in a finding already
+    told: Told = field(default_factory=Told)  # the rows said in a finding already
 
     def other(self, line: str) -> None:
         """A line that is no record: after a record, it may be a resume banner; it may state
@@ -213,10 +213,7 @@ class Joiner:
         trouble, the finding that the trainer said so."""
         values, words, text = record
         found: list[Item] = [StepRecord(step, total(values))] if values else []
-        if words is not None and words.severity is not None and words not in self.told:
-            self.told.add(words)
-            found.append(said(words, step, text))
-        return found
+        return found + self.told.tell(words, step, text)
 
 
 def _breakdown(pend: _Pending, values: _Values) -> bool:
