@@ -174,3 +174,31 @@ def test_the_docs_table_lists_every_row() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "readers.md").read_text()
     for row in WORDS:
         assert f"| `{row.pattern.replace('|', chr(92) + '|')}` | {row.trainer} |" in docs, row
+
+
+@pytest.mark.parametrize(
+    ("format", "text", "step"),
+    [
+        (
+            "megatron",
+            " iteration     1200/   50000 | consumed samples: 614400 | learning rate: 3.000E-04 "
+            "| lm loss: 3.141593E+00 | loss scale: 1.0 | grad norm: 0.500 |\n"
+            "Rank 0, node n1, device 0, iteration 1201: Unexpected result tensor(31.2, "
+            "device='cuda:0') (message='Spiky loss')\n",
+            1200,
+        ),
+        (
+            "fairseq",
+            "2024-01-01 12:00:00 | INFO | train_inner | epoch 001:    100 / 1000 loss=9.123, "
+            "num_updates=100, lr=0.0005, gnorm=1.234, loss_scale=0.0001\n"
+            "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably "
+            "exploding. Try lowering the learning rate, using gradient clipping or increasing the "
+            "batch size.\n",
+            101,
+        ),
+    ],
+    ids=["megatron", "fairseq"],
+)
+def test_the_dedicated_readers_say_the_words_too(format: str, text: str, step: int) -> None:
+    said = [item for item in parse_items(format, text) if isinstance(item, Finding)]
+    assert [(f.kind, f.step) for f in said] == [(TRAINER_SAID, step)]
