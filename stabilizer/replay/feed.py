@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .follow import FollowedFile, FollowedPipe, resolver
-from .readers import READERS, LogReadError, Note, TensorBoardReader
+from .readers import READERS, LogReadError, Note
 from .readers._lines import IDLE_CHUNK, text_lines
 from .readers._source import HEAD, is_binary
 from .readers._unwrap import unwrapped_followed
@@ -168,7 +168,8 @@ def _head(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[bytes, bo
 def _settled(head: bytes) -> bool:
     """Whether the first bytes of a log tell its format: enough of them, an event file's
     header, binary data, or lines that a reader is confident of."""
-    if len(head) >= HEAD or TensorBoardReader.sniff_bytes(head) > 0.5 or is_binary(head):
+    binary = any(cls.binary and cls.sniff_bytes(head) > 0.5 for cls in READERS.values())
+    if len(head) >= HEAD or binary or is_binary(head):
         return bool(head)
     lines = [line for line in text_lines(io.BytesIO(head), []) if line.strip()]
     return any(cls.sniff(lines) >= _CONFIDENT for cls in READERS.values()) if lines else False
