@@ -15,6 +15,7 @@ that format's reader, and puts messages on the queue of `Watch`, each ``(index, 
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .follow import FollowedFile, FollowedPipe, resolver
+from .follow_store import follow_store
 from .readers import READERS, LogReadError, Note
 from .readers._lines import IDLE_CHUNK, text_lines
 from .readers._source import HEAD, is_binary
@@ -91,6 +93,8 @@ def feed(
         poll: Seconds between two looks at an input with nothing new.
     """
     try:
+        if path != "-" and _store(index, path, format, notes, put, stop, poll):
+            return  # a tracker's store: asked for new rows, not read as a growing file
         source = _source(path, format, stop, tell, poll)
         try:
             _read(_Input(index, path, format, notes), source, put)
@@ -107,6 +111,19 @@ def feed(
         put((index, LogReadError(f"{path}: cannot watch ({type(exc).__name__}: {exc})"), True))
     finally:
         put((index, Ended(), True))
+
+
+def _store(
+    index: int, path: str, format: str, notes: list[Note], put: Put, stop: threading.Event,
+    poll: float,
+) -> bool:  # fmt: skip
+    """Follow a tracker's store (`follow_store`); False when ``path`` leads to none."""
+
+    def message(payload: Any, live: bool) -> None:
+        put((index, payload, live))
+
+    detected = functools.partial(Detected, head=[])
+    return follow_store(path, format, notes, message, detected=detected, stop=stop, poll=poll)
 
 
 def _source(

@@ -35,15 +35,17 @@ STORES: tuple[type[Store], ...] = (MlflowServer, MlflowFiles, MlflowDb, TrackioD
 """Every kind of store, in the order they are asked whether a location is theirs."""
 
 
-def find_tracker(path: str, format: str = "auto") -> tuple[Store, str | None] | None:
-    """The store that ``path`` (``LOCATION#RUN``, or a location) leads to and the run it names;
-    None when it leads to none.
+def find_tracker(
+    path: str, format: str = "auto", follow: bool = False
+) -> tuple[Store, str | None] | None:
+    """The store that ``path`` (``LOCATION#RUN``, or a location) leads to and the run it names,
+    to be followed or not; None when it leads to none.
 
     Raises:
         LogReadError: An ``mlflow:`` URI without the mlflow extra.
     """
     location, key = split_address(path)
-    store = find_store(location, STORES, format)
+    store = find_store(location, STORES, format, follow)
     if store is None and location.startswith(PREFIX):
         raise LogReadError(f"{location}: not an MLflow tracking URI")
     return None if store is None else (store, key)

@@ -18,7 +18,7 @@ import sys
 from typing import Any, ClassVar
 
 from ..base import LogReadError
-from .sqlite import columns, connect, is_sqlite
+from .sqlite import SqliteReads, columns, connect, is_sqlite
 from .stores import PAGE, Row, Run, Store
 
 __all__ = ["MlflowDb", "mlflow_value"]
@@ -39,19 +39,21 @@ class MlflowDb(Store):
     format: ClassVar[str] = "mlflow"
     what: ClassVar[str] = "this MLflow store"
 
-    def __init__(self, location: str, connection: sqlite3.Connection, nan: bool) -> None:
+    def __init__(
+        self, location: str, connection: sqlite3.Connection, nan: bool, follow: bool
+    ) -> None:
         super().__init__(location)
-        self._db, self._nan = connection, nan
+        self._db, self._nan = SqliteReads(location, connection, follow), nan
 
     @classmethod
-    def at(cls, location: str) -> MlflowDb | None:
-        connection = connect(location) if is_sqlite(location) else None
+    def at(cls, location: str, follow: bool = False) -> MlflowDb | None:
+        connection = connect(location, follow) if is_sqlite(location) else None
         if connection is None:
             return None
         tables = columns(connection)
         metrics = tables.get("metrics", set())
         if "runs" in tables and {"run_uuid", "key", "value", "step"} <= metrics:
-            return cls(location, connection, "is_nan" in metrics)
+            return cls(location, connection, "is_nan" in metrics, follow)
         connection.close()
         return None
 
@@ -81,6 +83,6 @@ class MlflowDb(Store):
 
     def _query(self, query: str, args: tuple[Any, ...]) -> list[Any]:
         try:
-            return self._db.execute(query, args).fetchall()
+            return self._db.query(query, args)
         except sqlite3.Error as exc:
             raise LogReadError(f"{self.location}: cannot read {self.what} ({exc})") from None

@@ -37,10 +37,10 @@ class MlflowFiles(Store):
     what: ClassVar[str] = "this mlruns tree"
 
     @classmethod
-    def at(cls, location: str) -> MlflowFiles | None:
+    def at(cls, location: str, follow: bool = False) -> MlflowFiles | None:
         path = Path(location)
         try:
-            if _is_run(path) or _experiment_runs(path) or any(map(_experiment_runs, _dirs(path))):
+            if _is_run(path) or _is_experiment(path) or any(map(_is_experiment, _dirs(path))):
                 return cls(location)
         except OSError:
             return None
@@ -79,11 +79,19 @@ def _is_run(path: Path) -> bool:
     return (path / "meta.yaml").is_file() and (path / "metrics").is_dir()
 
 
+def _is_experiment(path: Path) -> bool:
+    """An experiment's directory: its ``meta.yaml`` names an experiment, not a run (it may have
+    no run yet)."""
+    try:
+        meta = (path / "meta.yaml").read_text(errors="replace")[:65536]
+    except OSError:
+        return False
+    return "experiment_id:" in meta and "run_id:" not in meta
+
+
 def _experiment_runs(path: Path) -> list[Path]:
     """The runs of an experiment's directory ([] when it is none)."""
-    if not (path / "meta.yaml").is_file():
-        return []
-    return [child for child in _dirs(path) if _is_run(child)]
+    return [child for child in _dirs(path) if _is_run(child)] if _is_experiment(path) else []
 
 
 def _run(path: Path) -> tuple[tuple[int, str], Run] | None:

@@ -39,7 +39,7 @@ class MlflowServer(Store):
         self._client = _client(self.uri)
 
     @classmethod
-    def at(cls, location: str) -> MlflowServer | None:
+    def at(cls, location: str, follow: bool = False) -> MlflowServer | None:
         return cls(location) if location.startswith(PREFIX) else None
 
     def runs(self) -> list[Run]:

@@ -72,8 +72,9 @@ class Store:
         self.location = location
 
     @classmethod
-    def at(cls, location: str) -> Store | None:
-        """The store at ``location``, or None when it is none of this kind (a cheap look)."""
+    def at(cls, location: str, follow: bool = False) -> Store | None:
+        """The store at ``location``, or None when it is none of this kind (a cheap look);
+        ``follow``: it will be asked again as it grows (``watch``)."""
         raise NotImplementedError
 
     def runs(self) -> list[Run]:
@@ -112,12 +113,14 @@ def _exists(path: str) -> bool:
         return False
 
 
-def find_store(location: str, stores: Sequence[type[Store]], format: str) -> Store | None:
+def find_store(
+    location: str, stores: Sequence[type[Store]], format: str, follow: bool = False
+) -> Store | None:
     """The store at ``location`` of the first kind of ``stores`` that claims it (of ``format``
-    unless it is ``"auto"``)."""
+    unless it is ``"auto"``), to be followed or not."""
     for kind in stores:
         if format in ("auto", kind.format):
-            store = kind.at(location)
+            store = kind.at(location, follow)
             if store is not None:
                 return store
     return None

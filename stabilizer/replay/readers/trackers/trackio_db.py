@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from ..base import LogReadError
 from .rows import number
-from .sqlite import columns, connect, is_sqlite
+from .sqlite import SqliteReads, columns, connect, is_sqlite
 from .stores import PAGE, Row, Run, Store
 
 __all__ = ["TrackioDb"]
@@ -28,18 +28,18 @@ class TrackioDb(Store):
     format: ClassVar[str] = "trackio"
     what: ClassVar[str] = "this trackio project"
 
-    def __init__(self, location: str, connection: sqlite3.Connection) -> None:
+    def __init__(self, location: str, connection: sqlite3.Connection, follow: bool) -> None:
         super().__init__(location)
-        self._db = connection
+        self._db = SqliteReads(location, connection, follow)
 
     @classmethod
-    def at(cls, location: str) -> TrackioDb | None:
-        connection = connect(location) if is_sqlite(location) else None
+    def at(cls, location: str, follow: bool = False) -> TrackioDb | None:
+        connection = connect(location, follow) if is_sqlite(location) else None
         if connection is None:
             return None
         metrics = columns(connection).get("metrics", set())
         if {"run_name", "step", "metrics"} <= metrics:
-            return cls(location, connection)
+            return cls(location, connection, follow)
         connection.close()
         return None
 
@@ -65,7 +65,7 @@ class TrackioDb(Store):
 
     def _query(self, query: str, args: tuple[Any, ...]) -> list[Any]:
         try:
-            return self._db.execute(query, args).fetchall()
+            return self._db.query(query, args)
         except sqlite3.Error as exc:
             raise LogReadError(f"{self.location}: cannot read {self.what} ({exc})") from None
 

@@ -168,7 +168,7 @@ class WandbPanel(Store):
         self._runs = runs
 
     @classmethod
-    def at(cls, location: str) -> WandbPanel | None:
+    def at(cls, location: str, follow: bool = False) -> WandbPanel | None:
         try:
             with open(location, "rb") as file:
                 head = file.read(_HEAD)
