@@ -54,6 +54,7 @@ class WandbRunReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         pb = _protos()
+        typed = "value" in pb.HistoryItem.DESCRIPTOR.oneofs_by_name  # wandb 0.2x: typed values
         rows = TrackerRows(self.note)
         damaged = 0
         for batch in records(stream, self.notes):
@@ -68,7 +69,7 @@ class WandbRunReader(BaseReader):
                 kind = record.WhichOneof("record_type")
                 if kind == "history":
                     step = record.history.step.num if record.history.HasField("step") else None
-                    yield from rows.add(step, _row(record.history.item))
+                    yield from rows.add(step, _row(record.history.item, typed))
                 elif kind == "run":
                     self._named(record.run)
         yield from rows.done()
@@ -81,12 +82,13 @@ class WandbRunReader(BaseReader):
         self.note("source", f"W&B run {name} ({run.run_id}){where}")
 
 
-def _row(items: Any) -> dict[str, float]:
-    """The numbers of a history record's items by name (``a/b`` for a nested key)."""
+def _row(items: Any, typed: bool) -> dict[str, float]:
+    """The numbers of a history record's items by name (``a/b`` for a nested key); ``typed``:
+    the items may hold a typed value instead of JSON."""
     row: dict[str, float] = {}
     for item in items:
         name = "/".join(item.nested_key) if item.nested_key else item.key
-        kind = item.WhichOneof("value")
+        kind = item.WhichOneof("value") if typed else None
         if kind in ("number", "integer"):
             value: float | None = float(getattr(item, kind))
         elif item.value_json:
