@@ -110,8 +110,8 @@ class _Walk:
         for entry in entries:
             path = Path(entry.path)
             if entry.is_symlink() and not self._inside(path):
-                # (a link to a file of no log's name, as W&B's debug-core.log, is no loss)
-                self.outside += self._wanted(entry.name) or _is_dir(entry)
+                if self._wanted(entry.name) or _is_dir(entry):  # (W&B's debug-core.log: no log)
+                    self.outside += 1
             elif _is_dir(entry):
                 if depth > 0 and not entry.name.startswith("."):
                     self._visit(path, depth - 1)

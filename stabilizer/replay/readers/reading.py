@@ -260,14 +260,14 @@ class LogStream(Iterator[Item]):
 
     @classmethod
     def of_items(
-        cls, path: str | Path, format: str, items: Iterator[Item], notes: list[Note]
+        cls, path: str | Path, format: str, items: Generator[Item, None, None], notes: list[Note]
     ) -> LogStream:
-        """The stream of items that no file reader makes: a run of a tracker's store."""
+        """The stream of items that no file reader makes (a run of a tracker's store): no
+        files, ``items`` closes what it holds when it is closed."""
         stream = cls.__new__(cls)
         stream.path, stream.format, stream.notes = str(path), format, notes
-        stream._sources, stream._readers = [], []
-        stream._items = items if isinstance(items, Generator) else (item for item in items)
-        stream._finalizer = weakref.finalize(stream._items, _close, [])
+        stream._sources, stream._readers, stream._items = [], [], items
+        stream._finalizer = weakref.finalize(items, _close, [])
         return stream
 
     def __iter__(self) -> Iterator[Item]:

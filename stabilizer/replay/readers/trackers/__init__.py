@@ -9,12 +9,12 @@ side. `rows` makes records of any tracker's rows. How and why: docs/readers.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from ..base import Item, LogReadError, Note
 from .mlflow_db import MlflowDb
 from .mlflow_files import MlflowFiles
-from .mlflow_server import PREFIX, MlflowServer
+from .mlflow_server import MlflowServer
 from .stores import Store, address, find_store, open_store, read_items, split_address
 from .tensorboard_csv import TensorBoardCsvReader
 from .trackio_db import TrackioDb
@@ -46,12 +46,12 @@ def find_tracker(
     """
     location, key = split_address(path)
     store = find_store(location, STORES, format, follow)
-    if store is None and location.startswith(PREFIX):
-        raise LogReadError(f"{location}: not an MLflow tracking URI")
     return None if store is None else (store, key)
 
 
-def open_tracker(path: str, format: str, notes: list[Note]) -> tuple[str, Iterator[Item]] | None:
+def open_tracker(
+    path: str, format: str, notes: list[Note]
+) -> tuple[str, Generator[Item, None, None]] | None:
     """The format and items of the run that ``path`` leads to in a store, or None when it
     leads to no store.
 

@@ -15,8 +15,11 @@ _BUSY = 10.0  # seconds a query waits for a writer's lock
 
 
 def is_sqlite(location: str) -> bool:
-    """Whether ``location`` is a regular file that starts as an SQLite database does."""
+    """Whether ``location`` is a regular file that starts as an SQLite database does (never
+    opened otherwise: a pipe with no writer would block)."""
     try:
+        if not Path(location).is_file():
+            return False
         with open(location, "rb") as file:
             return file.read(len(MAGIC)) == MAGIC
     except OSError:

@@ -16,7 +16,7 @@ reports each run (`store_addresses`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -150,7 +150,7 @@ def open_store(store: Store, key: str | None, notes: list[Note]) -> Run | None:
     raise LogReadError(f"{store.location}: no run {key!r} in {store.what} (runs: {known})")
 
 
-def read_items(store: Store, run: Run, notes: list[Note]) -> Iterator[Item]:
+def read_items(store: Store, run: Run, notes: list[Note]) -> Generator[Item, None, None]:
     """Every item of ``run``, once; the store is closed at the end."""
     try:
         rows, cursor, more = TrackerRows(_noter(store, notes)), None, True

@@ -170,11 +170,13 @@ class WandbPanel(Store):
     @classmethod
     def at(cls, location: str, follow: bool = False) -> WandbPanel | None:
         try:
+            if not Path(location).is_file():  # (a pipe with no writer would block)
+                return None
             with open(location, "rb") as file:
                 head = file.read(_HEAD)
         except OSError:
             return None
-        if not Path(location).is_file() or b"\x00" in head:
+        if b"\x00" in head:
             return None
         shape = _header(head.decode("utf-8", "replace").splitlines()[:5])
         if shape is None or shape.x is None or not shape.companions or len(shape.runs) < 2:
