@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from reader_cases import only_records
+from reader_cases import only_records, parse_items
 from tracker_cases import RUNS, TRACKERS, console_findings, findings, no_network
 
 from stabilizer.cli import main
@@ -176,3 +176,34 @@ def test_watch_follows_a_growing_run_file(tmp_path: Path) -> None:
     assert kept == [(kind, step) for kind, step, _, _ in findings(WANDB / "nan.wandb")]
     items = list(read_log(path))
     assert not any(isinstance(item, Restart) for item in items)
+
+
+HISTORY = "_step,_runtime,train/loss,train/global_step,eval/loss\n"
+
+
+def test_a_resumed_run_restarts_where_a_metric_is_logged_again() -> None:
+    """Steps 1-5, then a resume from step 3: one restart, the steps as logged."""
+    rows = [f"{i},0,{2 + i / 10},{step},\n" for i, step in enumerate([1, 2, 3, 4, 5, 3, 4])]
+    items = parse_items("wandb_csv", HISTORY + "".join(rows))
+    restarts = [item for item in items if isinstance(item, Restart)]
+    assert [r.step for r in restarts] == [3] and "went back from 5 to 3" in restarts[0].why
+    assert [r.step for r in only_records(items)] == [1, 2, 3, 4, 5, 3, 4]
+
+
+def test_a_row_on_another_clock_is_left_out_with_a_note() -> None:
+    """A metric logged against the epoch (1, 2) among steps 10, 20, 30: no restart."""
+    text = "_step,train/loss,global_step,epoch_loss\n0,2.5,10,\n1,2.4,20,\n2,,1,2.45\n3,2.3,30,\n"
+    notes: list[Note] = []
+    items = parse_items("wandb_csv", text, notes)
+    assert not any(isinstance(item, Restart) for item in items)
+    assert [r.step for r in only_records(items)] == [10, 20, 30]
+    assert any("behind the run's" in n.message for n in notes)
+
+
+def test_an_eval_row_without_the_counter_is_at_the_last_step() -> None:
+    text = HISTORY + "0,0,2.5,10,\n1,0,,,2.9\n2,0,2.4,11,\n"
+    records = only_records(parse_items("wandb_csv", text))
+    assert [(r.step, r.values.get("loss"), r.values.get("eval/loss")) for r in records] == [
+        (10, 2.5, 2.9),
+        (11, 2.4, None),
+    ]

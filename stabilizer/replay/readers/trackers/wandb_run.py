@@ -104,6 +104,10 @@ def _json_number(text: str) -> float | None:
     """A JSON value as a number (``NaN``, ``Infinity`` included), else None."""
     if len(text) > 64 or text[:1] in ("{", "["):  # media, tables, text: no number
         return None
+    try:  # a JSON number (and NaN, Infinity) is Python's too: the JSON parser only for the rest
+        return float(text)
+    except ValueError:
+        pass
     try:
         return number(json.loads(text))
     except (ValueError, RecursionError):
