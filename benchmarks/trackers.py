@@ -44,7 +44,8 @@ def write_wandb(work: Path, points: list[tuple[int, float]]) -> str:
     return str(work / "wandb" / "latest-run")
 
 
-def write_mlflow(work: Path, points: list[tuple[int, float]], uri: str) -> None:
+def write_mlflow(points: list[tuple[int, float]], uri: str, path: Path) -> str:
+    """One run into the store at ``uri`` (found at ``path``)."""
     os.environ.update(MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_ALLOW_FILE_STORE="true")
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
@@ -58,6 +59,7 @@ def write_mlflow(work: Path, points: list[tuple[int, float]], uri: str) -> None:
     ]
     for start in range(0, len(metrics), 900):
         client.log_batch(run.info.run_id, metrics=metrics[start : start + 900])
+    return str(path)
 
 
 def write_trackio(work: Path, points: list[tuple[int, float]]) -> str:
@@ -67,7 +69,7 @@ def write_trackio(work: Path, points: list[tuple[int, float]]) -> str:
     trackio.init(project="bench", name="run")
     for step, loss in points:
         trackio.log({"train/loss": loss, "train/grad_norm": 1.0, "lr": 3e-4}, step=step)
-    trackio.finish()
+    trackio.finish()  # type: ignore[no-untyped-call]
     return str(work / "trackio" / "bench.db")
 
 
@@ -88,14 +90,12 @@ def main() -> None:
         writers: dict[str, Callable[[], str]] = {
             "console (generic)": lambda: write_console(work, points),
             "W&B run file": lambda: write_wandb(work, points),
-            "MLflow mlflow.db": lambda: (
-                write_mlflow(work, points, f"sqlite:///{work / 'mlflow.db'}"),
-                str(work / "mlflow.db"),
-            )[1],
-            "MLflow mlruns/": lambda: (
-                write_mlflow(work, points, (work / "mlruns").as_uri()),
-                str(work / "mlruns"),
-            )[1],
+            "MLflow mlflow.db": lambda: write_mlflow(
+                points, f"sqlite:///{work / 'mlflow.db'}", work / "mlflow.db"
+            ),
+            "MLflow mlruns/": lambda: write_mlflow(
+                points, (work / "mlruns").as_uri(), work / "mlruns"
+            ),
             "trackio": lambda: write_trackio(work, points),
         }
         paths = {name: write() for name, write in writers.items()}

@@ -66,10 +66,11 @@ class TrackerRows:
 
     Args:
         note: Leaves a note (kind, message): a reader's `BaseReader.note`.
+        begun: Why the first record is a restart (a new run followed after another), if it is.
     """
 
-    def __init__(self, note: Callable[[str, str], None]) -> None:
-        self._note = note
+    def __init__(self, note: Callable[[str, str], None], begun: str = "") -> None:
+        self._note, self._begun = note, begun
         self._keys = KeyMap()
         self._step: int | None = None  # the step of the rows gathered last
         self._raw: dict[str, float] | None = None  # their values, until handed out
@@ -97,9 +98,11 @@ class TrackerRows:
             self._behind += 1
             return []
         items = self.flush()
-        if restart:
-            items.append(Restart(step, None, f"step went back from {self._step} to {step}"))
+        if restart or self._begun:
+            why = self._begun or f"step went back from {self._step} to {step}"
+            items.append(Restart(step, None, why))
             self._last.clear()
+            self._begun = ""
         self._step, self._raw = step, dict(values)
         self._seen(values, step)
         return items

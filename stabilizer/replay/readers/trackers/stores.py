@@ -30,6 +30,7 @@ __all__ = [
     "Run",
     "Store",
     "address",
+    "find_store",
     "follow_batches",
     "open_store",
     "read_items",
@@ -66,7 +67,7 @@ class Store:
     """
 
     format: ClassVar[str] = ""
-    what: ClassVar[str] = ""  # what it is, in messages ("an MLflow store")
+    what: ClassVar[str] = ""  # what it is, in messages ("this MLflow store")
 
     def __init__(self, location: str) -> None:
         self.location = location
@@ -168,13 +169,20 @@ def follow_batches(
     store: Store, key: str | None, notes: list[Note], stop: threading.Event, wait: float
 ) -> Iterator[list[Item]]:
     """The items of a growing run, a batch per look (empty when nothing came), every ``wait``
-    seconds until ``stop`` is set. Without ``key``, the newest run, waiting for one to appear."""
+    seconds until ``stop`` is set. Without ``key``, the newest run, waiting for one to appear;
+    a newer run that begins is followed from its start, after a `Restart`."""
     rows, cursor, run = TrackerRows(_noter(store, notes)), None, None
     try:
         while not stop.is_set():
-            if run is None:
-                run = open_store(store, key, notes)
             batch: list[Item] = []
+            newest = open_store(store, key, []) if run is None or key is None else run
+            if newest is not None and newest != run:
+                named = f"{newest.label} of {store.location}"
+                add_note(notes, Note("source", f"run {named}" if run is None else f"now {named}"))
+                if run is not None:  # a newer run began: the old one is done
+                    batch += rows.done()
+                    rows = TrackerRows(_noter(store, notes), f"a new run began: {newest.label}")
+                run, cursor = newest, None
             more = run is not None
             while more and run is not None:
                 fetched, cursor = store.rows(run, cursor)
