@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .follow import FollowedFile, FollowedPipe, resolver
-from .follow_store import follow_store
+from .follow_store import follow_store, is_store_head
 from .readers import READERS, LogReadError, Note
 from .readers._lines import IDLE_CHUNK, text_lines
 from .readers._source import HEAD, is_binary
@@ -97,11 +97,13 @@ def feed(
             return  # a tracker's store: asked for new rows, not read as a growing file
         source = _source(path, format, stop, tell, poll)
         try:
-            _read(_Input(index, path, format, notes), source, put)
+            store = _read(_Input(index, path, format, notes), source, put)
             if isinstance(source, FollowedFile) and not source.appeared:
                 raise LogReadError(_never(path))
         finally:
             source.close()
+        if store:  # a store appeared where a log was awaited (mlflow.db made by the first run)
+            _store(index, path, format, notes, put, stop, poll)
     except LogReadError as exc:
         put((index, exc, True))
     except OSError as exc:
@@ -149,16 +151,19 @@ def _never(path: str) -> str:
     return f"{path}: never appeared while it was watched"
 
 
-def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
-    """Detect the format, read the items, hand them over in batches."""
+def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> bool:
+    """Detect the format, read the items, hand them over in batches; True, reading nothing,
+    where the file is a tracker's store (`is_store_head`)."""
     head, ended = _head(given, source)
+    if given.path != "-" and is_store_head(head):
+        return True
     lines = list(text_lines(io.BytesIO(head), []))
     fmt, paste = "", None
     if given.format != "auto" or head.strip() or not ended:  # (else no text came)
         fmt, paste = detect_head(head, source.path, given.format, given.notes)
     put((given.index, Detected(fmt, lines[:20]), False))
     if not fmt:
-        return
+        return False
     reader = READERS[fmt](given.notes)
     prefixed = _Prefixed(head, source)
     batch = prefixed.batch = _Batch(given.index, source, put)
@@ -168,6 +173,7 @@ def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
     for item in reader.read(stream):
         batch.add(item)
     batch.hand_over()
+    return False
 
 
 def _head(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[bytes, bool]:
