@@ -22,7 +22,7 @@ from reader_cases import only_records
 from tracker_cases import MAKE, RUNS, TRACKERS, console_findings, findings, no_network
 
 from stabilizer.cli import main
-from stabilizer.replay.readers import LogReadError, Note, read_log
+from stabilizer.replay.readers import LogReadError, Note, detect_format, read_log
 from stabilizer.replay.watch import Watch
 
 __all__ = ["no_network"]  # the fixture, used by name
@@ -67,7 +67,7 @@ def test_nan_and_inf_are_read_back_as_logged(tmp_path: Path) -> None:
 def test_the_newest_run_alone_and_every_run_with_diagnose() -> None:
     notes: list[Note] = []
     stream = read_log(DB, notes=notes)
-    assert stream.format == "mlflow"
+    assert stream.format == detect_format(DB) == detect_format(MLRUNS) == "mlflow"
     assert any("3 runs" in n.message and "newest, nan" in n.message for n in notes)
     result = CliRunner().invoke(main, ["diagnose", str(DB)])
     assert [line for line in result.output.splitlines() if line.startswith("diagnosis of")] == [

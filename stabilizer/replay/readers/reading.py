@@ -32,7 +32,13 @@ from .jsonl import JsonlReader
 from .lightning_csv import LightningCsvReader
 from .megatron import MegatronReader
 from .tensorboard import TensorBoardReader, merge_steps
-from .trackers import TensorBoardCsvReader, WandbCsvReader, WandbRunReader, open_tracker
+from .trackers import (
+    TensorBoardCsvReader,
+    WandbCsvReader,
+    WandbRunReader,
+    find_tracker,
+    open_tracker,
+)
 from .universal import UniversalReader
 
 __all__ = ["FORMAT_ALIASES", "READERS", "LogStream", "detect_format", "detect_head", "read_log"]
@@ -69,12 +75,17 @@ _THRESHOLD = 0.1  # below this confidence a format is not detected
 def detect_format(source: str | Path | Iterable[str]) -> str:
     """The format of a log file or run directory (``str`` or `Path`), or of a log's first lines.
 
-    A text log that no dedicated reader recognises is ``generic``, read by `UniversalReader`.
+    A text log that no dedicated reader recognises is ``generic``, read by `UniversalReader`; a
+    tracker's store is its store's format (``mlflow``, ``trackio``, ``wandb_csv``).
 
     Raises:
         LogReadError: The path cannot be read, or holds binary data that is no event file.
     """
     if isinstance(source, (str, Path)):
+        tracked = find_tracker(str(source)) if str(source) != "-" else None
+        if tracked is not None:  # a tracker's store, or a run of one
+            tracked[0].close()
+            return tracked[0].format
         if Path(source).is_dir():
             return find_logs(Path(source), "auto", [])[0]
         opened = open_source(source)
