@@ -17,9 +17,8 @@ import sqlite3
 import sys
 from typing import Any, ClassVar
 
-from ..base import LogReadError
-from .sqlite import SqliteReads, columns, connect, is_sqlite
-from .stores import PAGE, Row, Run, Store
+from .sqlite import SqliteStore, columns, connect, is_sqlite
+from .stores import PAGE, Row, Run
 
 __all__ = ["MlflowDb", "mlflow_value"]
 
@@ -33,7 +32,7 @@ def mlflow_value(value: float, is_nan: bool = False) -> float:
     return value
 
 
-class MlflowDb(Store):
+class MlflowDb(SqliteStore):
     """An MLflow SQLite store (see the module docstring)."""
 
     format: ClassVar[str] = "mlflow"
@@ -42,8 +41,8 @@ class MlflowDb(Store):
     def __init__(
         self, location: str, connection: sqlite3.Connection, nan: bool, follow: bool
     ) -> None:
-        super().__init__(location)
-        self._db, self._nan = SqliteReads(location, connection, follow), nan
+        super().__init__(location, connection, follow)
+        self._nan = nan
 
     @classmethod
     def at(cls, location: str, follow: bool = False) -> MlflowDb | None:
@@ -62,7 +61,7 @@ class MlflowDb(Store):
             "SELECT run_uuid, name FROM runs WHERE lifecycle_stage IS NOT 'deleted' "
             "ORDER BY start_time, run_uuid"
         )
-        return [Run(key, name or key) for key, name in self._query(query, ())]
+        return [Run(key, name or key) for key, name in self.query(query, ())]
 
     def rows(self, run: Run, cursor: Any) -> tuple[list[Row], Any]:
         nan = "is_nan" if self._nan else "0"
@@ -70,19 +69,10 @@ class MlflowDb(Store):
             f"SELECT rowid, key, value, step, {nan} FROM metrics "
             "WHERE run_uuid = ? AND rowid > ? ORDER BY rowid LIMIT ?"
         )
-        found = self._query(query, (run.key, cursor or 0, PAGE))
+        found = self.query(query, (run.key, cursor or 0, PAGE))
         rows: list[Row] = [
             (int(step), {key: mlflow_value(float(value), bool(is_nan))})
             for _, key, value, step, is_nan in found
             if isinstance(value, (int, float)) and isinstance(step, int)
         ]
         return rows, (found[-1][0] if found else cursor)
-
-    def close(self) -> None:
-        self._db.close()
-
-    def _query(self, query: str, args: tuple[Any, ...]) -> list[Any]:
-        try:
-            return self._db.query(query, args)
-        except sqlite3.Error as exc:
-            raise LogReadError(f"{self.location}: cannot read {self.what} ({exc})") from None

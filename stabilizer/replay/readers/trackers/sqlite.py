@@ -8,7 +8,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAGIC", "SqliteReads", "columns", "connect", "is_sqlite"]
+from ..base import LogReadError
+from .stores import Store
+
+__all__ = ["MAGIC", "SqliteStore", "columns", "connect", "is_sqlite"]
 
 MAGIC = b"SQLite format 3\x00"
 _BUSY = 10.0  # seconds a query waits for a writer's lock
@@ -60,11 +63,11 @@ def columns(connection: sqlite3.Connection) -> dict[str, set[str]]:
     return found
 
 
-class SqliteReads:
-    """The queries of a store: on one connection, or, for a store that is followed, each on a
-    connection of its own. A connection opened before its writer turned the file to WAL mode
-    (trackio does it just after creating its tables) would go on reading the main file alone,
-    never what the writer appends to the ``-wal`` file.
+class SqliteStore(Store):
+    """A store in an SQLite file: its queries, on one read-only connection, or, for a store
+    that is followed, each on a connection of its own. A connection opened before its writer
+    turned the file to WAL mode (trackio does it just after creating its tables) would go on
+    reading the main file alone, never what the writer appends to the ``-wal`` file.
 
     Args:
         location: The database.
@@ -73,24 +76,27 @@ class SqliteReads:
     """
 
     def __init__(self, location: str, connection: sqlite3.Connection, follow: bool) -> None:
-        self.location, self.follow = location, follow
-        self._connection: sqlite3.Connection | None = connection
+        super().__init__(location)
+        self._connection: sqlite3.Connection | None = None if follow else connection
         if follow:
-            self.close()
+            connection.close()
 
     def query(self, query: str, args: tuple[object, ...]) -> list[Any]:
         """The rows of ``query``.
 
         Raises:
-            sqlite3.Error: It failed (the database cannot be opened again, too).
+            LogReadError: It failed, or the database cannot be opened again.
         """
-        if self._connection is not None:
-            return self._connection.execute(query, args).fetchall()
-        fresh = connect(self.location, follow=True)
-        if fresh is None:
-            raise sqlite3.OperationalError("cannot open it again")
-        with contextlib.closing(fresh):
-            return fresh.execute(query, args).fetchall()
+        try:
+            if self._connection is not None:
+                return self._connection.execute(query, args).fetchall()
+            fresh = connect(self.location, follow=True)
+            if fresh is None:
+                raise sqlite3.OperationalError("it cannot be opened again")
+            with contextlib.closing(fresh):
+                return fresh.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            raise LogReadError(f"{self.location}: cannot read {self.what} ({exc})") from None
 
     def close(self) -> None:
         """Close the connection held (a followed store holds none)."""

@@ -11,26 +11,20 @@ it to write (it sets the journal mode). Rows come in the order they were written
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any, ClassVar
 
-from ..base import LogReadError
 from .rows import number
-from .sqlite import SqliteReads, columns, connect, is_sqlite
-from .stores import PAGE, Row, Run, Store
+from .sqlite import SqliteStore, columns, connect, is_sqlite
+from .stores import PAGE, Row, Run
 
 __all__ = ["TrackioDb"]
 
 
-class TrackioDb(Store):
+class TrackioDb(SqliteStore):
     """A trackio project's database (see the module docstring)."""
 
     format: ClassVar[str] = "trackio"
     what: ClassVar[str] = "this trackio project"
-
-    def __init__(self, location: str, connection: sqlite3.Connection, follow: bool) -> None:
-        super().__init__(location)
-        self._db = SqliteReads(location, connection, follow)
 
     @classmethod
     def at(cls, location: str, follow: bool = False) -> TrackioDb | None:
@@ -45,29 +39,20 @@ class TrackioDb(Store):
 
     def runs(self) -> list[Run]:
         query = "SELECT run_name, MIN(id) FROM metrics GROUP BY run_name ORDER BY MIN(id)"
-        return [Run(name, name) for name, _ in self._query(query, ()) if isinstance(name, str)]
+        return [Run(name, name) for name, _ in self.query(query, ()) if isinstance(name, str)]
 
     def rows(self, run: Run, cursor: Any) -> tuple[list[Row], Any]:
         query = (
             "SELECT id, step, metrics FROM metrics WHERE run_name = ? AND id > ? "
             "ORDER BY id LIMIT ?"
         )
-        found = self._query(query, (run.key, cursor or 0, PAGE))
+        found = self.query(query, (run.key, cursor or 0, PAGE))
         rows: list[Row] = []
         for _, step, logged in found:
             values = _values(logged)
             if values:
                 rows.append((step if isinstance(step, int) else None, values))
         return rows, (found[-1][0] if found else cursor)
-
-    def close(self) -> None:
-        self._db.close()
-
-    def _query(self, query: str, args: tuple[Any, ...]) -> list[Any]:
-        try:
-            return self._db.query(query, args)
-        except sqlite3.Error as exc:
-            raise LogReadError(f"{self.location}: cannot read {self.what} ({exc})") from None
 
 
 def _values(logged: object) -> dict[str, float]:
