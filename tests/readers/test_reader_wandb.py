@@ -207,3 +207,18 @@ def test_an_eval_row_without_the_counter_is_at_the_last_step() -> None:
         (10, 2.5, 2.9),
         (11, 2.4, None),
     ]
+
+
+@pytest.mark.parametrize("between", [b"", b"\n"])
+def test_a_newer_run_file_after_the_first_starts_over(tmp_path: Path, between: bytes) -> None:
+    """What a followed folder hands over when its newest run changes: the old file to its end,
+    (a line break where the old file did not end one), the new file from its header."""
+    _wandb()
+    path = tmp_path / "run-x.wandb"
+    path.write_bytes(
+        (WANDB / "healthy.wandb").read_bytes() + between + (WANDB / "nan.wandb").read_bytes()
+    )
+    items = list(read_log(path))
+    restarts = [item for item in items if isinstance(item, Restart)]
+    assert [r.step for r in restarts] == [1]
+    assert [r.step for r in only_records(items)] == [*range(1, 121), *range(1, 121)]
