@@ -237,11 +237,14 @@ def diagnose(
     """Diagnose finished runs from their logs: what went wrong, when, where, and what to do.
 
     PATH is a log file (plain or .gz), a run directory (TensorBoard, Lightning CSV, HF Trainer
-    output) or - for standard input. Formats: the monitor's stability.jsonl, Lightning
-    metrics.csv, TensorBoard event files, the console logs of Megatron-LM, DeepSpeed, the
-    Hugging Face Trainer and fairseq, and any other console log that prints steps and metrics
-    (generic: nanoGPT, llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own; a
-    directory of several runs (runs/, lightning_logs/) is each of its runs, then one overall line.
+    output, a W&B run folder), a tracker's store (mlflow.db, mlruns/, a trackio project's .db,
+    mlflow:URI for a tracking server, a W&B CSV export; STORE#RUN for one run) or - for standard
+    input. Formats: the monitor's stability.jsonl, Lightning metrics.csv, TensorBoard event
+    files and downloads, the console logs of Megatron-LM, DeepSpeed, the Hugging Face Trainer
+    and fairseq, and any other console log that prints steps and metrics (generic: nanoGPT,
+    llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own; a directory or store of
+    several runs (runs/, lightning_logs/, wandb/, mlflow.db) is each of its runs, then one
+    overall line.
 
     Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error,
     an unreadable input or an output that cannot be written (the worst over all PATHs).

@@ -32,7 +32,8 @@ from typing import Any
 
 from .document import STRUCTURED, document_kind, not_a_log
 from .follow import FollowedFile, FollowedPipe, resolver
-from .readers import READERS, LogReadError, Note, TensorBoardReader
+from .follow_store import follow_store, is_store_head
+from .readers import READERS, LogReadError, Note
 from .readers._lines import IDLE_CHUNK, text_lines
 from .readers._source import HEAD, is_binary
 from .readers._unwrap import unwrapped_followed
@@ -107,19 +108,23 @@ def feed(
         poll: Seconds between two looks at an input with nothing new.
     """
     try:
+        if path != "-" and _store(index, path, format, put, stop, poll):
+            return  # a tracker's store: asked for new rows, not read as a growing file
         source = _source(path, format, stop, tell, poll)
         try:
             while True:
-                _read(_Input(index, path, format, []), source, put)
+                store = _read(_Input(index, path, format, []), source, put)
                 if isinstance(source, FollowedFile) and not source.appeared:
                     raise LogReadError(_never(path))
-                if not isinstance(source, FollowedFile) or source.switch is None:
+                if store or not isinstance(source, FollowedFile) or source.switch is None:
                     break
                 source.close()
                 put((index, Switched(str(source.switch.log.path), source.switch.new_run), True))
                 source = FollowedFile(path, source.resolve, stop, tell, poll, fresh=True)
         finally:
             source.close()
+        if store:  # a store appeared where a log was awaited (mlflow.db made by the first run)
+            _store(index, path, format, put, stop, poll)
     except LogReadError as exc:
         put((index, exc, True))
     except OSError as exc:
@@ -129,6 +134,21 @@ def feed(
         put((index, LogReadError(f"{path}: cannot watch ({type(exc).__name__}: {exc})"), True))
     finally:
         put((index, Ended(), True))
+
+
+def _store(
+    index: int, path: str, format: str, put: Put, stop: threading.Event, poll: float
+) -> bool:
+    """Follow a tracker's store (`follow_store`); False when ``path`` leads to none."""
+    notes: list[Note] = []
+
+    def message(payload: Any, live: bool) -> None:
+        put((index, payload, live))
+
+    def detected(fmt: str) -> Detected:
+        return Detected(fmt, [], path, notes)
+
+    return follow_store(path, format, notes, message, detected=detected, stop=stop, poll=poll)
 
 
 def _source(
@@ -154,9 +174,12 @@ def _never(path: str) -> str:
     return f"{path}: never appeared while it was watched"
 
 
-def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
-    """Detect the format, read the items, hand them over in batches."""
+def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> bool:
+    """Detect the format, read the items, hand them over in batches; True, reading nothing,
+    where the file is a tracker's store (`is_store_head`)."""
     head, ended = _head(given, source)
+    if given.path != "-" and is_store_head(head):
+        return True
     lines = list(text_lines(io.BytesIO(head), []))
     fmt, paste = "", None
     if given.format != "auto" or head.strip() or not ended:  # (else no text came)
@@ -167,7 +190,7 @@ def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
     file = source.file if isinstance(source, FollowedFile) else "-"
     put((given.index, Detected(fmt, lines[:20], file or "", given.notes), False))
     if not fmt:
-        return
+        return False
     reader = READERS[fmt](given.notes)
     prefixed = _Prefixed(head, source)
     batch = prefixed.batch = _Batch(given.index, source, put)
@@ -177,6 +200,7 @@ def _read(given: _Input, source: FollowedFile | FollowedPipe, put: Put) -> None:
     for item in reader.read(stream):
         batch.add(item)
     batch.hand_over()
+    return False
 
 
 def _head(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[bytes, bool]:
@@ -194,7 +218,8 @@ def _head(given: _Input, source: FollowedFile | FollowedPipe) -> tuple[bytes, bo
 def _settled(head: bytes) -> bool:
     """Whether the first bytes of a log tell its format: enough of them, an event file's
     header, binary data, or lines that a reader is confident of."""
-    if len(head) >= HEAD or TensorBoardReader.sniff_bytes(head) > 0.5 or is_binary(head):
+    binary = any(cls.binary and cls.sniff_bytes(head) > 0.5 for cls in READERS.values())
+    if len(head) >= HEAD or binary or is_binary(head):
         return bool(head)
     lines = [line for line in text_lines(io.BytesIO(head), []) if line.strip()]
     return any(cls.sniff(lines) >= _CONFIDENT for cls in READERS.values()) if lines else False

@@ -20,6 +20,7 @@ from typing import TextIO
 
 from stabilizer.replay.diagnose import Diagnosis, Failure, diagnose
 from stabilizer.replay.readers import LogReadError, find_runs
+from stabilizer.replay.readers.trackers import store_addresses
 
 from .files import OutputError, check_file, check_run_dir
 from .inputs import Wrap, progress_bar
@@ -38,11 +39,14 @@ __all__ = [
 
 
 def expand_runs(paths: Sequence[str], format: str = "auto") -> list[str]:
-    """Each input, a directory of several runs (``runs/``, a Lightning ``lightning_logs/``) as
-    each of its runs, in path order, so that every run is diagnosed, not only the newest."""
+    """Each input, a directory of several runs (``runs/``, a Lightning ``lightning_logs/``) or a
+    tracker's store of several (``mlflow.db``, ``mlruns/``) as each of its runs, in order, so
+    that every run is diagnosed, not only the newest."""
     expanded: list[str] = []
     for path in paths:
-        runs = find_runs(Path(path), format) if path != "-" and _is_dir(path) else []
+        runs: list[str | Path] = [*store_addresses(path, format)] if path != "-" else []
+        if not runs and path != "-" and _is_dir(path):
+            runs = [*find_runs(Path(path), format)]
         expanded += [str(run) for run in runs] if len(runs) > 1 else [path]
     return expanded
 
