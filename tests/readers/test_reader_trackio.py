@@ -75,7 +75,7 @@ def test_watch_follows_a_run_trackio_writes(tmp_path: Path) -> None:
     segments = outcome.segments  # type: ignore[union-attr]
     assert [(s.first_step, s.last_step, s.why) for s in segments] == [
         (1, 30, ""),
-        (1, 60, "restart: a new run began: r1 (segment 2)"),
+        (1, 60, "a new run: run r1 began (segment 2)"),
     ]
     found = [(f.segment, f.finding.kind) for f in outcome.findings]  # type: ignore[union-attr]
     assert found == [(2, "nonfinite_loss")]

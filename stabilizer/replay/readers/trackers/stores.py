@@ -181,7 +181,7 @@ def follow_batches(
                 add_note(notes, Note("source", f"run {named}" if run is None else f"now {named}"))
                 if run is not None:  # a newer run began: the old one is done
                     batch += rows.done()
-                    rows = TrackerRows(_noter(store, notes), f"a new run began: {newest.label}")
+                    rows = TrackerRows(_noter(store, notes), f"run {newest.label} began")
                 run, cursor = newest, None
             more = run is not None
             while more and run is not None:
