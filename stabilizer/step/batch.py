@@ -34,7 +34,7 @@ from stabilizer.core.signals import (
     NONFINITE_WEIGHTS,
     SKIPPED,
 )
-from stabilizer.live.rootcause import RngState
+from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import wide_dtype
 
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, UNCHECKED, Decision

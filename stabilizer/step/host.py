@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from stabilizer.live.rootcause import RngState
+from stabilizer.live.rng import RngState
 
 __all__ = ["Host", "HostFacts", "MicroBatch"]
 

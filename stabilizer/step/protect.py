@@ -25,7 +25,7 @@ import torch
 
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.signals import GRAD_NORM, NONFINITE_GRADS
-from stabilizer.live.rootcause import capture_rng
+from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import count_nonfinite
 
 from .batch import Batch, InFlight
@@ -111,7 +111,7 @@ class Protection:
         self.batch.keep_batches = (
             self.policy.root_cause and self.root_causes < self.policy.max_root_causes
         )
-        rng = capture_rng() if self.batch.keep_batches else None
+        rng = RngState.capture() if self.batch.keep_batches else None
         if self.batch.begin(batch, index, rng):
             self._notes += self.weights.begin(host.optimizers, host.step)
 

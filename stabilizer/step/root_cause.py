@@ -2,7 +2,7 @@
 
 Nothing runs in steady state. On the first bad step of an episode the step's micro-batches are
 run again (same weights, same batches, the random state captured at each one's start) under
-hooks on every module (`stabilizer.live.rootcause.locate_nonfinite`), in a sandbox
+hooks on every module (`stabilizer.live.locate.locate_nonfinite`), in a sandbox
 (`stabilizer.live.sandbox`: gradients, buffers, random states, the modules' attributes and the
 user's containers, generators and iterators put back), with the guard inert and the host's own
 stand-ins (`Host.replaying`: no optimizer or scheduler step, nothing logged). The first
@@ -22,7 +22,7 @@ from stabilizer.core.isolated import Isolated
 from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
 from stabilizer.core.records import Finding, Severity
 from stabilizer.live.held import HeldNonFinite
-from stabilizer.live.rootcause import Localization, locate_nonfinite
+from stabilizer.live.locate import Localization, locate_nonfinite
 from stabilizer.live.sandbox import sandbox
 
 from .guard import StepGuard
