@@ -22,8 +22,8 @@ from stabilizer.core.detectors.base import Detector
 from stabilizer.core.records import Finding
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 from stabilizer.outputs.notify import Notifier, as_notifier
+from stabilizer.step.live_outputs import Sinks
 from stabilizer.step.monitor import Options, RunMonitor, RunView
-from stabilizer.step.outputs import Sinks
 from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.swap import SWAPPED, add_param_group, pre_ln_hparams, restore_pre_ln
 

@@ -28,8 +28,8 @@ from accelerate.state import GradientState
 from transformers import TrainerCallback
 
 from stabilizer.outputs.notify import as_notifier
+from stabilizer.step.live_outputs import Sinks
 from stabilizer.step.monitor import Options, RunMonitor, RunView
-from stabilizer.step.outputs import Sinks
 from stabilizer.step.policies import Policy, as_policy
 
 from .calls import Call, ModelCalls, given_loss

@@ -32,8 +32,8 @@ from torch import nn
 
 from stabilizer.core.records import Finding
 from stabilizer.outputs.notify import as_notifier
+from stabilizer.step.live_outputs import MetricsLogger, Sinks
 from stabilizer.step.monitor import Options, RunMonitor, RunView
-from stabilizer.step.outputs import MetricsLogger, Sinks
 from stabilizer.step.policies import Policy, as_policy
 
 from .calls import Call, ModelCalls

@@ -46,8 +46,8 @@ from .cost import CostMeter
 from .first_batch import Preflight
 from .guard import StepGuard
 from .host import Host
+from .live_outputs import LiveOutputs, Sinks, run_header
 from .measurement import Measurer, Probes
-from .outputs import LiveOutputs, Sinks, run_header
 from .policies import Auto, Policy, Protect
 from .protect import Protection
 from .report import Reporter

@@ -32,7 +32,7 @@ from .batch import Batch, InFlight
 from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, Decision, StepGuard, decide, risky_arithmetic
 from .host import Host
 from .policies import Protect
-from .root_cause import root_cause
+from .replay import root_cause
 from .weights import WeightsWatch
 
 __all__ = ["Protection"]

@@ -27,7 +27,7 @@ from .auto import AutoRemedies
 from .batch import InFlight
 from .cost import CostMeter, over_budget_advice
 from .host import Host
-from .outputs import LiveOutputs
+from .live_outputs import LiveOutputs
 from .protect import Protection
 
 __all__ = ["Reporter"]

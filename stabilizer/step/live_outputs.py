@@ -32,7 +32,7 @@ from stabilizer.outputs.notify import Notifier, as_notifier
 
 from .console import Console
 from .host import HostFacts
-from .tensorboard import TensorBoardOutput
+from .live_tensorboard import TensorBoardOutput
 
 __all__ = [
     "JsonlOutput",
