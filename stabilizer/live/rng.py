@@ -47,7 +47,7 @@ class RngState:
             cuda = tuple(torch.cuda.get_rng_state_all())
         if not everything:
             return cls(torch.get_rng_state(), cuda)
-        numpy_state: dict[str, Any] = np.random.get_state(legacy=False)  # type: ignore[assignment]
+        numpy_state: dict[str, Any] = np.random.get_state(legacy=False)
         return cls(torch.get_rng_state(), cuda, numpy_state, random.getstate())
 
     def restore(self) -> None:

@@ -49,7 +49,7 @@ from .ladder import Ladder, Result, result_finding
 from .policies import Auto
 from .swap import add_param_group
 
-__all__ = ["CLIP_MARGIN", "AutoRemedies", "from_scratch"]
+__all__ = ["CLIP_MARGIN", "AutoRemedies", "Remedies", "from_scratch"]
 
 log = logging.getLogger("stabilizer")
 
@@ -71,7 +71,52 @@ class _Applied:
     evidence: dict[str, float]
 
 
-class AutoRemedies:
+class Remedies:
+    """The remedies of a policy that applies none (``observe``, ``protect``): every answer is
+    "nothing", so the run asks without asking which policy it has.
+
+    Args:
+        host: The training loop.
+        policy: The policy's knobs.
+    """
+
+    def __init__(self, host: Host, policy: object) -> None:
+        self.host = host
+        self.applied: dict[str, int] = {}  # remedy name -> times applied
+
+    @property
+    def lr_factor(self) -> float:
+        """The LR multiplier in force."""
+        return 1.0
+
+    def stepping_past(self, step: int) -> bool:
+        """Whether `step`'s update is skipped to step past bad data after a rollback."""
+        return False
+
+    def start(self, resumed: bool) -> None:
+        """The run starts (`resumed`: from a checkpoint's state, its remedies put back)."""
+
+    def stop(self) -> None:
+        """The run is over: the remedies' hooks removed."""
+
+    def after_step(
+        self, step: int, found: Sequence[Finding], record: StepRecord | None = None
+    ) -> list[Finding]:
+        """What the step's findings call for: the findings of what was done."""
+        return []
+
+    def should_stop(self) -> tuple[bool, str]:
+        """``(should_stop, reason)`` after the last `after_step`."""
+        return False, ""
+
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Back to a checkpoint's state."""
+
+
+class AutoRemedies(Remedies):
     """Applies the remedies of the table above to a running training (the `Auto` policy).
 
     Args:
@@ -79,13 +124,14 @@ class AutoRemedies:
         policy: The `Auto` policy's knobs.
     """
 
-    def __init__(self, host: Host, policy: Auto) -> None:
-        self.host, self.policy = host, policy
+    def __init__(self, host: Host, policy: object) -> None:
+        super().__init__(host, policy)
+        assert isinstance(policy, Auto)
+        self.policy = policy
         self.allow, self.explicit = policy.allowed, policy.explicit
         self.snapshot_every, self.max_rollbacks = policy.snapshot_every, policy.max_rollbacks
         self.skip_batches, self.swap_before = policy.skip_batches, policy.swap_before
         self.warmup_steps = policy.warmup_steps
-        self.applied: dict[str, int] = {}  # remedy name -> times applied
         self.lr = LRMultiplier()
         self.skip = SkipWindow()
         self._snapshots: Snapshots | None = None
@@ -97,10 +143,20 @@ class AutoRemedies:
         self._lr_high = -math.inf  # the highest LR the steps have used
         self._norms: deque[float] = deque(maxlen=HEALTHY_NORMS)  # healthy steps' gradient norms
         self.stop_reason = "no rollback left"
+        self._clip: float | None = None  # the clipping threshold auto put in force
 
-    def start(self) -> None:
+    @property
+    def lr_factor(self) -> float:
+        return self.lr.factor
+
+    def stepping_past(self, step: int) -> bool:
+        return self.skip.active(step)
+
+    def start(self, resumed: bool) -> None:
         optimizer = self.host.optimizers[0]
         self.lr.attach(optimizer)
+        if resumed:
+            self._in_force_again()
         if ROLLBACK in self.allow:
             self._snapshots = Snapshots(
                 self.host.module,
@@ -110,6 +166,19 @@ class AutoRemedies:
                 directory=self.policy.snapshot_dir,
                 keep=self.policy.keep_snapshots,
             )
+
+    def _in_force_again(self) -> None:
+        """A resumed run: the remedies its checkpoint's run had applied are put back (the
+        LR multiplier is in its state; the swap to pre-LN of a Lightning checkpoint loads with
+        the model, `stabilizer.step.swap`)."""
+        if self._clip is not None:
+            self.host.set_clip(self._clip)
+        if self.applied.get(UPCAST_TO_FP32):
+            upcast_to_fp32(self.host.module)
+        if self.applied.get(SWAP_TO_PRE_LN) and has_post_ln(self.host.module):
+            swap = swap_to_pre_ln(self.host.module)
+            if swap.new_parameters:
+                add_param_group(self.host, list(swap.new_parameters))
 
     def stop(self) -> None:
         self.lr.detach()
@@ -178,6 +247,8 @@ class AutoRemedies:
             if applied is not None:
                 nxt = applied.name
                 extra.append(self._applied(step, because or _cause(verdict), applied, loss))
+                if because is not None:  # (another remedy it refutes is answered by this one)
+                    answered[id(because)] = nxt
         if nxt is None:
             self._exhausted = True
             self.stop_reason = f"{verdict.watch.remedy} did not work and nothing is left to try"
@@ -194,9 +265,10 @@ class AutoRemedies:
             return None
         return self._remedy(step, name)
 
-    def exhausted(self) -> bool:
-        """Whether the last step's findings called for a rollback that could not be done."""
-        return self._exhausted
+    def should_stop(self) -> tuple[bool, str]:
+        """Stop when the last step's findings called for a rollback that could not be done, or
+        a remedy failed with nothing left to try."""
+        return self._exhausted, self.stop_reason if self._exhausted else ""
 
     def _wants_rollback(self, f: Finding) -> bool:
         # (a divergence's closing INFO finding, the loss came back, calls for nothing)
@@ -224,6 +296,7 @@ class AutoRemedies:
             if before is not None and 0.0 < before <= threshold:
                 return None  # a tighter threshold is kept: the remedy never loosens clipping
             self.host.set_clip(threshold)
+            self._clip = threshold
             message = f"gradient clipping at norm {threshold:.3g} ({why})"
             after = {"before": before if before else float("inf"), "after": threshold}
             return _Applied(name, message, after)
@@ -261,6 +334,7 @@ class AutoRemedies:
         if before is None or threshold <= float(before) or len(self._norms) < 10:
             return None
         self.host.set_clip(threshold)
+        self._clip = threshold
         message = f"clipping threshold raised from {float(before):.3g} to {threshold:.3g} ({why})"
         return _Applied(CLIP_GRADIENTS, message, {"before": float(before), "after": threshold})
 
@@ -326,11 +400,14 @@ class AutoRemedies:
             "applied": dict(self.applied),
             "lr": self.lr.state_dict(),
             "ladder": self.ladder.state_dict(),
+            "clip": self._clip,
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         applied = state.get("applied", {})
         self.applied = {str(k): int(v) for k, v in dict(applied).items()}  # type: ignore[call-overload]
+        clip = state.get("clip")
+        self._clip = float(clip) if isinstance(clip, int | float) else None
         lr = state.get("lr")
         if isinstance(lr, dict):
             self.lr.load_state_dict(lr)

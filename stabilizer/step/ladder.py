@@ -37,7 +37,7 @@ from stabilizer.core.kinds import (
     TABLE,
 )
 from stabilizer.core.records import Finding, Severity
-from stabilizer.core.remedies import remedy
+from stabilizer.core.remedies import SWAP_TO_PRE_LN, remedy
 
 __all__ = [
     "CHECK_STEPS",
@@ -151,7 +151,7 @@ class Ladder:
         if w.open_bands:
             return Result(w, False, loss, why="the band of starved blocks is still there")
         level = self._level()
-        if w.remedy == "swap_to_pre_ln" and level >= w.level:  # (NaN: no level to compare)
+        if w.remedy == SWAP_TO_PRE_LN and level >= w.level:  # (NaN: no level to compare)
             why = f"the loss did not fall (median of the last {LEVEL}: "
             return Result(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
         if not math.isfinite(loss):
@@ -173,7 +173,7 @@ class Ladder:
 
 
 def _track_bands(w: Trial, found: Sequence[Finding]) -> None:
-    if w.remedy != "swap_to_pre_ln":
+    if w.remedy != SWAP_TO_PRE_LN:
         return
     for f in found:
         if f.kind == DEPTH_IMBALANCE:
