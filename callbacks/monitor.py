@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,11 @@ from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 from stabilizer.outputs.notify import Notifier
 from stabilizer.step.host import HostFacts, MicroBatch
 from stabilizer.step.live_outputs import Sinks
-from stabilizer.step.monitor import RunMonitor, RunView
+from stabilizer.step.monitor import RunMonitor
 from stabilizer.step.options import options_from, unknown_option
 from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.swap import SWAPPED, add_param_group, pre_ln_hparams, restore_pre_ln
+from stabilizer.step.view import RunView
 
 __all__ = ["LightningHost", "StabilityMonitor", "user_code_after"]
 
@@ -97,8 +99,8 @@ class StabilityMonitor(RunView, pl.Callback):
         self._resumed: dict[str, Any] | None = None  # the checkpoint's state, for the next fit
         self._swap: SwapReport | None = None  # a swap to pre-LN re-applied from a checkpoint
 
-    @property
-    def state_key(self) -> str:
+    @functools.cached_property
+    def state_key(self) -> str:  # (Lightning reads it at every hook: computed once)
         return self._generate_state_key(policy=self.policy.name)
 
     # --- Lightning hooks: each delegates -----------------------------------------------------

@@ -8,11 +8,11 @@ the model again with the same arguments under the same autocast; code outside th
 loss computed from the logits, a gradient written by the loop) is not replayed, which the host
 says (`Host.replays_loss`).
 
-The calls noted are the outermost ones: of the model, or of one of its direct children when the
-loop calls those itself (a GAN's container is never called: its generator and critic are). A
-call made inside another noted call is part of it. A call is the training's when gradients are
-enabled inside the loop's step, whatever the module's mode: frozen-BatchNorm fine-tuning trains
-a model in ``eval()``.
+The calls noted are the outermost ones: of the model, or of its direct children once a step has
+shown that the loop calls those itself (`widen`: a GAN's container is never called, its
+generator and critic are). A call made inside another noted call is part of it. A call is the
+training's when gradients are enabled inside the loop's step, whatever the module's mode:
+frozen-BatchNorm fine-tuning trains a model in ``eval()``.
 
 The hooks sit on the model itself, not on a wrapper (``DistributedDataParallel``, Fabric's): a
 replay through DDP's ``forward`` could start a collective (its buffers' broadcast) that the other
@@ -73,13 +73,25 @@ class ModelCalls:
         self.fresh = True  # the next call begins a micro-batch
         self._calls: list[Call] = []
         self._depth = 0  # noted calls running now (a call inside one is part of it)
+        self.noted = 0  # calls noted so far
         self._device = next((p.device.type for p in module.parameters()), "cpu")
-        self._handles = []
-        for target in (module, *module.children()):
-            self._handles += [
-                target.register_forward_pre_hook(self._called, with_kwargs=True),
-                target.register_forward_hook(self._output, with_kwargs=True, always_call=True),
-            ]
+        self._handles: list[Any] = []
+        self._hook(module)
+        self._wide = False
+
+    def _hook(self, target: nn.Module) -> None:
+        self._handles += [
+            target.register_forward_pre_hook(self._called, with_kwargs=True),
+            target.register_forward_hook(self._output, with_kwargs=True, always_call=True),
+        ]
+
+    def widen(self) -> None:
+        """Note the calls of the model's direct children too (the loop calls them, not the
+        model: a container's parts)."""
+        if not self._wide:
+            self._wide = True
+            for child in self.module.children():
+                self._hook(child)
 
     def _takes(self) -> bool:
         # Under no_grad (an evaluation) the call is no training step's, whatever the mode.
@@ -90,6 +102,7 @@ class ModelCalls:
         if self._depth > 1 or not self._takes():
             return
         call = Call(module, args, dict(kwargs), _autocast(self._device))
+        self.noted += 1
         if self.fresh:
             self.fresh, self._calls = False, [call]
             self._begin(self._calls)  # after the call is in it: the preflight reads its ids

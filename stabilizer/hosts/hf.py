@@ -36,10 +36,11 @@ from transformers.trainer_callback import ExportableState
 
 from stabilizer.step.host import HostFacts, MicroBatch
 from stabilizer.step.live_outputs import Sinks
-from stabilizer.step.monitor import RunMonitor, RunView
+from stabilizer.step.monitor import RunMonitor
 from stabilizer.step.options import options_from
 from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.ranks import Ranks
+from stabilizer.step.view import RunView
 
 from .calls import Call, ModelCalls, given_loss
 from .loop import inner_optimizer

@@ -34,10 +34,11 @@ from torch import nn
 from stabilizer.step.host import HostFacts, MicroBatch
 from stabilizer.step.live_outputs import MetricsLogger, Sinks
 from stabilizer.step.measurement import carried_scale
-from stabilizer.step.monitor import RunMonitor, RunView
+from stabilizer.step.monitor import RunMonitor
 from stabilizer.step.options import check_precision, options_from
 from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.ranks import Ranks
+from stabilizer.step.view import RunView
 
 from .calls import Call, ModelCalls, unwrap
 from .fabric import FabricSetup
@@ -110,6 +111,7 @@ class Stabilizer(RunView):
         self.run: RunMonitor | None = None  # from the first step (after a resume's state)
         self._resumed: dict[str, Any] | None = None
         self._index = 0  # micro-batches so far
+        self._backwards = 0  # in the block in flight
         self._open = False  # inside a `step` block
         self.calls = ModelCalls(self.host.module, self._begin, self._wanted)
         self.host.replays_with(self.calls)
@@ -131,11 +133,14 @@ class Stabilizer(RunView):
         block in which no optimizer steps is abandoned (nothing of it carries over)."""
         run = self._start()
         self._open, self.calls.fresh = True, True
+        noted, self._backwards = self.calls.noted, 0
         try:
             yield
         finally:  # (a block the loop's own code broke out of ends too: abandoned, if unstepped)
             self._open = False
             self.host.ended(run.end())
+            if self._backwards and self.calls.noted == noted:  # the loop calls the model's parts
+                self.calls.widen()
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` (scaled by the fp16 scaler; Fabric's backward under Fabric), the
@@ -145,6 +150,7 @@ class Stabilizer(RunView):
         if run is not None and self._open:
             run.loss(scaled)
         self.calls.fresh = True  # the next call of the model begins a micro-batch
+        self._backwards += 1
         if self._backward is not None:
             self._backward(loss, **kwargs)
         else:

@@ -1,12 +1,11 @@
-"""Root cause of a first non-finite step: replay the failing batch under hooks and name the module.
+"""Where a first non-finite step went NaN/Inf: its batch replayed under hooks, the module named.
 
 Nothing is hooked in steady state. When a step first turns NaN/Inf, the caller hands
 `locate_nonfinite` a closure that re-runs that step's forward on the same batch, before the
-optimizer step (so with the same weights), and the random state captured before the step
-(`stabilizer.live.rng.RngState`).
-The replay runs with a forward hook and a full backward hook on every module, all removed
-afterwards, and leaves the caller's ``.grad`` tensors exactly as they were (fairseq's
-``NanDetector``, which does the same with hooks left on for a whole step).
+optimizer step (same weights), with the random state captured before the step. The replay runs
+with a forward and a full backward hook on every module, all removed afterwards, and leaves the
+caller's ``.grad`` tensors exactly as they were (fairseq's ``NanDetector`` does the same with
+hooks left on for a whole step).
 
 A replay that stays finite did not reproduce the fault: it is then classed ``"transient"``
 (non-deterministic kernels or hardware, what Megatron's rerun state machine checks for), otherwise
@@ -178,7 +177,7 @@ def locate_nonfinite(
     after = RngState.capture()
     try:
         recorder = _replay_with_fallback(model, run_step, rng_state, loss_scale)
-        bad_grad = _first_nonfinite(named_params, lambda p: p.grad)
+        bad_grad = next(iter(_all_nonfinite(named_params, lambda p: p.grad)), None)
     finally:
         for p, grad in saved_grads:
             p.grad = grad
@@ -373,13 +372,6 @@ def _incoming(obj: Any) -> float:
 def _additive_mask(t: Tensor) -> bool:
     t = t.detach()
     return bool(((t == 0) | (t == -math.inf)).all())
-
-
-def _first_nonfinite(
-    named: list[tuple[str, nn.Parameter]], get: Callable[[nn.Parameter], Tensor | None]
-) -> str | None:
-    found = _all_nonfinite(named, get)
-    return found[0] if found else None
 
 
 def _all_nonfinite(

@@ -106,6 +106,11 @@ class GradProbe:
         out = torch.cat((sq.sum().sqrt().view(1) * top, nonfinite.view(1), sq[:-1].sqrt() * top))
         return out
 
+    def forget(self) -> None:
+        """Let go of the gradients the last call measured (`untouched` has nothing to compare
+        until the next call): a step's gradients must not outlive it."""
+        self._marks = []
+
     def untouched(self) -> bool:
         """Whether every watched gradient is the tensor the last call measured, unchanged since.
 

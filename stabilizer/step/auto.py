@@ -18,11 +18,10 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch import nn
 
-from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
+from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.remedies import (
     CLIP_GRADIENTS,
@@ -45,11 +44,12 @@ from stabilizer.live.remedies import (
 from stabilizer.live.remedies.swap_to_pre_ln import has_post_ln
 
 from .host import Host
-from .ladder import Ladder, Result, result_finding
+from .ladder import Applied, Ladder, Result, applied_finding, cause_of, result_finding
 from .policies import Auto
+from .protect import Remedies
 from .swap import add_param_group
 
-__all__ = ["CLIP_MARGIN", "AutoRemedies", "Remedies", "from_scratch"]
+__all__ = ["CLIP_MARGIN", "AutoRemedies", "from_scratch"]
 
 log = logging.getLogger("stabilizer")
 
@@ -62,58 +62,6 @@ run's own norms."""
 HEALTHY_NORMS = 50  # the last healthy steps' gradient norms the threshold is read from
 
 SURGE = 2.0  # a rollback cuts the LR when it is at least this many times the snapshot's
-
-
-@dataclass
-class _Applied:
-    name: str
-    message: str
-    evidence: dict[str, float]
-
-
-class Remedies:
-    """The remedies of a policy that applies none (``observe``, ``protect``): every answer is
-    "nothing", so the run asks without asking which policy it has.
-
-    Args:
-        host: The training loop.
-        policy: The policy's knobs.
-    """
-
-    def __init__(self, host: Host, policy: object) -> None:
-        self.host = host
-        self.applied: dict[str, int] = {}  # remedy name -> times applied
-
-    @property
-    def lr_factor(self) -> float:
-        """The LR multiplier in force."""
-        return 1.0
-
-    def stepping_past(self, step: int) -> bool:
-        """Whether `step`'s update is skipped to step past bad data after a rollback."""
-        return False
-
-    def start(self, resumed: bool) -> None:
-        """The run starts (`resumed`: from a checkpoint's state, its remedies put back)."""
-
-    def stop(self) -> None:
-        """The run is over: the remedies' hooks removed."""
-
-    def after_step(
-        self, step: int, found: Sequence[Finding], record: StepRecord | None = None
-    ) -> list[Finding]:
-        """What the step's findings call for: the findings of what was done."""
-        return []
-
-    def should_stop(self) -> tuple[bool, str]:
-        """``(should_stop, reason)`` after the last `after_step`."""
-        return False, ""
-
-    def state_dict(self) -> dict[str, object]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Back to a checkpoint's state."""
 
 
 class AutoRemedies(Remedies):
@@ -206,7 +154,8 @@ class AutoRemedies(Remedies):
             and not (snapshots is not None and snapshots.can_restore(before=_last_clean(f)))
             for f in found
         )
-        verdicts = self.ladder.check(step, found, loss)
+        # What fails while a rollback steps past the bad data is that data: no verdict on it.
+        verdicts = self.ladder.check(step, [] if self.skip.active(step) else found, loss)
         out: list[Finding] = []
         answered: dict[int, str] = {}  # id of a finding -> the remedy applied for it
         for finding in found:
@@ -222,12 +171,12 @@ class AutoRemedies(Remedies):
             self._snapshot_lr[step] = self._lr_high
         return out
 
-    def _applied(self, step: int, cause: Finding, applied: _Applied, loss: float) -> Finding:
+    def _applied(self, step: int, cause: Finding, applied: Applied, loss: float) -> Finding:
         self.applied[applied.name] = self.applied.get(applied.name, 0) + 1
         self.ladder.watch(applied.name, cause, step, loss)
         if applied.name == SWAP_TO_PRE_LN:
             self.ladder.watches[-1].until += self.warmup_steps  # judged once re-warmed
-        return _finding(step, cause, applied)
+        return applied_finding(step, cause, applied)
 
     def _verdict(
         self,
@@ -246,7 +195,7 @@ class AutoRemedies(Remedies):
             applied = self._escalate(step, verdict)
             if applied is not None:
                 nxt = applied.name
-                extra.append(self._applied(step, because or _cause(verdict), applied, loss))
+                extra.append(self._applied(step, because or cause_of(verdict), applied, loss))
                 if because is not None:  # (another remedy it refutes is answered by this one)
                     answered[id(because)] = nxt
         if nxt is None:
@@ -254,7 +203,7 @@ class AutoRemedies(Remedies):
             self.stop_reason = f"{verdict.watch.remedy} did not work and nothing is left to try"
         return [result_finding(step, verdict, nxt, self.ladder.tried), *extra]
 
-    def _escalate(self, step: int, verdict: Result) -> _Applied | None:
+    def _escalate(self, step: int, verdict: Result) -> Applied | None:
         name = remedy(verdict.watch.remedy).next
         if name is None or name not in self.allow:
             return None
@@ -275,7 +224,7 @@ class AutoRemedies(Remedies):
         at = kind_of(f.kind).rollback_at
         return ROLLBACK in self.allow and at is not None and f.severity >= at
 
-    def _apply(self, step: int, f: Finding) -> _Applied | None:
+    def _apply(self, step: int, f: Finding) -> Applied | None:
         if self._wants_rollback(f):
             return self._rollback(step, _last_clean(f))
         if f.kind == CLIP_SATURATION and self.applied.get(CLIP_GRADIENTS):
@@ -289,7 +238,7 @@ class AutoRemedies(Remedies):
             return self._swap(step, since=_last_clean(f))
         return self._remedy(step, name)
 
-    def _remedy(self, step: int, name: str) -> _Applied | None:
+    def _remedy(self, step: int, name: str) -> Applied | None:
         if name == CLIP_GRADIENTS:
             threshold, why = self._clip_threshold()
             before = self.host.clip
@@ -299,10 +248,10 @@ class AutoRemedies(Remedies):
             self._clip = threshold
             message = f"gradient clipping at norm {threshold:.3g} ({why})"
             after = {"before": before if before else float("inf"), "after": threshold}
-            return _Applied(name, message, after)
+            return Applied(name, message, after)
         if name == SCALE_LR:
             change = self.lr.scale(0.5)
-            return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
+            return Applied(name, "LR halved", {"before": change.before, "after": change.after})
         if name == UPCAST_TO_FP32:
             if low_precision(self.host.facts.precision) is False:
                 return None  # norms and softmax already run in fp32 (or wider): nothing to do
@@ -310,7 +259,7 @@ class AutoRemedies(Remedies):
             if not up.changed:
                 return None
             count = {"norms": float(len(up.norms)), "attention": float(len(up.attention))}
-            return _Applied(name, "norms and attention softmax now in fp32", count)
+            return Applied(name, "norms and attention softmax now in fp32", count)
         return self._swap(step)
 
     def _clip_threshold(self) -> tuple[float, str]:
@@ -326,7 +275,7 @@ class AutoRemedies(Remedies):
             "1.0 it would clip most healthy steps"
         )
 
-    def _raise_clip(self) -> _Applied | None:
+    def _raise_clip(self) -> Applied | None:
         """Clipping that auto switched on saturates: the run's norms grew past the threshold.
         Raise it to fit them (never an LR cut for a saturation auto caused)."""
         threshold, why = self._clip_threshold()
@@ -336,9 +285,9 @@ class AutoRemedies(Remedies):
         self.host.set_clip(threshold)
         self._clip = threshold
         message = f"clipping threshold raised from {float(before):.3g} to {threshold:.3g} ({why})"
-        return _Applied(CLIP_GRADIENTS, message, {"before": float(before), "after": threshold})
+        return Applied(CLIP_GRADIENTS, message, {"before": float(before), "after": threshold})
 
-    def _swap(self, step: int, since: int | None = None) -> _Applied | None:
+    def _swap(self, step: int, since: int | None = None) -> Applied | None:
         """Swap to pre-LN and re-warm the LR; first, when the oldest snapshot held is from
         before `since` (the last step before the band), restart from it: pre-LN learns from
         the weights of a stuck post-LN run far slower than from earlier ones (measured on
@@ -362,7 +311,7 @@ class AutoRemedies(Remedies):
             evidence["restored_step"] = float(restart)
             message += f", restarted from step {restart}'s weights and optimizer state"
         message += f"; LR re-warmed over {self.warmup_steps}"
-        return _Applied(SWAP_TO_PRE_LN, message, evidence)
+        return Applied(SWAP_TO_PRE_LN, message, evidence)
 
     def _oldest_before(self, since: int | None) -> int | None:
         """The oldest snapshot's step when it is from before `since` and can be restored."""
@@ -372,7 +321,7 @@ class AutoRemedies(Remedies):
         oldest = snapshots.steps[0]
         return oldest if oldest < since and snapshots.can_restore(before=oldest + 1) else None
 
-    def _rollback(self, step: int, since: int) -> _Applied | None:
+    def _rollback(self, step: int, since: int) -> Applied | None:
         if self._snapshots is None or not self._snapshots.can_restore(before=since):
             return None
         lr_now = self._step_lr
@@ -393,7 +342,7 @@ class AutoRemedies(Remedies):
                 f"now {lr_now:.3g})"
             )
             evidence.update(lr_then=lr_then, lr_now=lr_now, lr_factor=change.after)
-        return _Applied(ROLLBACK, message, evidence)
+        return Applied(ROLLBACK, message, evidence)
 
     def state_dict(self) -> dict[str, object]:
         return {
@@ -428,14 +377,6 @@ def from_scratch(module: nn.Module) -> bool:
     return True
 
 
-def _cause(verdict: Result) -> Finding:
-    w = verdict.watch
-    return Finding(
-        kind=w.cause, step=w.step, end_step=w.step, severity=Severity.WARNING,
-        seen=f"{w.remedy} did not work",
-    )  # fmt: skip
-
-
 def _initial_lr(host: Host) -> float:
     """The first param group's LR as its torch scheduler started it (``initial_lr``), or -inf."""
     opts = host.optimizers
@@ -449,16 +390,3 @@ def _last_clean(f: Finding) -> int:
     measured before step s's update, so a loss first up at s was caused by an update of step
     s - 1 or earlier (or by the batch of s itself), and a snapshot from s - 1 already holds it."""
     return f.step - 1
-
-
-def _finding(step: int, cause: Finding, applied: _Applied) -> Finding:
-    return Finding(
-        kind=REMEDY_APPLIED,
-        step=step,
-        end_step=step,
-        severity=Severity.INFO,
-        seen=f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}",
-        evidence=applied.evidence,
-        location=cause.location,
-        remedies=(applied.name,),
-    )

@@ -4,9 +4,11 @@ Zeroing the gradients is not skipping: AdamW would still apply momentum and weig
 move every parameter. The guard replaces each optimizer's ``step`` by a bound method of its own
 (the shape torch's LR schedulers and SWA wrap in turn) that, after the closure has run — the
 training step, the backward, every ``on_before_optimizer_step`` hook, the clipping — asks its
-judge (the monitor) whether the step may go ahead, on the gradients and the LR as the optimizer
-will use them. A condemned step returns before the optimizer runs: parameters and optimizer
-state (moments, step counters) stay exactly as they were.
+judge (`Judge`: the run, `stabilizer.step.monitor.RunMonitor`) whether the step may go ahead,
+on the gradients and the LR as the optimizer will use them, and tells it how the step ended. A
+condemned step returns before the optimizer runs: parameters and optimizer state (moments, step
+counters) stay exactly as they were. Under ``observe`` the guard only measures each step there
+(if nothing measured it before) and lets it through as written.
 
 Optimizers that evaluate their closure themselves, several times (LBFGS), cannot be judged
 before they step: the guard copies their parameters and state, lets them step, and puts the copy

@@ -44,6 +44,7 @@ class HostFacts:
             default root, a new ``stability_logs/version_N`` each run.
         root_dir: The default root for logs when there is no `log_dir`.
         sharded: Each rank holds a shard of every parameter (FSDP): gradient norms are partial.
+        is_global_zero: Rank 0: the one that writes the outputs (from `rank`).
     """
 
     precision: str = "32-true"
@@ -55,11 +56,10 @@ class HostFacts:
     log_dir: Path | None = None
     root_dir: Path = field(default_factory=Path.cwd)
     sharded: bool = False
+    is_global_zero: bool = field(init=False)
 
-    @property
-    def is_global_zero(self) -> bool:
-        """Rank 0: the one that writes the outputs."""
-        return self.rank == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_global_zero", self.rank == 0)
 
 
 @dataclass

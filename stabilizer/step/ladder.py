@@ -33,6 +33,7 @@ from stabilizer.core.kinds import (
     DIVERGENCE,
     LOSS_SPIKE,
     NONFINITE_LOSS,
+    REMEDY_APPLIED,
     REMEDY_RESULT,
     TABLE,
 )
@@ -44,9 +45,12 @@ __all__ = [
     "FAILS",
     "IN_LOSS",
     "LEVEL",
+    "Applied",
     "Ladder",
     "Result",
     "Trial",
+    "applied_finding",
+    "cause_of",
     "result_finding",
     "stop_advice",
 ]
@@ -190,6 +194,33 @@ def _fails(w: Trial, f: Finding) -> bool:
         return False  # judged at the window's end: the band must have closed
     # (a divergence is an ERROR, and INFO once the loss is back: only the ERROR counts)
     return f.severity >= Severity.WARNING
+
+
+@dataclass
+class Applied:
+    """A remedy `auto` applied: its name, what it did in words, the numbers before and after."""
+
+    name: str
+    message: str
+    evidence: dict[str, float]
+
+
+def applied_finding(step: int, cause: Finding, applied: Applied) -> Finding:
+    """The ``remedy_applied`` finding of `applied`, answering `cause`."""
+    return Finding(
+        kind=REMEDY_APPLIED, step=step, end_step=step, severity=Severity.INFO,
+        seen=f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}",
+        evidence=applied.evidence, location=cause.location, remedies=(applied.name,),
+    )  # fmt: skip
+
+
+def cause_of(verdict: Result) -> Finding:
+    """A stand-in for the finding a failed remedy answered, when none came back."""
+    w = verdict.watch
+    return Finding(
+        kind=w.cause, step=w.step, end_step=w.step, severity=Severity.WARNING,
+        seen=f"{w.remedy} did not work",
+    )  # fmt: skip
 
 
 def result_finding(

@@ -24,7 +24,7 @@ from torch import nn
 
 from stabilizer import __version__
 from stabilizer.core.advice import LiveFacts
-from stabilizer.core.isolated import Isolated
+from stabilizer.core.isolated import isolated
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd, RunHeader
 from stabilizer.outputs.jsonl import JsonlWriter
@@ -280,15 +280,14 @@ class LiveOutputs:
         """One output's work: an error stops that output (one warning), not the others."""
         if name in self._broken:
             return
-        with Isolated(self.strict) as part:
-            fn(*args)
-        if part.error is not None:
+        error = isolated(self.strict, fn, *args)
+        if error is not None:
             self._broken.add(name)
             log.warning(
                 "stabilizer: the %s output stopped after an error (the other outputs and "
                 "the protection go on): %r",
                 name,
-                part.error,
+                error,
             )
 
 

@@ -233,6 +233,7 @@ class Measurer:
         self.strict = strict
         self.probes: Probes | None = None
         self._warned = False
+        self._unread: set[int] = set()  # optimizers whose LR is no number: said once each
 
     def __call__(
         self,
@@ -246,7 +247,11 @@ class Measurer:
             if self.probes is None:
                 raise RuntimeError("the gradient probe could not be built at the start")
             grads = self.probes.grads_of(optimizer, setting.alone)
-            return measure(grads, self.probes.acts, loss, optimizer, weights, setting)
+            measured = measure(grads, self.probes.acts, loss, optimizer, weights, setting)
+            if None in measured.lrs and id(optimizer) not in self._unread:
+                self._unread.add(id(optimizer))
+                _said_lr(optimizer, setting.ranks.rank == 0)
+            return measured
         error = measuring.error
         assert error is not None  # (the block returns unless it failed)
         if not self._warned:
@@ -302,6 +307,18 @@ def measure(
         lrs=tuple(_lr(g.get("lr"), setting.lr_factor) for g in optimizer.param_groups),
         clip=float(np.float32(clip)) if clip else None,
     )
+
+
+def _said_lr(optimizer: torch.optim.Optimizer, speaks: bool) -> None:
+    """Once per optimizer: its LR is no number (it computes its own): not checked, not
+    logged; the step goes on as the user wrote it."""
+    if speaks:
+        lr = next(g.get("lr") for g in optimizer.param_groups if _lr(g.get("lr"), 1.0) is None)
+        log.info(
+            "stabilizer: %s sets no learning rate the step can read (lr=%r: it computes its "
+            "own): its LR cannot be checked or logged; every other check is made (said once)",
+            type(optimizer).__name__, lr,
+        )  # fmt: skip
 
 
 def _scale_of(scaler: object) -> torch.Tensor | float | None:

@@ -38,22 +38,22 @@ from stabilizer.core.records import Finding
 from stabilizer.core.run import RunHeader
 from stabilizer.live.rng import RngState
 
-from .auto import AutoRemedies, Remedies
+from .auto import AutoRemedies
 from .console import Console
 from .cost import CostMeter
 from .first_batch import Preflight
-from .guard import Decision, StepGuard
+from .guard import OVERFLOW, Decision, StepGuard
 from .host import Host
 from .live_outputs import LiveOutputs, Sinks, run_header
 from .measurement import Measurer, Probes, Setting
 from .options import Options
 from .policies import Auto, Observe, Policy, Protect
-from .protect import Protection, Watching
+from .protect import Protection, Remedies, Watching
 from .ranks import Ranks
 from .report import Reporter
 from .step import InFlight, OptimizerStep, Stage
 
-__all__ = ["RUNTIMES", "RunMonitor", "RunView"]
+__all__ = ["RUNTIMES", "RunMonitor"]
 
 log = logging.getLogger("stabilizer")
 
@@ -119,7 +119,6 @@ class RunMonitor:
         self._data: object | None = None  # the dataloader the last step drew from
         self._new_data = False  # the coming step draws from a new one
         self._abandoned = 0  # blocks that ended without their optimizer stepping
-        self._lr_unread: set[int] = set()  # optimizers whose LR is no number, said once
 
     def _new_engine(self) -> Engine:
         """A fresh engine, from the detectors as given (one per optimizer), told the run's
@@ -151,11 +150,6 @@ class RunMonitor:
     def applied(self) -> Mapping[str, int]:
         """The remedies applied so far (``auto``), and how often."""
         return self.remedies.applied
-
-    @property
-    def engine(self) -> Engine:
-        """The detection engine (of the first optimizer's steps)."""
-        return self.reporter.engine
 
     # --- the moments of a training ------------------------------------------------------------
 
@@ -216,11 +210,11 @@ class RunMonitor:
         step = self.block.of(optimizer)
         if step is not None and step.stage is Stage.DECIDED:
             return  # (inside its guarded step: an optimizer that unscales its gradients itself)
-        if self.block.current(optimizer) is None:
+        if step is None or not step.open:
             self._measure(optimizer, before=True)
         if not self.guard.covers(optimizer):
             self._judge_unguarded(optimizer)
-        self._act(*self.reporter.pending())  # the last step's, while the device works
+        self._act(*self.reporter.pending(), self.reporter.last)  # the last step's, meanwhile
 
     def _judge_unguarded(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer created inside this block (its step under way, unguarded): guarded
@@ -241,41 +235,26 @@ class RunMonitor:
         optimizers = host.optimizers
         index = next((i for i, opt in enumerate(optimizers) if opt is optimizer), 0)
         with self.cost.part("measure"):
+            at = host.step
             step = block.open(
-                optimizer, host.step, index, new_data=self._new_data,
-                guarded=self.runtime.protects,
-            )  # fmt: skip
+                optimizer, at, index, new_data=self._new_data, guarded=self.runtime.protects
+            )
             step.found += self._extra
             self._extra, self._new_data = [], False
             setting = Setting(
-                host.step, host.scaler, host.clip, self.ranks, host.facts.sharded,
+                at, host.scaler, host.clip, self.ranks, host.facts.sharded,
                 self.remedies.lr_factor, len(optimizers) <= 1,
             )  # fmt: skip
             step.measure(self.measurer(optimizer, step.loss, self.runtime.check, setting), before)
-            self._said_lr(step, optimizer)
         self.runtime.measured(step)
         return step
-
-    def _said_lr(self, step: OptimizerStep, optimizer: torch.optim.Optimizer) -> None:
-        m = step.measurement
-        if m is None or None not in m.lrs or step.optimizer_index in self._lr_unread:
-            return
-        self._lr_unread.add(step.optimizer_index)
-        if self.host.facts.is_global_zero:
-            log.info(
-                "stabilizer: optimizer %d (%s) sets no learning rate the step can read (lr=%r: "
-                "it computes its own): its LR cannot be checked or logged; every other check "
-                "is made (said once)",
-                step.optimizer_index + 1, type(optimizer).__name__,
-                next(g.get("lr") for g in optimizer.param_groups if not _number(g.get("lr"))),
-            )  # fmt: skip
 
     # --- inside optimizer.step: the guard's questions (`stabilizer.step.guard.Judge`) ----------
 
     def judge(self, optimizer: torch.optim.Optimizer) -> Decision:
         """Decide `optimizer`'s step, measured now if no moment before did (the numbers read)."""
-        step = self.block.current(optimizer)
-        if step is None:
+        step = self.block.of(optimizer)
+        if step is None or not step.open:
             step = self._measure(optimizer, before=False)
         with self.cost.part("guard"):
             step.read()  # the step's one host read
@@ -293,7 +272,7 @@ class RunMonitor:
         elif outcome == "reverted":
             step.revert()
         else:
-            step.skip("scaler" if step.reason.startswith("the fp16 grad scaler") else "guard")
+            step.skip("scaler" if step.reason == OVERFLOW else "guard")
             with self.cost.part("guard"):
                 self.runtime.skipped(step)
 
@@ -320,16 +299,17 @@ class RunMonitor:
             return False
         if self.probes is not None:
             self.cost.add("activations", self.probes.take_seconds())
-        steps = self.block.end(self.host.step, carry)
+        at = self.host.step
+        steps = self.block.end(at, carry)
         taken = [step for step in steps if step.ended is not Stage.ABANDONED]
         for step in steps:
             if step not in taken:
                 self._abandon(step)
         self.skipped_steps += sum(step.skipped for step in taken)
         with self.cost.part("guard"):
-            self._act(*self.runtime.end(taken))
-        self._act(*self.reporter.steps(taken))
-        self.cost.batch_end(self.host.step)
+            self._act(*self.runtime.end(taken), taken[-1] if taken else None)
+        self._act(*self.reporter.steps(taken), self.reporter.last)
+        self.cost.batch_end(at)
         return bool(taken)
 
     def _abandon(self, step: OptimizerStep) -> None:
@@ -346,13 +326,12 @@ class RunMonitor:
             )
         step.report()
 
-    def _act(self, stop: bool, why: str) -> None:
+    def _act(self, stop: bool, why: str, step: OptimizerStep | None) -> None:
         """The one place a stop is acted on: the stop line (saying what was checked of the
-        weights), and `should_stop` for the host."""
+        weights before `step`, the one that answered stop), and `should_stop` for the host."""
         if not stop or self.should_stop:
             return
         self.should_stop = True
-        step = self.reporter.last
         path = self.host.checkpoint
         where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
         where = where if path is not None else ""  # the host cannot tell
@@ -368,7 +347,7 @@ class RunMonitor:
     def finish(self) -> None:
         """The last step's report, the last check of the weights, the run's end."""
         reporter = self.reporter
-        self._act(*reporter.pending())
+        self._act(*reporter.pending(), reporter.last)
         found = self.runtime.finish()
         if found:
             reporter.safely(reporter.emit, None, found)
@@ -402,7 +381,7 @@ class RunMonitor:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (every step up to it reported first): the engines, the
         findings, the counters, the remedies in force, the JSONL it writes, the host's step."""
-        self._act(*self.reporter.pending())
+        self._act(*self.reporter.pending(), self.reporter.last)
         path = self.outputs.default_path or self.outputs.path
         return self.reporter.state_dict() | self.runtime.state_dict() | {
             "skipped_steps": self.skipped_steps, "step": self.host.step,
@@ -415,40 +394,3 @@ class RunMonitor:
         self.runtime.load_state_dict(dict(state))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.preflight.done = True
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float | torch.Tensor)
-
-
-class RunView:
-    """What a host's front end (the Lightning callback, a loop's `Stabilizer`, the HF callback)
-    shows of its `run`: nothing before the run starts, the last run's after it."""
-
-    run: RunMonitor | None
-
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding of the run so far (every rank), in order."""
-        return self.run.findings if self.run is not None else []
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps whose update did not happen (the guard's skips and undos, the fp16
-        grad scaler's skips)."""
-        return self.run.skipped_steps if self.run is not None else 0
-
-    @property
-    def guard(self) -> StepGuard | None:
-        """The optimizers' guard."""
-        return self.run.guard if self.run is not None else None
-
-    @property
-    def probes(self) -> Probes | None:
-        """The run's probes (None before the run, or if they could not be built)."""
-        return self.run.probes if self.run is not None else None
-
-    @property
-    def root_causes(self) -> int:
-        """Root-cause replays run."""
-        return self.run.root_causes if self.run is not None else 0

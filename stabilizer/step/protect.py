@@ -28,22 +28,21 @@ from typing import Any
 
 import torch
 
-from stabilizer.core.kinds import GUARD_ERROR, NONFINITE_UPDATE
-from stabilizer.core.records import Finding, Severity
-from stabilizer.core.remedies import ROLLBACK, SKIP_STEP
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import GRAD_NORM, NONFINITE_GRADS
 from stabilizer.live.tensors import count_nonfinite
 
 from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, Decision, decide, risky_arithmetic
 from .host import Host
 from .measurement import WeightsCheck
+from .own_findings import first_bad, weights_not_intact
 from .policies import Observe, Protect
 from .ranks import Ranks
 from .replay import root_cause
 from .step import InFlight, OptimizerStep, Stage
 from .weights import WeightsWatch
 
-__all__ = ["GO", "Protection", "Watching"]
+__all__ = ["GO", "Protection", "Remedies", "Watching"]
 
 log = logging.getLogger("stabilizer")
 
@@ -80,11 +79,8 @@ class Watching:
         )  # fmt: skip
         self.root_causes = 0
         self.intact: bool | None = None  # the last check of the weights (None: none)
-
-    @property
-    def check(self) -> WeightsCheck | None:
-        """The fast check of the weights folded into each measurement (None: none)."""
-        return None
+        # The fast check of the weights folded into each measurement (None: none).
+        self.check: WeightsCheck | None = None
 
     def begin(self, step: int) -> list[Finding]:
         """A block's first micro-batch starts (before its forward); its notes."""
@@ -141,13 +137,10 @@ class Protection(Watching):
         assert isinstance(policy, Protect)
         self.policy = policy
         self.weights = WeightsWatch(host.module)
+        self.check = self.weights.check
         self.bad_runs: dict[int, int] = {}  # optimizer index -> its consecutive bad steps
         self._reported_bad_weights = False
         self._replayed: object = None  # the first micro-batch of the last replay
-
-    @property
-    def check(self) -> WeightsCheck:
-        return self.weights.check
 
     def begin(self, step: int) -> list[Finding]:
         """Copy the buffers, learn what is new; whether to keep the inputs for a replay."""
@@ -233,11 +226,11 @@ class Protection(Watching):
             # after any restore: what "weights intact" beside it says, counted in full
             step.count_weights(self.weights.count(*self._counted(step)))
         self._weights_checked(step)
-        index = step.optimizer_index
+        index, failed = step.optimizer_index, step.bad
         before = self.bad_runs.get(index, 0)
-        if step.bad and before == 0:
-            step.found.extend(_first_bad(step))
-        bad = before + 1 if step.bad or step.ended is Stage.REVERTED else 0
+        if failed and before == 0:
+            step.found.extend(first_bad(step))
+        bad = before + 1 if failed or step.ended is Stage.REVERTED else 0
         self.bad_runs[index] = bad
         if step.weights_bad:
             return True, "the weights are not finite"
@@ -280,18 +273,7 @@ class Protection(Watching):
         return [self._bad_weights(self.host.step, after=True)]
 
     def _bad_weights(self, step: int, *, after: bool) -> Finding:
-        first = self.weights.first_changed(self.host.optimizers)
-        when = "after the last step" if after else f"before step {step}"
-        message = (
-            f"non-finite values in the weights {when} ({first}): an update that was let through, "
-            "or code outside the optimizer, made them so; the weights are NOT intact. Resume "
-            "from the last good checkpoint, and see docs/protection.md for what the guard "
-            "cannot see"
-        )
-        return Finding(
-            NONFINITE_UPDATE, step, step, Severity.CRITICAL, message,
-            {"checked_step": float(step)}, ("optimizer",), (ROLLBACK,),
-        )  # fmt: skip
+        return weights_not_intact(step, self.weights.first_changed(self.host.optimizers), after)
 
     def _replay(self, step: OptimizerStep) -> None:
         """Name the cause of the first bad step of an episode: replay its micro-batches."""
@@ -331,29 +313,46 @@ class Protection(Watching):
         self.root_causes = int(state.get("root_causes", 0))
 
 
-def _first_bad(step: OptimizerStep) -> Sequence[Finding]:
-    """The findings of a first bad step that only the monitor knows (no replay needed)."""
-    if step.reason == UNCHECKED or not step.checked:
-        m = step.measurement
-        error = m.error if m is not None else "not measured"
-        message = f"the guard could not check this step ({error}): its update was skipped"
-        unchecked = Finding(
-            kind=GUARD_ERROR, step=step.step, end_step=step.step, severity=Severity.CRITICAL,
-            seen=message,
-        )  # fmt: skip
-        return [unchecked]
-    if step.reason == BAD_LR and step.measurement is not None:  # known cause: no replay
-        lrs = [lr for lr in step.measurement.lrs if lr is not None]
-        message = (
-            f"the learning rate is non-finite or negative at step {step.step} (param groups: "
-            f"{', '.join(f'{lr:g}' for lr in lrs)}): the update would be too; step skipped "
-            "before the optimizer ran. Check the LR scheduler (a division by a zero step count, "
-            "a NaN read from a config)"
-        )
-        evidence = {f"lr_{i}": lr for i, lr in enumerate(lrs)}
-        bad_lr = Finding(
-            NONFINITE_UPDATE, step.step, step.step, Severity.ERROR, message, evidence,
-            ("optimizer",), (SKIP_STEP,),
-        )  # fmt: skip
-        return [bad_lr]
-    return []
+class Remedies:
+    """The remedies of a policy that applies none (``observe``, ``protect``): every answer is
+    "nothing", so the run asks without asking which policy it has.
+
+    Args:
+        host: The training loop.
+        policy: The policy's knobs.
+    """
+
+    def __init__(self, host: Host, policy: object) -> None:
+        self.host = host
+        self.applied: dict[str, int] = {}  # remedy name -> times applied
+
+    @property
+    def lr_factor(self) -> float:
+        """The LR multiplier in force."""
+        return 1.0
+
+    def stepping_past(self, step: int) -> bool:
+        """Whether `step`'s update is skipped to step past bad data after a rollback."""
+        return False
+
+    def start(self, resumed: bool) -> None:
+        """The run starts (`resumed`: from a checkpoint's state, its remedies put back)."""
+
+    def stop(self) -> None:
+        """The run is over: the remedies' hooks removed."""
+
+    def after_step(
+        self, step: int, found: Sequence[Finding], record: StepRecord | None = None
+    ) -> list[Finding]:
+        """What the step's findings call for: the findings of what was done."""
+        return []
+
+    def should_stop(self) -> tuple[bool, str]:
+        """``(should_stop, reason)`` after the last `after_step`."""
+        return False, ""
+
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Back to a checkpoint's state."""

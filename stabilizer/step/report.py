@@ -21,14 +21,14 @@ from dataclasses import replace
 from typing import Any
 
 from stabilizer.core.engine import Engine, is_restart
-from stabilizer.core.isolated import Isolated
+from stabilizer.core.isolated import isolated
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 
-from .auto import Remedies
 from .cost import CostMeter, over_budget_advice
 from .host import Host
 from .live_outputs import LiveOutputs, stream_record
+from .protect import Remedies
 from .step import OptimizerStep
 
 __all__ = ["Reporter"]
@@ -148,15 +148,14 @@ class Reporter:
         """Run one piece of reporting; an error stops the reports (one warning), not the run."""
         if not self._working:
             return
-        with Isolated(self.strict) as part:
-            fn(*args)
-        if part.error is not None:
+        error = isolated(self.strict, fn, *args)
+        if error is not None:
             self._working = False
             log.warning(
                 "stabilizer stopped reporting after an internal error (the protection "
                 "stays on): %r",
-                part.error,
-                exc_info=part.error,
+                error,
+                exc_info=error,
             )
 
     def _report(self, step: OptimizerStep) -> None:
@@ -173,7 +172,8 @@ class Reporter:
                     for engine in self.engines:
                         engine.restart()
                     self._on_restart()
-                self.emit(None, done)
+                if done:
+                    self.emit(None, done)
         m = step.measurement
         numbers = m.numbers if m is not None else None
         self.cost.waited += numbers.waited if numbers is not None else 0.0

@@ -16,11 +16,19 @@ below, in the order a step goes through them — are the only writers of its sta
    ran: the loop stepped past it; nothing of it carries into the next step);
 5. **reported** (`OptimizerStep.report`): its record and findings went out.
 
+Who moves it: the run (`stabilizer.step.monitor.RunMonitor`) at the moments its host hands over
+— a micro-batch begins (`InFlight.begin`), a loss is backpropagated (`InFlight.add_loss`), the
+gradients are ready (open and measure), the guard inside ``optimizer.step`` asks for the
+decision and says how it went (decide, then stepped, skipped or reverted), the block ends
+(`InFlight.end`: what is still open is the scaler's skip or abandoned). Then the policy's
+runtime checks and counts the ended steps (`stabilizer.step.protect`) and the reporter reports
+them (`stabilizer.step.report`).
+
 A transition from a stage that does not allow it is a bug of ours: `StageError`. Every claim
 an output makes about a step — its update applied, skipped, undone or never made, "weights
 intact" — is read from its stage and its checked numbers here, never inferred elsewhere. The
-step holds its loss and micro-batches (device tensors, a replay's inputs) only until it is
-reported.
+step holds its loss and micro-batches (device tensors, a replay's inputs) only until its block
+ends (`OptimizerStep.let_go`), even when its report comes a step later.
 """
 
 from __future__ import annotations
@@ -110,15 +118,23 @@ class OptimizerStep:
         self.skipped_by = ""  # "guard" or "scaler"
         self.weights_nonfinite = 0.0  # counted exactly, when the fast check was positive
         self.replayed = False  # its root cause was looked for
-        self.ended: Stage | None = None
         self.found: list[Any] = []  # the monitor's own findings of the step
+        # What is said of it, written by the transitions (the stage's facts, read as fields):
+        self.ended: Stage | None = None  # how it ended
+        self.open = True  # measured (or about to be), not decided: the guard's judge decides it
+        self.applied = False  # the optimizer's update stands
+        self.skipped = False  # its update did not happen: withheld, undone, or the scaler's skip
+        self.reason = ""  # why the guard withheld it (`stabilizer.step.guard.decide`)
+        self.checked = False  # its numbers were taken (an unmeasured step is checked by nothing)
+        self.weights_bad = False  # the exact count found values turned non-finite
 
     def _move(self, to: Stage, *allowed: Stage) -> None:
         if self.stage not in allowed:
             raise StageError(f"step {self.step}: {self.stage.value} -> {to.value}")
-        self.stage = to
+        self.stage, self.open = to, to in (Stage.READY, Stage.MEASURED)
         if to in _ENDED:
             self.ended = to
+            self.applied, self.skipped = to is Stage.STEPPED, to in (Stage.SKIPPED, Stage.REVERTED)
 
     # --- the transitions, in order ----------------------------------------------------------
 
@@ -131,7 +147,7 @@ class OptimizerStep:
     def decide(self, decision: Decision) -> None:
         """MEASURED -> DECIDED: the guard's decision, inside ``optimizer.step``."""
         self._move(Stage.DECIDED, Stage.MEASURED)
-        self.decision = decision
+        self.decision, self.reason = decision, decision.reason
 
     def stepped(self) -> None:
         """DECIDED -> STEPPED: the optimizer ran."""
@@ -152,9 +168,16 @@ class OptimizerStep:
         self._move(Stage.ABANDONED, Stage.READY, Stage.MEASURED)
 
     def report(self) -> None:
-        """How it ended -> REPORTED; its tensors are let go."""
+        """How it ended -> REPORTED."""
         self._move(Stage.REPORTED, *_ENDED)
+
+    def let_go(self) -> None:
+        """Its block ended: the loss tensor, the micro-batches (a replay's inputs) and the
+        probe's view of the gradients are let go; its numbers are on the host already."""
         self.loss, self.micro = None, []
+        probe = self.measurement.probe if self.measurement is not None else None
+        if probe is not None:
+            probe.forget()
 
     # --- what was checked of it ----------------------------------------------------------------
 
@@ -162,42 +185,15 @@ class OptimizerStep:
         """Its numbers on the host (the step's one host read, done once)."""
         if self.numbers is None and self.measurement is not None:
             self.numbers = self.measurement.read()
+            self.checked = self.numbers is not None
         return self.numbers
 
     def count_weights(self, count: float) -> None:
         """The exact count of values among the weights, optimizer state and buffers that
         turned non-finite (a sync, on a suspect or skipped step only)."""
-        self.weights_nonfinite = count
+        self.weights_nonfinite, self.weights_bad = count, count > 0
 
     # --- what is said of it, read from the stage ---------------------------------------------
-
-    @property
-    def open(self) -> bool:
-        """Measured (or about to be) and not decided yet: the guard's judge decides it."""
-        return self.stage in (Stage.READY, Stage.MEASURED)
-
-    @property
-    def applied(self) -> bool:
-        """The optimizer's update stands."""
-        return self.ended is Stage.STEPPED
-
-    @property
-    def skipped(self) -> bool:
-        """Its update did not happen: withheld, undone, or skipped by the grad scaler."""
-        return self.ended in (Stage.SKIPPED, Stage.REVERTED)
-
-    @property
-    def reason(self) -> str:
-        return self.decision.reason if self.decision is not None else ""
-
-    @property
-    def checked(self) -> bool:
-        """Its numbers were taken (an unmeasured step is checked by nothing)."""
-        return self.numbers is not None
-
-    @property
-    def weights_bad(self) -> bool:
-        return self.weights_nonfinite > 0
 
     @property
     def bad(self) -> bool:
@@ -335,6 +331,7 @@ class InFlight:
         for step_ in self.steps:
             if step_.open:
                 _close(step_)
+            step_.let_go()
         steps, self.steps = self.steps, []
         self.micro, self._open, self._losses, self._last = [], {}, [], None
         return steps
