@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Call", "ModelCalls", "loss_of", "unwrap"]
+from stabilizer.step.host import MicroBatch
+
+__all__ = ["Call", "ModelCalls", "ReplaysCalls", "loss_of", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,24 @@ class ModelCalls:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+class ReplaysCalls:
+    """The replay of a host outside Lightning: the model's recorded calls of the micro-batch
+    again, not the code around them (`Host.replays_loss` is False)."""
+
+    replays_loss = False
+    _calls: ModelCalls | None = None
+
+    def replays_with(self, calls: ModelCalls) -> None:
+        """The model's calls, recorded for a replay."""
+        self._calls = calls
+
+    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
+        """The micro-batch's calls of the model again; the loss from what they return."""
+        if self._calls is None:
+            raise RuntimeError("the model's calls are not recorded")
+        return self._calls.replay(micro.batch)
 
 
 def _autocast(device: str) -> tuple[str, torch.dtype] | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from stabilizer.step.host import HostFacts, MicroBatch
+from stabilizer.step.host import HostFacts
 from stabilizer.step.live_outputs import Sinks
 from stabilizer.step.monitor import RunMonitor
 from stabilizer.step.options import options_from
@@ -42,7 +42,7 @@ from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.ranks import Ranks
 from stabilizer.step.view import RunView
 
-from .calls import Call, ModelCalls, given_loss
+from .calls import Call, ModelCalls, ReplaysCalls, given_loss
 from .loop import inner_optimizer
 from .moments import AfterUnscale, after_backward
 from .scalars import ScalarLogger
@@ -236,7 +236,7 @@ def hf_precision(args: Any) -> str:
     return "bf16-mixed" if getattr(args, "bf16", False) else "32-true"
 
 
-class HFHost:
+class HFHost(ReplaysCalls):
     """A ``Trainer``'s training as the step's host (`stabilizer.step.host.Host`): what only the
     Trainer knows, from the ``TrainingArguments``, the ``TrainerState`` and what its events hand
     over. The optimizer the Trainer steps is accelerate's ``AcceleratedOptimizer``; the guard
@@ -254,7 +254,6 @@ class HFHost:
     """
 
     recount = False  # torch's version counters tell when code wrote the gradients since
-    replays_loss = False  # the model's calls: not a `compute_loss` of the user's around them
 
     def __init__(
         self, args: Any, state: Any, model: nn.Module, optimizer: Any, scheduler: Any, data: Any
@@ -266,7 +265,6 @@ class HFHost:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.step = int(state.global_step)  # the step in flight (HF counts it up before its
         self.checkpoint = ""  # on_step_end, where the monitor reports it); the last saved
-        self._calls: ModelCalls | None = None
         ranks = Ranks.current()
         device = getattr(args, "device", torch.device("cpu"))
         self.facts = HostFacts(
@@ -299,19 +297,10 @@ class HFHost:
         """The Trainer saved a checkpoint at `path`."""
         self.checkpoint = path
 
-    def replays_with(self, calls: ModelCalls) -> None:
-        """The model's calls, recorded for a replay."""
-        self._calls = calls
-
     def new_micro_batch(self) -> None:
         """The next call of the model begins a micro-batch."""
         if self._calls is not None:
             self._calls.fresh = True
-
-    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
-        if self._calls is None:
-            raise RuntimeError("the model's calls are not recorded")
-        return self._calls.replay(micro.batch)
 
     @contextlib.contextmanager
     def replaying(self) -> Iterator[None]:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stabilizer.step.host import HostFacts, MicroBatch
+from stabilizer.step.host import HostFacts
 from stabilizer.step.live_outputs import MetricsLogger, Sinks
 from stabilizer.step.measurement import carried_scale
 from stabilizer.step.monitor import RunMonitor
@@ -40,7 +40,7 @@ from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.ranks import Ranks
 from stabilizer.step.view import RunView
 
-from .calls import Call, ModelCalls, unwrap
+from .calls import Call, ModelCalls, ReplaysCalls, unwrap
 from .fabric import FabricSetup
 from .moments import AfterUnscale
 from .scalars import ScalarLogger
@@ -265,7 +265,7 @@ def _facts(model: nn.Module, precision: str, log_dir: Path | None, strategy: str
     )  # fmt: skip
 
 
-class LoopHost:
+class LoopHost(ReplaysCalls):
     """A plain loop (or Fabric's) as the step's host (`stabilizer.step.host.Host`).
 
     What Lightning's Trainer tells the step, a plain loop tells through `Stabilizer`: the step
@@ -286,7 +286,6 @@ class LoopHost:
     """
 
     recount = True  # the loop's own code may write the gradients after `before_step`
-    replays_loss = False  # the model's calls, not the loop's code around them
     data: object | None = None  # a plain loop does not say (a level change: told by the loss)
     checkpoint: str | None = None  # the loop saves its own checkpoints: the host cannot tell
 
@@ -303,7 +302,6 @@ class LoopHost:
         self.optimizers, self.schedulers = list(optimizers), list(schedulers)
         self.scaler, self.facts, self.clip = scaler, facts, clip
         self.step = 0  # the blocks in which an optimizer step was taken
-        self._calls: ModelCalls | None = None  # the model's calls, for a replay
         self._hooks = [opt.register_step_pre_hook(self._clipping) for opt in self.optimizers]
 
     def set_clip(self, value: float) -> None:
@@ -317,10 +315,6 @@ class LoopHost:
         """The run resumes a checkpoint's, taken after `step` steps."""
         self.step = step
 
-    def replays_with(self, calls: ModelCalls) -> None:
-        """The model's calls, recorded for a replay."""
-        self._calls = calls
-
     def _clipping(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         """A step pre-hook: inside the step, after the guard let it through. Gradients a grad
         scaler has not unscaled yet (a fused optimizer's) are clipped as if unscaled."""
@@ -332,12 +326,6 @@ class LoopHost:
         if carried is not None:
             total = total / carried.to(total)
         torch.nn.utils.clip_grads_with_norm_(params, self.clip, total)
-
-    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
-        """The micro-batch's calls of the model again; the loss from what they return."""
-        if self._calls is None:
-            raise RuntimeError("the model's calls are not recorded")
-        return self._calls.replay(micro.batch)
 
     @contextlib.contextmanager
     def replaying(self) -> Iterator[None]:

@@ -321,7 +321,7 @@ class RunMonitor:
             log.log(
                 level,
                 "stabilizer: step %d: the block ended without an optimizer step: abandoned (its "
-                "loss and gradients are not carried into the next step; said once)",
+                "loss and micro-batches are not carried into the next step; said once)",
                 step.step,
             )
         step.report()

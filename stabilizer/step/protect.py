@@ -81,6 +81,10 @@ class Watching:
         self.intact: bool | None = None  # the last check of the weights (None: none)
         # The fast check of the weights folded into each measurement (None: none).
         self.check: WeightsCheck | None = None
+        self._set_up(policy)
+
+    def _set_up(self, policy: Observe | Protect) -> None:
+        """What the runtime of `policy` holds beside the run's parts."""
 
     def begin(self, step: int) -> list[Finding]:
         """A block's first micro-batch starts (before its forward); its notes."""
@@ -124,19 +128,10 @@ class Protection(Watching):
     protects = True
     policy: Protect
 
-    def __init__(
-        self,
-        host: Host,
-        block: InFlight,
-        policy: Observe | Protect,
-        ranks: Ranks,
-        quiet: Quiet,
-        strict: bool,
-    ) -> None:
-        super().__init__(host, block, policy, ranks, quiet, strict)
+    def _set_up(self, policy: Observe | Protect) -> None:
         assert isinstance(policy, Protect)
         self.policy = policy
-        self.weights = WeightsWatch(host.module)
+        self.weights = WeightsWatch(self.host.module)
         self.check = self.weights.check
         self.bad_runs: dict[int, int] = {}  # optimizer index -> its consecutive bad steps
         self._reported_bad_weights = False
