@@ -175,6 +175,7 @@ class Stabilizer(RunView):
         """The run's monitor, at the first step (after `load_state_dict`, if any)."""
         if self.run is None:
             self.run = RunMonitor(self.host, self.policy, self.options, self._sinks, self._resumed)
+            self.host.clip_after_measuring()
             self.run.start()
         return self.run
 
@@ -302,6 +303,11 @@ class LoopHost(ReplaysCalls):
         self.optimizers, self.schedulers = list(optimizers), list(schedulers)
         self.scaler, self.facts, self.clip = scaler, facts, clip
         self.step = 0  # the blocks in which an optimizer step was taken
+        self._hooks: list[Any] = []
+
+    def clip_after_measuring(self) -> None:
+        """The clipping goes on each optimizer, as a step pre-hook registered after the run's
+        own (under ``observe`` the run measures in one: the norm is the one before clipping)."""
         self._hooks = [opt.register_step_pre_hook(self._clipping) for opt in self.optimizers]
 
     def set_clip(self, value: float) -> None:

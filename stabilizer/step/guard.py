@@ -7,8 +7,9 @@ training step, the backward, every ``on_before_optimizer_step`` hook, the clippi
 judge (`Judge`: the run, `stabilizer.step.monitor.RunMonitor`) whether the step may go ahead,
 on the gradients and the LR as the optimizer will use them, and tells it how the step ended. A
 condemned step returns before the optimizer runs: parameters and optimizer state (moments, step
-counters) stay exactly as they were. Under ``observe`` the guard only measures each step there
-(if nothing measured it before) and lets it through as written.
+counters) stay exactly as they were. Under ``observe`` nothing is wrapped: the optimizer's own
+step hooks tell the judge that a step is under way (it is measured there, if nothing measured it
+before) and that it ran, and the step runs exactly as written.
 
 Optimizers that evaluate their closure themselves, several times (LBFGS), cannot be judged
 before they step: the guard copies their parameters and state, lets them step, and puts the copy
@@ -161,8 +162,9 @@ class StepGuard:
 
     Args:
         judge: Decides each guarded step and hears how it ended.
-        protects: Whether it may skip and undo (``protect``, ``auto``); without, each step is
-            measured and let through as written (``observe``).
+        protects: Whether it may skip and undo (``protect``, ``auto``: ``step`` is wrapped);
+            without, each step is watched through the optimizer's step hooks and runs as
+            written (``observe``).
     """
 
     def __init__(self, judge: Judge, protects: bool = True) -> None:
@@ -173,12 +175,14 @@ class StepGuard:
         self._inert = False
         self._generation = 0  # wrappers of an earlier fit (left inside others') pass through
         self._guarded: dict[int, tuple[torch.optim.Optimizer, Any]] = {}
+        self._hooks: list[Any] = []  # the step hooks of optimizers watched (`observe`)
+        self._decided: set[int] = set()  # watched optimizers decided before their step ran
 
     def cover(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Guard each optimizer not guarded yet (new, or replaced mid-run): cheap when none is."""
         for opt in optimizers:
             if id(opt) not in self._guarded:
-                self._wrap(opt)
+                self._wrap(opt) if self.protects else self._watch(opt)
 
     def covers(self, optimizer: torch.optim.Optimizer) -> bool:
         return id(optimizer) in self._guarded
@@ -200,6 +204,32 @@ class StepGuard:
         for opt, _ in self._guarded.values():
             _unwind(opt)
         self._guarded.clear()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _watch(self, opt: torch.optim.Optimizer) -> None:
+        """Under ``observe``: no wrapper (the step runs exactly as written, closure and all);
+        the optimizer's own step hooks tell the judge the step is under way and that it ran.
+        A step with a closure is measured after it ran (its gradients come from the closure)."""
+        judge, guard = self._judge, self
+
+        def before(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: itself)
+            if not guard._inert and closure is None:
+                judge.judge(optimizer)
+                guard._decided.add(id(optimizer))
+
+        def after(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if guard._inert:
+                return
+            if id(optimizer) not in guard._decided:
+                judge.judge(optimizer)
+            guard._decided.discard(id(optimizer))
+            judge.ran(optimizer, "stepped")
+
+        self._hooks += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
+        self._guarded[id(opt)] = (opt, None)
 
     def _wrap(self, opt: torch.optim.Optimizer) -> None:
         previous = opt.__dict__.get("step")
