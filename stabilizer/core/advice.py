@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from .kinds import IN_THE_LOSS, ROOT_CAUSE, kind_of
 from .records import Finding
-from .remedies import LOW_PRECISION_REMEDIES, TABLE
+from .remedies import LOW_PRECISION_REMEDIES, ROLLBACK, SKIP_STEP, TABLE
 from .run import low_precision
 from .signals import LOSS_SCALE, SKIPPED
 
@@ -107,9 +107,9 @@ def fitting_remedies(
     rows = [(kind_of(f.kind), f) for f in findings]
     nonfinite = [(row, f) for row, f in rows if (row.nan and row.detector) or row.scaler_skips]
     if nonfinite and all(row.scaler_skips or facts.was_skipped(f.step) for row, f in nonfinite):
-        dropped.add("skip_step")
+        dropped.add(SKIP_STEP)
         if recovered:
-            dropped.add("rollback")
+            dropped.add(ROLLBACK)
     return tuple(name for name in dict.fromkeys(remedies) if name not in dropped)
 
 

@@ -1,8 +1,9 @@
 """`Ranks`: the processes of a run under ``torch.distributed``, and the step's reductions.
 
-A plain loop or the Hugging Face ``Trainer`` under DDP runs one process per device, all in one
-``torch.distributed`` process group. The step reduces its numbers across them before it
-decides, so that every rank takes the same decision and joins the same collectives.
+Every host runs one process per device in one ``torch.distributed`` process group (Lightning's
+strategies, a plain loop's or Fabric's DDP, the HF Trainer's). The step reduces its numbers
+across them before it decides, so that every rank takes the same decision and joins the same
+collectives: computed once, here, whatever the host.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from stabilizer.live.probes import GradProbe
 
 __all__ = ["Ranks"]
 
@@ -38,6 +41,14 @@ class Ranks:
     def mean(self, vec: torch.Tensor) -> torch.Tensor:
         """The mean over ranks: a NaN anywhere makes it NaN everywhere, so all decide alike."""
         return self.sum(vec) / self.world_size if self.world_size > 1 else vec
+
+    def reduce(self, vec: torch.Tensor, norms: int, sharded: bool = False) -> torch.Tensor:
+        """A step's numbers over all ranks: the mean, but where each rank holds a shard of every
+        gradient (FSDP) the first `norms` entries (gradient norms, partial) sum as squares."""
+        if not sharded:
+            return self.mean(vec)
+        squares = self.sum(GradProbe.sharded_squares(vec[:norms]))
+        return torch.cat((GradProbe.from_squares(squares), self.mean(vec[norms:])))
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """The sum over ranks (every rank calls it, or none)."""

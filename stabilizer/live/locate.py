@@ -1,12 +1,11 @@
-"""Root cause of a first non-finite step: replay the failing batch under hooks and name the module.
+"""Where a first non-finite step went NaN/Inf: its batch replayed under hooks, the module named.
 
 Nothing is hooked in steady state. When a step first turns NaN/Inf, the caller hands
 `locate_nonfinite` a closure that re-runs that step's forward on the same batch, before the
-optimizer step (so with the same weights), and the random state captured before the step
-(`capture_rng`).
-The replay runs with a forward hook and a full backward hook on every module, all removed
-afterwards, and leaves the caller's ``.grad`` tensors exactly as they were (fairseq's
-``NanDetector``, which does the same with hooks left on for a whole step).
+optimizer step (same weights), with the random state captured before the step. The replay runs
+with a forward and a full backward hook on every module, all removed afterwards, and leaves the
+caller's ``.grad`` tensors exactly as they were (fairseq's ``NanDetector`` does the same with
+hooks left on for a whole step).
 
 A replay that stays finite did not reproduce the fault: it is then classed ``"transient"``
 (non-deterministic kernels or hardware, what Megatron's rerun state machine checks for), otherwise
@@ -35,14 +34,13 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from .held import HeldNonFinite
+from .rng import RngState
 from .tensors import all_finite
 
 __all__ = [
     "ROOT",
     "Localization",
     "Phase",
-    "RngState",
-    "capture_rng",
     "locate_nonfinite",
     "optimizer_produced_nonfinite",
 ]
@@ -56,34 +54,6 @@ _HOOK_WARNINGS = "(Full backward hook is firing|For backward hooks to be called)
 ROOT = "<model>"
 """The replay's name for the model itself (``named_modules`` calls it ``""``); a `Localization`
 names it by its class instead (`_by_class`): ``TinyLM.forward``, ``TinyLM``."""
-
-
-@dataclass(frozen=True)
-class RngState:
-    """The torch random state (CPU and every initialised CUDA device) at one moment.
-
-    Args:
-        cpu: ``torch.get_rng_state()``.
-        cuda: ``torch.cuda.get_rng_state_all()``; empty when CUDA was not initialised.
-    """
-
-    cpu: Tensor
-    cuda: tuple[Tensor, ...] = ()
-
-    def restore(self) -> None:
-        """Put the random state back to what it was at capture."""
-        torch.set_rng_state(self.cpu)
-        if self.cuda:
-            torch.cuda.set_rng_state_all(self.cuda)
-
-
-def capture_rng() -> RngState:
-    """The current random state; cheap (host-side copies), so a caller may take it every step."""
-    cuda: tuple[Tensor, ...] = ()
-    initialized: bool = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-    if torch.cuda.is_available() and initialized:
-        cuda = tuple(torch.cuda.get_rng_state_all())
-    return RngState(torch.get_rng_state(), cuda)
 
 
 @dataclass(frozen=True)
@@ -204,10 +174,10 @@ def locate_nonfinite(
     if held:
         bad_weights = [n for n, p in named_params if n in bad_weights and held.changed([p])]
     saved_grads = [(p, p.grad) for _, p in named_params]  # references: the replay makes new ones
-    after = capture_rng()
+    after = RngState.capture()
     try:
         recorder = _replay_with_fallback(model, run_step, rng_state, loss_scale)
-        bad_grad = _first_nonfinite(named_params, lambda p: p.grad)
+        bad_grad = next(iter(_all_nonfinite(named_params, lambda p: p.grad)), None)
     finally:
         for p, grad in saved_grads:
             p.grad = grad
@@ -402,13 +372,6 @@ def _incoming(obj: Any) -> float:
 def _additive_mask(t: Tensor) -> bool:
     t = t.detach()
     return bool(((t == 0) | (t == -math.inf)).all())
-
-
-def _first_nonfinite(
-    named: list[tuple[str, nn.Parameter]], get: Callable[[nn.Parameter], Tensor | None]
-) -> str | None:
-    found = _all_nonfinite(named, get)
-    return found[0] if found else None
 
 
 def _all_nonfinite(

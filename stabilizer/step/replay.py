@@ -2,11 +2,12 @@
 
 Nothing runs in steady state. On the first bad step of an episode the step's micro-batches are
 run again (same weights, same batches, the random state captured at each one's start) under
-hooks on every module (`stabilizer.live.rootcause.locate_nonfinite`), in a sandbox
+hooks on every module (`stabilizer.live.locate.locate_nonfinite`), in a sandbox
 (`stabilizer.live.sandbox`: gradients, buffers, random states, the modules' attributes and the
-user's containers, generators and iterators put back), with the guard inert and the host's own
-stand-ins (`Host.replaying`: no optimizer or scheduler step, nothing logged). The first
-micro-batch that reproduces the fault is reported; under DDP every rank's answer is gathered.
+user's containers, generators and iterators put back), with the monitor `quiet` (its hooks
+ignore the replay, its guard lets no optimizer step) and the host's own stand-ins
+(`Host.replaying`: no optimizer or scheduler step, nothing logged). The first micro-batch that
+reproduces the fault is reported; under DDP every rank's answer is gathered.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import torch
 from stabilizer.core.isolated import Isolated
 from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
 from stabilizer.core.records import Finding, Severity
+from stabilizer.core.remedies import SKIP_STEP, UPCAST_TO_FP32
 from stabilizer.live.held import HeldNonFinite
-from stabilizer.live.rootcause import Localization, locate_nonfinite
+from stabilizer.live.locate import Localization, locate_nonfinite
 from stabilizer.live.sandbox import sandbox
 
-from .guard import StepGuard
 from .host import Host, MicroBatch
+from .ranks import Ranks
 
 __all__ = ["root_cause"]
 
@@ -37,7 +39,7 @@ def root_cause(
     host: Host,
     micro: Sequence[MicroBatch],
     loss_scale: float,
-    guard: StepGuard,
+    ranks: Ranks,
     step: int,
     *,
     strict: bool = False,
@@ -47,14 +49,14 @@ def root_cause(
     """Replay the failing step's micro-batches and name the module (the module docstring).
 
     Micro-batches whose loss was non-finite are replayed first, then the others in order.
-    `quiet` keeps the monitor's own hooks out of it. None when the replay itself failed
-    (warned; raised when `strict`). Under DDP every rank joins the gather of the answers,
-    failed or not, so none waits.
+    `quiet` keeps the monitor's own hooks and guard out of it. None when the replay itself
+    failed (warned; raised when `strict`). Under DDP every rank joins the gather of the
+    answers, failed or not, so none waits.
     """
     where: Localization | None = None
     index = 0
     with Isolated(strict) as replay:
-        with quiet(), sandbox(host.module) as box, guard.inert(), host.replaying():
+        with quiet(), sandbox(host.module) as box, host.replaying():
             for index in _replay_order(micro):
                 where = locate_nonfinite(
                     host.module, host.replay(micro[index], loss_scale),
@@ -68,14 +70,14 @@ def root_cause(
     if replay.error is not None:
         log.warning("stabilizer: root-cause replay failed: %r", replay.error)
         where = None
-    rank, where, index = _gather(host, where, index)
+    rank, where, index = _gather(ranks, where, index)
     if where is None:
         return None
     finding = _finding(step, where, host.replays_loss)
     # (a replay that stayed finite replayed them all: no one micro-batch to name)
     prefix = f"micro-batch {index + 1} of {len(micro)}: " if len(micro) > 1 else ""
     prefix = prefix if where.reproduced else ""
-    if host.facts.world_size > 1 and where.reproduced:
+    if ranks.world_size > 1 and where.reproduced:
         prefix = f"rank {rank}: {prefix}"
     return replace(finding, seen=prefix + finding.seen) if prefix else finding
 
@@ -90,13 +92,13 @@ def _replay_order(micro: Sequence[MicroBatch]) -> list[int]:
 
 
 def _gather(
-    host: Host, where: Localization | None, index: int
+    ranks: Ranks, where: Localization | None, index: int
 ) -> tuple[int, Localization | None, int]:
     """Under DDP, every rank's answer; the first that reproduced the fault wins."""
-    rank = host.facts.rank
-    if host.facts.world_size > 1:
+    rank = ranks.rank
+    if ranks.world_size > 1:
         # The fault may sit on one rank only (our own processes' objects, never a log's).
-        gathered = host.gather((where, index))
+        gathered = ranks.gather((where, index))
         answers = [(r, a[0], a[1]) for r, a in enumerate(gathered) if a and a[0] is not None]
         reproduced = [a for a in answers if a[1] is not None and a[1].reproduced]
         if reproduced or answers:
@@ -131,7 +133,7 @@ def _finding(step: int, where: Localization, replays_loss: bool = True) -> Findi
     return Finding(
         kind=ROOT_CAUSE, step=step, end_step=step, severity=severity, seen=seen,
         evidence=evidence, location=location,
-        remedies=("upcast_to_fp32", "skip_step") if numerical else ("skip_step",),
+        remedies=(UPCAST_TO_FP32, SKIP_STEP) if numerical else (SKIP_STEP,),
     )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from stabilizer import __version__
 from stabilizer.core.advice import LiveFacts
-from stabilizer.core.isolated import Isolated
+from stabilizer.core.isolated import isolated
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd, RunHeader
 from stabilizer.outputs.jsonl import JsonlWriter
@@ -32,7 +32,7 @@ from stabilizer.outputs.notify import Notifier, as_notifier
 
 from .console import Console
 from .host import HostFacts
-from .tensorboard import TensorBoardOutput
+from .live_tensorboard import TensorBoardOutput
 
 __all__ = [
     "JsonlOutput",
@@ -43,6 +43,7 @@ __all__ = [
     "Output",
     "Sinks",
     "run_header",
+    "stream_record",
 ]
 
 log = logging.getLogger("stabilizer")
@@ -226,15 +227,25 @@ class LiveOutputs:
                 sinks.tensorboard, list(groups), self.heatmap_every, earlier, sinks.every
             ))  # fmt: skip
 
-    def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None:
-        """One reported step (or findings alone) to every output, the findings advised."""
-        if record is not None:
+    @property
+    def path(self) -> Path | None:
+        """The JSONL being written (None: none)."""
+        return self.writer.path if self.writer is not None else None
+
+    def write(self, record: StepRecord | None, found: Sequence[Finding], stream: int = 0) -> None:
+        """One reported step (or findings alone) to every output, the findings advised.
+
+        A step of optimizer k (`stream` k - 1, from 2) is written with its keys prefixed
+        ``opt<k>/`` (its own stream in the logs); the console reads its fate (skipped, checked)
+        from its own keys, whatever the stream."""
+        if record is not None and stream == 0:
             self.facts.see(record.step, record.values)
         if found:
             found = self.facts.advise(found)
+        logged = stream_record(record, stream) if record is not None else None
         for out in self._outputs:
             with self._part(out.name):
-                self._safely(out.name, out.write, record, found)
+                self._safely(out.name, out.write, record if out is self.console else logged, found)
 
     def close(self, end: RunEnd) -> None:
         """The end of the run to every output, each closed."""
@@ -269,16 +280,23 @@ class LiveOutputs:
         """One output's work: an error stops that output (one warning), not the others."""
         if name in self._broken:
             return
-        with Isolated(self.strict) as part:
-            fn(*args)
-        if part.error is not None:
+        error = isolated(self.strict, fn, *args)
+        if error is not None:
             self._broken.add(name)
             log.warning(
                 "stabilizer: the %s output stopped after an error (the other outputs and "
                 "the protection go on): %r",
                 name,
-                part.error,
+                error,
             )
+
+
+def stream_record(record: StepRecord, stream: int) -> StepRecord:
+    """A step of optimizer `stream` + 1 as its stream logs it: from the second optimizer on,
+    its keys prefixed ``opt<k>/``."""
+    if not stream:
+        return record
+    return StepRecord(record.step, {f"opt{stream + 1}/{k}": v for k, v in record.values.items()})
 
 
 def run_header(facts: HostFacts, policy: str, groups: Sequence[str]) -> RunHeader:
