@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -123,20 +124,33 @@ class GradProbe:
             return torch.zeros(len(self.keys), device=self._device)
         device = grads[0].device
         norms = self._norms(grads, device)  # (n_grads,) float64
+        # Summed as squares relative to the largest finite norm: a finite norm of 1e200 (a
+        # 64-true run) squared would overflow even float64, and a finite gradient must never
+        # get a non-finite norm.
+        finite = torch.isfinite(norms)
+        top = torch.where(finite, norms, 0.0).amax().clamp_min(torch.finfo(norms.dtype).tiny)
         # One bucket past the groups holds the tensors that are checked but not logged per group.
         sq = torch.zeros(len(self.groups) + 1, dtype=torch.float64, device=device)
-        sq.index_add_(0, self._group_index(tuple(index), device), norms.square())
-        nonfinite = (~torch.isfinite(norms)).sum().double()
-        return torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
+        sq.index_add_(0, self._group_index(tuple(index), device), (norms / top).square())
+        nonfinite = (~finite).sum().double()
+        return torch.cat((sq.sum().sqrt().view(1) * top, nonfinite.view(1), sq[:-1].sqrt() * top))
 
     def _sums(self, norms: list[float], index: list[int]) -> list[float]:
-        """The total norm, the non-finite count and each group's norm, from the tensors'."""
+        """The total norm, the non-finite count and each group's norm, from the tensors' (as
+        squares relative to the largest finite norm, as `_device_norms` sums them)."""
+        top = max((n for n in norms if math.isfinite(n)), default=0.0) or sys.float_info.min
         sq = [0.0] * (len(self.groups) + 1)
         for i, n in zip(index, norms, strict=True):
-            sq[i] += n * n
-        total = math.sqrt(sum(sq))
+            ratio = n / top
+            sq[i] += ratio * ratio
+        total = math.sqrt(sum(sq)) * top
         nonfinite = sum(1.0 for n in norms if not math.isfinite(n))
-        return [total, nonfinite, *(math.sqrt(v) for v in sq[:-1])]
+        return [total, nonfinite, *(math.sqrt(v) * top for v in sq[:-1])]
+
+    def forget(self) -> None:
+        """Let go of the gradients the last call measured (`untouched` has nothing to compare
+        until the next call): a step's gradients must not outlive it."""
+        self._marks = []
 
     def untouched(self) -> bool:
         """Whether every watched gradient is the tensor the last call measured, unchanged since.

@@ -221,8 +221,8 @@ class GradSpike:
             step=episode["start"],
             end_step=episode["last"],
             severity=Severity.WARNING,
-            seen=f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x {_before(base, records)}) at "
-            f"step {peak_step}, {outcome}",
+            seen=f"gradient norm spiked to {peak:.3g} ({_times(ratio)} "
+            f"{_before(base, records)}) at step {peak_step}, {outcome}",
             evidence=evidence,
             remedies=kind_of(GRAD_SPIKE).remedies,
             advice="clip the gradient norm near its usual level",
@@ -245,6 +245,11 @@ class GradSpike:
         self._tracker.load(state)
         self._clips.load(state)
         self._regime.load(state.get("regime"))  # absent in checkpoints of earlier rounds
+
+
+def _times(ratio: float) -> str:
+    """``"11x"``; past a million, in three digits (``"3.2e+20x"``, never 21 of them)."""
+    return f"{ratio:.0f}x" if ratio < 1e6 else f"{ratio:.3g}x"
 
 
 def _before(base: float, records: int) -> str:
