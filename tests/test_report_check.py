@@ -9,6 +9,7 @@ an fp32 run); the verdict does not point below at notes printed above it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from conftest import TracedRun
 from stabilizer.core.run import RunHeader
 from stabilizer.demo.scenarios import SCENARIOS
-from stabilizer.replay.diagnose import Diagnosis, diagnose
+from stabilizer.replay.diagnose import Diagnosis, Located, diagnose
 from stabilizer.replay.readers import LogReadError
 from stabilizer.report import render_markdown, render_text
 from stabilizer.report.check import check
@@ -82,13 +83,26 @@ def test_a_spike_the_hidden_nan_followed_is_no_recovery(tmp_path: Path, last: in
     text = render_text(diagnosis)
     spike = text.split("#1  ")[1].split("\n#2  ")[0]
     assert "the run recovered" not in spike and "not back by the end of the log" in spike
-    assert "never recovers: the loss is non-finite from step 51" in spike
-    assert "back after 1 step; but the loss is non-finite from step 51" in spike
+    # The spike claims no return the NaN refutes: it has none, or the log's refutation beside it.
+    for claim in ("back after", "recovered: "):
+        assert claim not in spike or "but the loss is non-finite from step 51" in spike
     assert check(diagnosis, text) == []
+
+
+def test_the_check_finds_a_recovery_the_log_refutes(tmp_path: Path) -> None:
+    """A finding that says the loss came back (as a spike detector once took the HF Trainer's
+    0.0 for a NaN loss) where the log shows it non-finite to the end: the report that says "the
+    run recovered" is caught, the one that shows the log's refutation beside it is not."""
+    diagnosis = diagnose(str(_hf_log(tmp_path)))
+    segment, spike = diagnosis.findings[0]
+    back = dataclasses.replace(spike, evidence={**spike.evidence, "recovery_steps": 1.0})
+    diagnosis.findings[0] = Located(segment, back)
+    text = render_text(diagnosis)
+    assert "but the loss is non-finite from step 51" in text and check(diagnosis, text) == []
     said = text.replace("not back by the end of the log", "the run recovered")
     assert check(diagnosis, said) == [
         "#1 says the run recovered; the loss is non-finite from step 51 to the end"
-    ]  # (the check sees what it is for)
+    ]
 
 
 def test_a_bf16_megatron_run_is_not_told_to_switch_to_bf16() -> None:

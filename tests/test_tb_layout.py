@@ -140,12 +140,17 @@ def _heatmap_images(logdir: Path) -> list[Any]:
     return list(acc.Images(HEATMAP_TAG))
 
 
+def _height(rows: int) -> int:
+    """The figure's pixel height for so many rows: 0.22 inch a row, never below the axis label."""
+    return int(100 * max(heatmap._MIN_HEIGHT, 1.2 + 0.22 * rows))
+
+
 def test_the_heatmap_image_has_layer_labels_a_step_axis_and_a_colour_bar(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     _run(tmp_path, depth=4)
     [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
     picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
-    assert picture.size == (900, int(100 * (1.2 + 0.22 * 6)))  # the labelled figure
+    assert picture.size == (900, _height(rows=6))  # the labelled figure
     figure = pytest.importorskip("matplotlib.figure")
     backend = pytest.importorskip("matplotlib.backends.backend_agg")
     fig = figure.Figure()
@@ -162,16 +167,16 @@ def test_a_module_the_loss_never_uses_is_no_row_and_no_scalar(tmp_path: Path) ->
     # No gradient at all is not a zero gradient: the pooler's group is left out of the records
     # (no scalar), and the heatmap has a row for each layer that had one.
     pytest.importorskip("matplotlib")
-    _run(tmp_path, depth=4, model=StackWithPooler)
-    [image] = _heatmap_images(tmp_path / "depth4" / "version_0")
+    _run(tmp_path, depth=8, model=StackWithPooler)  # tall enough that a row shows in the size
+    [image] = _heatmap_images(tmp_path / "depth8" / "version_0")
     picture = PIL.Image.open(io.BytesIO(image.encoded_image_string))
-    assert picture.size == (900, int(100 * (1.2 + 0.22 * 6)))  # embed, 4 blocks, head
+    assert picture.size == (900, _height(rows=10)) != (900, _height(rows=11))  # embed, 8, head
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(tmp_path / "depth4" / "version_0"))
+    acc = EventAccumulator(str(tmp_path / "depth8" / "version_0"))
     acc.Reload()
     norms = {t for t in acc.Tags()["scalars"] if t.startswith("stability/grad_norm/")}
-    assert norms == {f"stability/grad_norm/{g}" for g in _groups(4)}
+    assert norms == {f"stability/grad_norm/{g}" for g in _groups(8)}
 
 
 def test_the_heatmap_paints_zero_at_the_bottom_nan_red_and_inf_white() -> None:

@@ -3,7 +3,7 @@
 A real Lightning `Trainer` with the `StabilityMonitor` trains in a subprocess under ``runs/``:
 Lightning's TensorBoard logger writes its event file first, the monitor opens
 ``stability.jsonl`` beside it a moment later (here: once the watch follows the event file), and
-the loss goes NaN later. The watch, started
+the loss goes NaN once the watch has switched to it. The watch, started
 before ``runs/`` exists, follows the event file, switches to the richer JSONL (no rotation: the
 event file's last record may be half-written), and sees the NaN. A run that starts later in a
 new subfolder with a plain console log is followed too. Each phase waits for the watcher's line
@@ -55,15 +55,23 @@ class Tiny(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
+def wait_for(signal):
+    while not signal.exists():
+        time.sleep(0.05)
+
+
 class EventFileFirst(pl.Callback):
     # At fit start the TensorBoard logger's event file comes first, the monitor's JSONL (its
     # on_fit_start, after this one's) second: wait between the two until the watch follows
-    # the event file (the test says go).
+    # the event file (the test says go); then train once the watch follows the JSONL (the test
+    # says switched), so that the NaN is never in the event file before the watch has switched.
     def on_fit_start(self, trainer, pl_module):
         trainer.logger.experiment.add_scalar("started", 1.0, 0)
         trainer.logger.experiment.flush()
-        while not go.exists():
-            time.sleep(0.05)
+        wait_for(go)
+
+    def on_train_start(self, trainer, pl_module):
+        wait_for(go.with_name("switched"))
 
 
 torch.manual_seed(0)
@@ -98,6 +106,7 @@ def test_watch_switches_from_the_event_file_to_the_jsonl_and_sees_the_nan(
         w.wait_for("events.out.tfevents", "err")  # following the event file
         go.touch()
         w.wait_for("stability.jsonl (a richer log of the run)", "err")
+        (tmp_path / "switched").touch()
         assert w.proc.wait(_WAIT) == 1, (w.out, w.err)  # --exit-on error: the NaN stopped it
     finally:
         train.kill()
