@@ -20,6 +20,7 @@ from stabilizer.core.signals import (
     SKIPPED,
 )
 
+from ._consequence import Probe
 from .base import check_at_least
 from .overflow_risk import computes_in_fp16
 
@@ -75,6 +76,7 @@ class NonFinite:
         self._lowest = math.inf  # the lowest finite loss seen
         self._previous: float | None = None  # the loss of the record before
         self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
+        self._probe = Probe()  # a first non-finite gradient norm held until the next record
 
     def set_run(self, run: RunHeader) -> None:
         """What the run is: AdamW's eps underflows to 0 only where it computes in fp16."""
@@ -98,17 +100,30 @@ class NonFinite:
         if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
             groups = ("optimizer",)
         if not (bad_loss or groups):
-            return self._end(record.step)
+            return self._finite(record.step, loss)
         self._length, self._last = self._length + 1, record.step
         self._loss_seen = self._loss_seen or bad_loss
         only_optimizer = groups == ("optimizer",)
         self._optimizer_only = only_optimizer and (self._start is None or self._optimizer_only)
         if self._start is None:
             self._start = record.step
-            return [self._first(record.step, loss if bad_loss else None, groups)]
+            first = self._first(record.step, loss if bad_loss else None, groups)
+            if not (bad_loss or only_optimizer) and self._probe.may_hold(loss, self._fp16):
+                self._probe.held = first  # judged by the next record (`_consequence`)
+                return []
+            return [first]
+        found = [] if self._probe.held is None else [self._probe.held]  # it repeats: held stands
+        self._probe.held = None
         if self._length == self.persistent_after:
-            return [self._persistent(f"for {self._span()}", Severity.CRITICAL)]
-        return []
+            found.append(self._persistent(f"for {self._span()}", Severity.CRITICAL))
+        return found
+
+    def _finite(self, step: int, loss: float | None) -> list[Finding]:
+        """A finite record: it settles a held non-finite gradient norm (`Probe.judge`) and ends
+        the open episode."""
+        found = [] if self._probe.held is None else [self._probe.judge(loss, step)]
+        self._probe.note(loss)
+        return found + self._end(step)
 
     def _pinned(self, loss: float) -> bool:
         """Whether a finite loss is pinned at a multiple of ``-ln(FLT_MIN)`` (class docstring)."""
@@ -120,18 +135,28 @@ class NonFinite:
         return abs(loss - weight * _FLOOR_LOSS) <= 1e-5 * loss
 
     def _end(self, step: int) -> list[Finding]:
-        """A finite record: the open episode, if any, is over; one that persisted says so."""
+        """A finite record: the open episode, if any, is over; one of several records says so:
+        its first and last step and how many (the first finding named only the first)."""
         found = []
-        if self._start is not None and self._length >= self.persistent_after:
+        if self._start is not None and self._length > 1:
             kind, what, _ = self._what()
+            seen = (
+                f"{what} finite again at step {step} after {self._span('non-finite ')} since "
+                f"step {self._start}"
+            )
+            remedies: tuple[str, ...] = ()
+            if self._length < self.persistent_after:  # (the persistent one said it all)
+                seen = f"{what} non-finite at steps {self._start}-{self._last} ({self._span()}), "
+                seen += f"finite again at step {step}"
+                remedies = kinds.kind_of(kind).remedies
             finding = Finding(
                 kind=kind,
                 step=self._start,
                 end_step=self._last,
                 severity=Severity.INFO,
-                seen=f"{what} finite again at step {step} after {self._span('non-finite ')} "
-                f"since step {self._start}",
+                seen=seen,
                 evidence={"steps": float(self._length)},
+                remedies=remedies,
             )
             found.append(finding)
         self._start, self._length, self._loss_seen = None, 0, False
@@ -207,7 +232,8 @@ class NonFinite:
         )
 
     def finish(self) -> list[Finding]:
-        found = []
+        found = [] if self._probe.held is None else [self._probe.held]  # no next record to judge
+        self._probe.held = None
         if self._length >= self.persistent_after:
             span = f"until the end of the log ({self._span()})"
             found.append(self._persistent(span, Severity.CRITICAL))
@@ -223,6 +249,7 @@ class NonFinite:
             "optimizer_only": self._optimizer_only,
             "lowest": None if self._lowest == math.inf else self._lowest,
             "previous": self._previous,
+            "probe": self._probe.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -234,6 +261,7 @@ class NonFinite:
         self._lowest = math.inf if lowest is None else float(lowest)
         previous = state.get("previous")
         self._previous = None if previous is None else float(previous)
+        self._probe.load(state.get("probe"))  # absent in checkpoints of earlier rounds
 
 
 def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:
