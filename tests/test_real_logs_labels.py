@@ -63,10 +63,6 @@ MISSES = {
     "losses live there) prints as well; only a scale at or below 1 says collapse from one skip",
     "marian_issue376_bouncy_spike": "Cost 5.20 -> 6.60 (1.27x) with one record before it (one "
     "every 2000 updates): no baseline to call it a spike, and it recovers",
-    "zsd_sc_resolver_issue24_mmdet_loss_explodes": "first sight (#39): a jump with one record "
-    "before it counts only once it has stayed up 5 records; the excerpt ends after 3",
-    "mmdet_issue3446_detectors_gradnorm_1e12_from_start": "first sight (#39): two records out of "
-    "all range, `diverged` waits for three",
 }
 
 

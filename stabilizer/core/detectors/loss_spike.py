@@ -23,6 +23,7 @@ _UNMARKED = 10  # records from which a new level the log says nothing of can sho
 _NEW_LEVEL = 4.0  # ...and the most times its old level it may jump to
 _LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
 _FROM_START = 2  # a jump with at most this many records before it blew up where the log starts
+_FAR = 10.0  # a log that ends with its last two losses this multiple of the baseline diverged
 
 
 class LossSpike:
@@ -324,7 +325,9 @@ class LossSpike:
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
         if _new_level(episode):
             return []
-        if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
+        if _far(episode) or (
+            episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True)
+        ):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
         if episode.get("provisional") or "glitch" in episode or "change" in episode:
             return []  # a jump that must stay up, a glitch that must come back: not yet
@@ -353,6 +356,14 @@ class LossSpike:
         self._last = float(run.get("last", 0.0))
         self._zero, self._lost = bool(run.get("zero", state.get("zero"))), run.get("lost")
         self._tracker.load(state)
+
+
+def _far(episode: dict[str, Any]) -> bool:
+    """Whether the log ends with the loss far above its baseline: its last two losses `_FAR`
+    times it or more. No batch's noise goes there and comes back unseen; the excerpt ended
+    before it could settle (ZSD-SC-Resolver#24: 0.85, then 2.44, 63,119 and 1.08e13)."""
+    base, recent = float(episode["baseline"]), episode.get("recent", [])
+    return base > 0.0 and len(recent) >= 2 and min(recent[-2:]) >= _FAR * base
 
 
 def _new_level(episode: dict[str, Any]) -> bool:
