@@ -193,13 +193,46 @@ def test_each_recognised_count(losses: list[float], outputs: int) -> None:
         [2.30 + 0.01 * (-1) ** i for i in range(12)],  # an LM's plateau at 2.30 +- 0.4%
         [10.92 - 0.025 * i for i in range(10)],  # a slow fall through the band: learning
         [10.5 + 0.01 * (-1) ** i for i in range(12)],  # flat, but at no chance level
-        [1.0986] * 12,  # ln(3): no round class count
-        [0.6931] * 12,  # ln(2): DPO's start, GAN equilibria
+        [1.39 + 0.004 * (-1) ** i for i in range(12)],  # an SFT plateau near ln 4 +- 0.3%
+        [0.6931, 0.6925, 0.6938, 0.6921, 0.6940, 0.6918, 0.6935, 0.6915],  # DPO leaving ln 2
     ],
-    ids=["seven", "lm-plateau", "falling", "no-level", "three-classes", "two-classes"],
+    ids=["seven", "lm-plateau", "falling", "no-level", "sft-plateau", "dpo-moving"],
 )
 def test_what_is_no_chance_level(losses: list[float]) -> None:
     assert _run(_records(losses)) == []
+
+
+@pytest.mark.parametrize(
+    ("losses", "outputs"),
+    [
+        ([0.6931] * 12, 2),  # a DPO / reward-model loss that never leaves ln 2
+        ([1.0986] * 12, 3),  # three classes, a uniform guess
+        ([1.3863, 1.3862, 1.3863, 1.3863, 1.3862, 1.3863, 1.3863, 1.3863], 4),  # QuALITY's eval
+    ],
+    ids=["pairwise", "three", "four"],
+)
+def test_a_few_outputs_guessed_uniformly_are_chance_level(
+    losses: list[float], outputs: int
+) -> None:
+    [stall] = _run(_records(losses))[:1]
+    assert stall.evidence["outputs"] == outputs
+
+
+def test_a_dpo_loss_at_ln2_while_its_lr_warms_up_waits_unless_no_gradient_flows() -> None:
+    """DPO starts at ln 2 (policy = reference) and may sit there while its LR warms up; with a
+    gradient norm of exactly 0 nothing can move it (issue #39's first-sight log: 0.6931 flat
+    beside 'grad_norm': 0.0)."""
+
+    def dpo(norm: float) -> list[StepRecord]:
+        return [
+            StepRecord(i + 1, {"loss": 0.6931, "grad_norm": norm, "lr": 5e-7 * (i + 1)})
+            for i in range(12)
+        ]
+
+    assert _run(dpo(1.3)) == []
+    [stall] = _run(dpo(0.0))[:1]
+    assert (stall.kind, stall.step, stall.evidence["outputs"]) == ("stall", 1, 2.0)
+    assert "ln(2) = 0.69315" in stall.message and "pairwise preference" in stall.message
 
 
 def test_a_warm_up_plateau_near_chance_at_the_start_is_no_stall() -> None:

@@ -1,9 +1,10 @@
 """Chance level: the loss of a model that guesses uniformly over N outputs is ln(N).
 
 A cross-entropy loss that sits at ln(N) for a vocabulary or class count a person recognises
-(`VOCABULARIES`, `CLASSES`, or the vocabulary the log states) is the loss of a model that has
-learnt nothing: it gives every token or class the same probability, whatever the input. `Stall`
-uses `ChanceWatch` to say so on any stretch of the run, an excerpt from mid-run included.
+(`VOCABULARIES`, `CLASSES`, a few outputs `FEW` — ln 2 for a pairwise preference — or the
+vocabulary the log states) is the loss of a model that has learnt nothing: it gives every token
+or class the same probability, whatever the input. `Stall` uses `ChanceWatch` to say so on any
+stretch of the run, an excerpt from mid-run included.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from typing import Any, NamedTuple
 from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity
 
-__all__ = ["CLASSES", "RECORDS", "VOCABULARIES", "Chance", "ChanceWatch", "chance_of", "near_some"]
+__all__ = [
+    "CLASSES",
+    "FEW",
+    "RECORDS",
+    "VOCABULARIES",
+    "Chance",
+    "ChanceWatch",
+    "chance_of",
+    "near_some",
+]
 
 VOCABULARIES = (
     30522,  # BERT (uncased)
@@ -45,11 +55,20 @@ CLASSES = (10, 100, 1000)
 healthy language models pass or plateau, so the loss must sit within `NEAR_CLASSES`: a uniform
 guess gives ln(N) to the fourth digit, a healthy plateau wanders more than that."""
 
+FEW = tuple(range(2, 21))
+"""Small output counts: ln 2 = 0.6931 is the chance level of a pairwise preference loss (DPO,
+a reward model's Bradley-Terry loss: chosen and rejected scored alike) and of a binary label;
+ln 3 ... ln 20 those of a few classes or a multiple choice (QuALITY's four options: ln 4 =
+1.3863). Healthy runs pass and plateau here, so the loss must sit within `NEAR_UNIFORM`: to
+the fourth digit, as a model that gives every output the same probability does. Past 20 the
+levels crowd closer than that band and say nothing."""
+
 NEAR_VOCABULARY = 0.01  # of ln(N): within 1% (and the vocabulary the log states)
 NEAR_CLASSES = 0.002  # of ln(N): within 0.2%
 NEAR_UNIFORM = 0.0005  # of ln(N): within 0.05%, a uniform guess to the fourth digit
 RECORDS = 8  # losses in a row at chance level that make a stall
 _FALL = 0.002  # of ln(N): a fall from the first half of the stretch to the second is learning
+_FEW_WHAT = {2: "outputs (the two of a pairwise preference loss, or of a binary label)"}
 
 
 class Chance(NamedTuple):
@@ -70,6 +89,7 @@ def _levels(stated: float | None, near: float | None) -> list[Chance]:
     """Every chance level: the tokenizers', the class counts', the one the log states."""
     levels = [Chance(n, math.log(n), near or NEAR_VOCABULARY) for n in VOCABULARIES]
     levels += [Chance(n, math.log(n), near or NEAR_CLASSES, "classes") for n in CLASSES]
+    levels += [Chance(n, math.log(n), NEAR_UNIFORM, _FEW_WHAT.get(n, "classes")) for n in FEW]
     if stated is not None and stated >= 2:
         what = "tokens or classes (as the log states)"
         levels.append(Chance(round(stated), math.log(stated), near or NEAR_VOCABULARY, what))

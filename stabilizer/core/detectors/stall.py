@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import LOSS, LR, VOCAB_SIZE
+from stabilizer.core.signals import GRAD_NORM, LOSS, LR, VOCAB_SIZE
 
 from ._chance import ChanceWatch, near_some
 from ._robust import median
@@ -102,14 +102,20 @@ class Stall:
             if found:  # a stall from the first step on: one report is enough
                 self._chance.silenced = True
                 return found
+        return self._at_chance(record.step, loss, values.get(GRAD_NORM))
+
+    def _at_chance(self, step: int, loss: float, norm: float | None) -> list[Finding]:
+        """The chance rule on one finite loss (with the gradient norm beside it, if logged)."""
         chance = self._chance
         if self._lr == 0.0 or chance.silenced:
             return []
+        if self._rising and norm != 0.0:
+            return []  # a warm-up: the loss may wait at chance until the LR is up (not at 0 grad)
         stated = self._stated or self.vocab_size
         if chance.open is None and not chance.recent and not near_some(loss, stated):
             return []  # (most losses: far from every chance level)
-        start = not self._done and record.step < self.steps
-        found = chance.update(record.step, loss, stated, start)
+        start = not self._done and step < self.steps
+        found = chance.update(step, loss, stated, start)
         self._done = self._done or bool(found)  # (at chance level: the start rule adds nothing)
         return found
 
