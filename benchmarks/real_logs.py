@@ -14,18 +14,30 @@ command itself, run in this process) and is scored by the rule of the developmen
 - ``divergence``: a divergence, a loss spike (an excerpt may end before any recovery) or a stall;
 - ``overflow``: an fp16 overflow (loss-scale cascade);
 - ``grad_explosion``: a gradient spike or non-finite gradient, or a divergence;
+- ``stall``: a stall (the loss sits at its chance level: the run does not learn);
 
 and, when ``steps`` ``[lo, hi]`` are labelled, the finding's steps must overlap ``[lo, hi]``
 widened by two logging intervals (the mean step distance between records). Findings at info
 level do not count. Exit status 2, an exception or no JSON is a crash (a miss).
 
 Prints one row per case (id, label, labelled steps, right or wrong, the findings) and the totals.
+
+    python benchmarks/real_logs.py --added round5               # only the cases so marked
+    python benchmarks/real_logs.py --added round5 --rule lightning
+
+``--rule lightning`` scores Lightning's one-line rule instead of ``diagnose`` (its
+``SpikeDetection`` defaults: a loss above 3x the mean of the last 10 losses, or a
+non-finite loss, is an alarm) on the very records ``diagnose`` reads (``read_log``, the training
+loss of each `StepRecord`), as findings ``loss_spike`` and ``nonfinite_loss`` scored by the same
+rule: it sees no gradient norm, loss scale or trainer's words, by construction.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +45,9 @@ from typing import Any
 from click.testing import CliRunner
 
 from stabilizer.cli import main as cli
+from stabilizer.core.records import StepRecord
+from stabilizer.core.signals import LOSS
+from stabilizer.replay.readers import LogReadError, read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +57,7 @@ ACCEPT = {  # label → words one of which the kind of an answering finding hold
     "divergence": ("diverg", "loss_spike", "stall"),
     "overflow": ("overflow",),
     "grad_explosion": ("grad", "diverg"),
+    "stall": ("stall",),
 }
 
 
@@ -68,6 +84,35 @@ def diagnose_json(path: Path) -> tuple[dict[str, Any] | None, str]:
     return (data, "") if isinstance(data, dict) else (None, "no JSON object")
 
 
+def lightning_json(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """Lightning's one-line rule on the records ``diagnose`` reads, as a ``--json``-like report."""
+    try:
+        records = [item for item in read_log(path) if isinstance(item, StepRecord)]
+    except LogReadError as exc:
+        return None, f"unread: {exc}"
+    steps = [record.step for record in records]
+    losses = [(r.step, r.values[LOSS]) for r in records if LOSS in r.values]
+    span = {"first": steps[0], "last": steps[-1]} if steps else None
+    return {
+        "findings": lightning_alarms(losses),
+        "inputs": [{"records": len(steps), "steps": span}],
+    }, ""
+
+
+def lightning_alarms(losses: list[tuple[int, float]]) -> list[dict[str, Any]]:
+    """Alarms of ``SpikeDetection(window=10, warmup=1, rtol=2.0)``: > 3x the mean, or NaN."""
+    window: deque[float] = deque(maxlen=10)
+    alarms: list[dict[str, Any]] = []
+    for step, loss in losses:
+        if not math.isfinite(loss):
+            alarms.append({"kind": "nonfinite_loss", "severity": "error", "step": step})
+            continue
+        if window and loss > 3 * sum(window) / len(window):
+            alarms.append({"kind": "loss_spike", "severity": "warning", "step": step})
+        window.append(loss)
+    return alarms
+
+
 def tolerance(data: dict[str, Any]) -> float:
     """Two logging intervals: twice the mean step distance between the records."""
     first = (data.get("inputs") or [{}])[0]
@@ -91,8 +136,9 @@ def answers(finding: dict[str, Any], label: str, window: list[int] | None, tol: 
     return start <= window[1] + tol and end >= window[0] - tol
 
 
-def score(case: dict[str, Any], logs: Path) -> Scored:
-    data, why = diagnose_json(logs / f"{case['id']}.log")
+def score(case: dict[str, Any], logs: Path, rule: str = "diagnose") -> Scored:
+    report = lightning_json if rule == "lightning" else diagnose_json
+    data, why = report(logs / f"{case['id']}.log")
     if data is None:
         return Scored(case, "CRASH", why)
     findings = [
@@ -114,31 +160,52 @@ def score(case: dict[str, Any], logs: Path) -> Scored:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dir", nargs="?", type=Path, default=ROOT / "tests" / "fixtures" / "real")
+    parser.add_argument("--added", help="only the cases whose `added` is this (e.g. round5)")
+    parser.add_argument(
+        "--rule",
+        choices=("diagnose", "lightning"),
+        default="diagnose",
+        help="diagnose (default), or Lightning's one-line rule on the same records",
+    )
     args = parser.parse_args()
     lines = (args.dir / "labels.jsonl").read_text(encoding="utf-8").splitlines()
     cases = [json.loads(line) for line in lines if line.strip()]
-    rows = [score(case, args.dir / "logs") for case in cases]
-    width = max(len(row.case["id"]) for row in rows)
-    print(f"{'case':<{width}}  {'set':<5} {'label':<14} {'steps':<14} {'right':<5}  findings")
+    if args.added is not None:
+        cases = [case for case in cases if str(case.get("added")) == args.added]
+    rows = [score(case, args.dir / "logs", args.rule) for case in cases]
+    print_rows(rows)
+    print_totals("all", rows)
+    dev = [row for row in rows if not row.case.get("added")]
+    if dev:
+        print_totals("dev", dev)
+
+
+def print_rows(rows: list[Scored]) -> None:
+    """One line per case: id, set, label, labelled steps, verdict, the findings."""
+    width = max((len(row.case["id"]) for row in rows), default=4)
+    print(f"{'case':<{width}}  {'set':<6} {'label':<14} {'steps':<14} {'right':<5}  findings")
     for row in rows:
         case = row.case
         steps = "-" if not case.get("steps") else f"{case['steps'][0]}-{case['steps'][1]}"
-        where = "added" if case.get("added") else "dev"
+        added = case.get("added")
+        where = added if isinstance(added, str) else ("added" if added else "dev")
         print(
-            f"{case['id']:<{width}}  {where:<5} {case['label']:<14} {steps:<14} "
+            f"{case['id']:<{width}}  {where:<6} {case['label']:<14} {steps:<14} "
             f"{row.verdict:<5}  {row.found}"
         )
-    for name, subset in (("all", rows), ("dev", [r for r in rows if not r.case.get("added")])):
-        healthy = [r for r in subset if r.case["label"] == "healthy"]
-        troubled = [r for r in subset if r.case["label"] != "healthy"]
-        right = sum(r.verdict == "ok" for r in subset)
-        print(
-            f"{name}: {right}/{len(subset)} right (healthy "
-            f"{sum(r.verdict == 'ok' for r in healthy)}/{len(healthy)}, troubled "
-            f"{sum(r.verdict == 'ok' for r in troubled)}/{len(troubled)}), "
-            f"{sum(r.verdict == 'MISS' for r in healthy)} false alarms, "
-            f"{sum(r.verdict == 'CRASH' for r in subset)} crashes"
-        )
+
+
+def print_totals(name: str, rows: list[Scored]) -> None:
+    """Right of all, of the healthy and of the troubled; false alarms; unread (crashes)."""
+    healthy = [r for r in rows if r.case["label"] == "healthy"]
+    troubled = [r for r in rows if r.case["label"] != "healthy"]
+    print(
+        f"{name}: {sum(r.verdict == 'ok' for r in rows)}/{len(rows)} right (healthy "
+        f"{sum(r.verdict == 'ok' for r in healthy)}/{len(healthy)}, troubled "
+        f"{sum(r.verdict == 'ok' for r in troubled)}/{len(troubled)}), "
+        f"{sum(r.verdict == 'MISS' for r in healthy)} false alarms, "
+        f"{sum(r.verdict == 'CRASH' for r in rows)} crashes"
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ ACCEPT = {
     "divergence": ("diverg", "loss_spike", "stall"),
     "overflow": ("overflow",),
     "grad_explosion": ("grad", "diverg"),
+    "stall": ("stall",),
 }
 
 
@@ -63,6 +64,35 @@ MISSES = {
     "losses live there) prints as well; only a scale at or below 1 says collapse from one skip",
     "marian_issue376_bouncy_spike": "Cost 5.20 -> 6.60 (1.27x) with one record before it (one "
     "every 2000 updates): no baseline to call it a spike, and it recovers",
+    # issue #39: the round-5 logs' first-sight misses (docs/benchmarks.md, "First sight, round 5")
+    "t2t_issue106_transformer_big_diverged_words": "first sight, round 5: the trainer's words "
+    "'ERROR:tensorflow:Model diverged with loss = NaN.' after the last loss line are ignored; "
+    "only the finite loss at step 31601 is read, no finding",
+    "tf_estimator_icme_issue14_diverged_words": "first sight, round 5: unread (exit 2): no "
+    "metric in the log, the NaN is only in the words 'Model diverged with loss = NaN.' and "
+    "NanLossDuringTrainingError",
+    "t2t_vit_issue26_timm_summary_rows_nan": "first sight, round 5: unread (exit 2): bare "
+    "comma-separated rows of timm's summary.csv without their header ('209,nan,4.16,...')",
+    "llm_shearing_issue24_composer_ce_at_ln_vocab": "first sight, round 5: the cross-entropy "
+    "10.375 = ln(32000) with perplexity 32048 at batch 366 is read but not judged against the "
+    "chance level of the vocabulary; no stall",
+    "gpt_neox_issue947_llama_bf16_loss_jumps_to_11": "first sight, round 5: lm_loss 2.28 -> "
+    "11.05 (above ln 32000) after the first update is missed: two records, no baseline, and no "
+    "chance level to compare the jump with",
+    "tinygrad_pr13803_llama3_lr_warmup_flat_healthy": "first sight, round 5: unread (exit 2): "
+    "'N T s run, L loss, LR LR' puts each value before its name (a healthy log scored wrong)",
+    "bigscience_tr8_104B_exp1_jump_not_back": "first sight, round 5: lm loss 6.44 -> 11.42 "
+    "(grad norm 98k -> 220k) and 7.16 210 iterations later, with a '[...]' gap and a validation "
+    "line between: three records, no baseline, the jump not judged by what followed",
+    "odtk_retinanet_issue146_loss_diverging_words": "first sight, round 5: the trainer's words "
+    "'RuntimeError: Loss is diverging! Try lowering the learning rate.' are ignored; one finite "
+    "progress line is read, no finding",
+    "dpo_llms_tool_issue46_loss_ln2_flat": "first sight, round 5: a DPO loss flat at 0.6931 = "
+    "ln 2 with every reward exactly 0.0 (the policy never moved) is not seen as a preference "
+    "loss at its chance level",
+    "qwen_vl_issue352_loss_zero_from_step2": "first sight, round 5: 'loss': 0.0 from the "
+    "second record on (the HF Trainer's value when every loss of the window was non-finite) "
+    "is read as a finite loss; no finding",
 }
 
 
