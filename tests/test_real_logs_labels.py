@@ -73,9 +73,6 @@ MISSES = {
     "NanLossDuringTrainingError",
     "t2t_vit_issue26_timm_summary_rows_nan": "first sight, round 5: unread (exit 2): bare "
     "comma-separated rows of timm's summary.csv without their header ('209,nan,4.16,...')",
-    "llm_shearing_issue24_composer_ce_at_ln_vocab": "first sight, round 5: the cross-entropy "
-    "10.375 = ln(32000) with perplexity 32048 at batch 366 is read but not judged against the "
-    "chance level of the vocabulary; no stall",
     "gpt_neox_issue947_llama_bf16_loss_jumps_to_11": "first sight, round 5: lm_loss 2.28 -> "
     "11.05 (above ln 32000) after the first update is missed: two records, no baseline, and no "
     "chance level to compare the jump with",
@@ -87,9 +84,6 @@ MISSES = {
     "odtk_retinanet_issue146_loss_diverging_words": "first sight, round 5: the trainer's words "
     "'RuntimeError: Loss is diverging! Try lowering the learning rate.' are ignored; one finite "
     "progress line is read, no finding",
-    "dpo_llms_tool_issue46_loss_ln2_flat": "first sight, round 5: a DPO loss flat at 0.6931 = "
-    "ln 2 with every reward exactly 0.0 (the policy never moved) is not seen as a preference "
-    "loss at its chance level",
     "qwen_vl_issue352_loss_zero_from_step2": "first sight, round 5: 'loss': 0.0 from the "
     "second record on (the HF Trainer's value when every loss of the window was non-finite) "
     "is read as a finite loss; no finding",

@@ -189,7 +189,7 @@ def test_each_recognised_count(losses: list[float], outputs: int) -> None:
 @pytest.mark.parametrize(
     "losses",
     [
-        [10.8259] * 7,  # seven records: too few
+        [10.83, 10.79, 10.86, 10.81, 10.84, 10.80, 10.85],  # seven near ln V, none on it: few
         [2.30 + 0.01 * (-1) ** i for i in range(12)],  # an LM's plateau at 2.30 +- 0.4%
         [10.92 - 0.025 * i for i in range(10)],  # a slow fall through the band: learning
         [10.5 + 0.01 * (-1) ** i for i in range(12)],  # flat, but at no chance level
@@ -233,6 +233,28 @@ def test_a_dpo_loss_at_ln2_while_its_lr_warms_up_waits_unless_no_gradient_flows(
     [stall] = _run(dpo(0.0))[:1]
     assert (stall.kind, stall.step, stall.evidence["outputs"]) == ("stall", 1, 2.0)
     assert "ln(2) = 0.69315" in stall.message and "pairwise preference" in stall.message
+
+
+def test_four_records_on_a_uniform_guess_at_a_steady_lr_are_chance_level() -> None:
+    """dpo_llms_tool_issue46: 'loss': 0.6931 on four records in a row while the LR decays from
+    1e-05 (no warm-up): a DPO that learns leaves ln 2 within a step or two at that LR."""
+    lrs = [9.99231529256779e-06, 9.991217477220333e-06, 9.990119661872873e-06, 9.989e-06]
+    records = [StepRecord(i + 1, {"loss": 0.6931, "lr": lr}) for i, lr in enumerate(lrs)]
+    [stall] = _run(records)
+    assert (stall.step, stall.end_step, stall.evidence["outputs"]) == (1, 4, 2.0)
+    # Three such records, or four with no LR logged (a warm-up cannot be ruled out): too few.
+    assert _run(records[:3]) == []
+    assert _run([StepRecord(r.step, {"loss": 0.6931}) for r in records]) == []
+
+
+def test_a_short_log_past_the_start_on_a_uniform_guess_is_chance_level() -> None:
+    """llm_shearing_issue24: one Composer record at batch 366, the cross-entropy 10.3750 =
+    ln(32000) to 0.02% (perplexity 32048): the model predicts uniformly after 366 updates."""
+    [stall] = _run([StepRecord(366, {"loss": 10.375})])
+    assert (stall.step, stall.evidence["outputs"]) == (366, 32000.0)
+    assert "the whole log" in stall.message
+    assert _run([StepRecord(36, {"loss": 10.375})]) == []  # at its run's start: no evidence
+    assert _run([StepRecord(366, {"loss": 10.31})]) == []  # 0.6% off: a plateau near it
 
 
 def test_a_warm_up_plateau_near_chance_at_the_start_is_no_stall() -> None:

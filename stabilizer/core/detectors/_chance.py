@@ -23,6 +23,7 @@ __all__ = [
     "CLASSES",
     "FEW",
     "RECORDS",
+    "UNIFORM_RECORDS",
     "VOCABULARIES",
     "Chance",
     "ChanceWatch",
@@ -67,6 +68,7 @@ NEAR_VOCABULARY = 0.01  # of ln(N): within 1% (and the vocabulary the log states
 NEAR_CLASSES = 0.002  # of ln(N): within 0.2%
 NEAR_UNIFORM = 0.0005  # of ln(N): within 0.05%, a uniform guess to the fourth digit
 RECORDS = 8  # losses in a row at chance level that make a stall
+UNIFORM_RECORDS = 4  # ... on a uniform guess to the fourth digit, the LR steady
 _FALL = 0.002  # of ln(N): a fall from the first half of the stretch to the second is learning
 _FEW_WHAT = {2: "outputs (the two of a pairwise preference loss, or of a binary label)"}
 
@@ -159,8 +161,11 @@ class ChanceWatch:
         self.level = 0.0  # the median loss of its first records
         self.silenced = False  # the run's stall is reported already (`Stall`'s start rule)
 
-    def update(self, step: int, loss: float, stated: float | None, start: bool) -> list[Finding]:
-        """Take a finite loss (at a non-zero LR); the findings it settles."""
+    def update(
+        self, step: int, loss: float, stated: float | None, start: bool, steady: bool = False
+    ) -> list[Finding]:
+        """Take a finite loss (at a non-zero LR; ``steady``: logged, not rising); the findings
+        it settles."""
         if self.open is not None:
             if self.open.holds(loss):
                 self.end, self.count = step, self.count + 1
@@ -171,15 +176,48 @@ class ChanceWatch:
                 self.recent.clear()
             return []
         self.recent.append((step, loss))
-        if len(self.recent) < RECORDS:
+        settled = self._settled(stated, start, steady)
+        if settled is None:
+            return []
+        found, first = settled
+        losses = [value for _, value in self.recent][first:]
+        self.open, self.start, self.end = found, self.recent[first][0], step
+        self.reported, self.count, self.level = step, len(losses), _median(losses)
+        return [self._finding(found, "")]
+
+    def _settled(
+        self, stated: float | None, start: bool, steady: bool
+    ) -> tuple[Chance, int] | None:
+        """The level the recent losses sit at and where their stretch begins, once it is
+        evidence: `RECORDS` losses in the level's band (the uniform band at the start of
+        training), or, with the LR steady (logged, not warming up), `UNIFORM_RECORDS` in the
+        uniform band: a loss on a uniform guess to the fourth digit while the optimizer steps at
+        its full LR has nothing more to show, at the start as later (a DPO loss at 0.6931 at
+        steps 7-10 of a run at LR 1e-5: it leaves ln 2 within a step or two when it learns)."""
+        losses = [value for _, value in self.recent]
+        if steady and len(losses) >= UNIFORM_RECORDS:
+            found = chance_of(losses[-UNIFORM_RECORDS:], stated, NEAR_UNIFORM)
+            if found is not None:
+                return found, len(losses) - UNIFORM_RECORDS
+        if len(losses) < RECORDS:
+            return None
+        found = chance_of(losses, stated, NEAR_UNIFORM if start else None)
+        return None if found is None else (found, 0)
+
+    def whole_log(self, stated: float | None) -> list[Finding]:
+        """End of a log too short for a stretch, past the start of its run, whose every loss is
+        in ``recent``: at chance level if they all sit on a uniform guess to the fourth digit
+        (llm-shearing#24: one record at batch 366, CE 10.3750 = ln 32000, perplexity 32048)."""
+        if self.open is not None or not self.recent:
             return []
         losses = [value for _, value in self.recent]
-        found = chance_of(losses, stated, NEAR_UNIFORM if start else None)
+        found = chance_of(losses, stated, NEAR_UNIFORM)
         if found is None:
             return []
-        self.open, self.start, self.end = found, self.recent[0][0], step
-        self.reported, self.count, self.level = step, RECORDS, _median(losses)
-        return [self._finding(found, "")]
+        self.open, self.start, self.end = found, self.recent[0][0], self.recent[-1][0]
+        self.reported, self.count, self.level = self.end, len(losses), _median(losses)
+        self.open = None
+        return [self._finding(found, ", the whole log")]
 
     def finish(self, until: str = ", to the end of the log") -> list[Finding]:
         """The end of the stretch (``until``: of the log): its final span, if it grew after it

@@ -11,7 +11,7 @@ from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS, LR, VOCAB_SIZE
 
-from ._chance import ChanceWatch, near_some
+from ._chance import RECORDS, ChanceWatch, near_some
 from ._robust import median
 from .base import check_at_least, check_fraction
 
@@ -75,7 +75,8 @@ class Stall:
         self._last: deque[float] = deque(maxlen=_SAMPLE)  # the latest losses
         self._recent: deque[float] = deque(maxlen=_LOW)
         self._lowest = math.inf  # the lowest median of `_LOW` consecutive losses so far
-        self._count = 0  # finite losses seen
+        self._count = 0  # finite losses counted by the start rule
+        self._losses = 0  # finite losses seen
         self._lr: float | None = None  # the latest LR
         self._rising = False  # whether the LR rose since the record before: warm-up
         self._stated: float | None = None  # the vocabulary the log states
@@ -94,6 +95,7 @@ class Stall:
         loss = values.get(LOSS)
         if loss is None or not math.isfinite(loss):
             return []
+        self._losses += 1
         if self._first_step is None:
             self._first_step = record.step
             self._done = record.step > self.steps // 4  # the start of training is not in view
@@ -115,7 +117,8 @@ class Stall:
         if chance.open is None and not chance.recent and not near_some(loss, stated):
             return []  # (most losses: far from every chance level)
         start = not self._done and step < self.steps
-        found = chance.update(step, loss, stated, start)
+        steady = self._lr is not None and not self._rising  # (an LR of 0 returned above)
+        found = chance.update(step, loss, stated, start, steady)
         self._done = self._done or bool(found)  # (at chance level: the start rule adds nothing)
         return found
 
@@ -170,7 +173,11 @@ class Stall:
         return [finding]
 
     def finish(self) -> list[Finding]:
-        return self._chance.finish()
+        chance = self._chance
+        short = self._first_step is not None and self._first_step >= self.steps
+        if short and not chance.silenced and self._losses == len(chance.recent) < RECORDS:
+            return chance.whole_log(self._stated or self.vocab_size)
+        return chance.finish()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -183,6 +190,7 @@ class Stall:
             "recent": list(self._recent),
             "lowest": None if math.isinf(self._lowest) else self._lowest,
             "count": self._count,
+            "losses": self._losses,
             "stated": self._stated,
             "chance": self._chance.state_dict(),
         }
@@ -197,6 +205,7 @@ class Stall:
         lowest = state.get("lowest")
         self._lowest = math.inf if lowest is None else float(lowest)
         self._count = int(state.get("count", len(self._first)))
+        self._losses = int(state.get("losses", self._count))
         stated = state.get("stated")
         self._stated = None if stated is None else float(stated)
         self._chance = ChanceWatch()
