@@ -247,6 +247,15 @@ def test_four_records_on_a_uniform_guess_at_a_steady_lr_are_chance_level() -> No
     assert _run([StepRecord(r.step, {"loss": 0.6931}) for r in records]) == []
 
 
+def test_a_smooth_plateau_across_ln_15_at_a_steady_lr_is_no_chance_level() -> None:
+    """An LM's interval-averaged loss at a plateau of 2.70-2.71 moves 0.01-0.05% a record, near
+    ln 15 = 2.7081 (the golden chaotic-0 stream had four such records): a uniform guess prints
+    one number, a plateau moves in the fourth digit."""
+    losses = [2.7085, 2.7080, 2.7078, 2.7083, 2.7079, 2.7084, 2.7077, 2.7082, 2.7080]
+    records = [StepRecord(5000 + 10 * i, {"loss": v, "lr": 3e-4}) for i, v in enumerate(losses)]
+    assert _run(records) == []
+
+
 def test_a_short_log_past_the_start_on_a_uniform_guess_is_chance_level() -> None:
     """llm_shearing_issue24: one Composer record at batch 366, the cross-entropy 10.3750 =
     ln(32000) to 0.02% (perplexity 32048): the model predicts uniformly after 366 updates."""
