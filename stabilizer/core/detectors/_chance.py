@@ -206,8 +206,9 @@ class ChanceWatch:
         evidence: `RECORDS` losses in the level's band (the uniform band at the start of
         training), or, with the LR steady (logged, not warming up), `UNIFORM_RECORDS` in the
         uniform band, the same number each: a loss printed on a uniform guess to the last digit
-        while the optimizer steps at its full LR has nothing more to show, at the start as later (a DPO loss at 0.6931 at
-        steps 7-10 of a run at LR 1e-5: it leaves ln 2 within a step or two when it learns)."""
+        while the optimizer steps at its full LR has nothing more to show, at the start as
+        later (a DPO loss at 0.6931 at steps 7-10 of a run at LR 1e-5: it leaves ln 2 within a
+        step or two when it learns)."""
         losses = [value for _, value in self.recent]
         if steady and len(losses) >= UNIFORM_RECORDS:
             found = chance_of(losses[-UNIFORM_RECORDS:], stated, NEAR_UNIFORM, same=True)
