@@ -9,6 +9,7 @@ from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
 from . import _loss_words as words
+from ._early import Early, never_back
 from ._excerpt import short_spike
 from ._level import RunChanges, fall_rate, falls
 from ._regime import Regime
@@ -126,6 +127,7 @@ class LossSpike:
         self._glitch_bar = 1.0 + glitch
         self.settle_steps, self.settle_records = settle_steps, settle_records
         self._regime = Regime(memory)  # the run's recent rises over its median
+        self._early = Early(min_history, tail_ratio)  # spikes of the first records, held
         self._changes = RunChanges()
         self._records, self._last = 0, 0.0  # finite losses, the last one
         self._first: float | None = None  # the first finite loss
@@ -162,6 +164,8 @@ class LossSpike:
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         """`_classify` on a short excerpt (`_excerpt.short_spike`)."""
+        if not self._early.done:
+            self._rise = loss - window.median()  # (the first records' bumps: `_early`)
         spike = short_spike(loss, window, self)
         if spike is None:
             return None
@@ -188,17 +192,38 @@ class LossSpike:
         ended = tracker.observe(record.step, loss)
         if opened is None and tracker.episode is not None:
             tracker.episode["tail"] = self._regime.bumps.largest()  # the rises before it
-        self._regime.bumps.rises.append(  # (`Bumps.push`, without its call: every record)
-            loss - opened["baseline"] if opened is not None else self._rise
-        )
-        if ended is not None:
-            return self._ended(ended, record.step)
+        rise = loss - opened["baseline"] if opened is not None else self._rise
+        self._regime.bumps.rises.append(rise)  # (`Bumps.push`, without its call: every record)
+        if ended is not None or not self._early.done:
+            return self._settle(record.step, loss, rise, ended, opened is None)
         episode = tracker.episode
         if episode is None:
             return []
         if opened is None:
             self._open(episode, window)
         return self._follow(episode, loss, record.step)
+
+    def _settle(
+        self, step: int, loss: float, rise: float, ended: dict[str, Any] | None, fresh: bool
+    ) -> list[Finding]:
+        """`update` where an episode ended or the first records are not over (`_early`: note
+        the record's rise; once the baseline is long enough, judge the spikes held)."""
+        early, tracker = self._early, self._tracker
+        if not early.done:
+            early.note(step, rise)
+        found = [] if ended is None else self._ended(ended, step)
+        if not early.done and len(tracker.window.values) >= self.min_history:
+            found += self._release()
+        episode = tracker.episode
+        if ended is not None or episode is None:
+            return found
+        if fresh:
+            self._open(episode, tracker.window)
+        return found + self._follow(episode, loss, step)
+
+    def _release(self) -> list[Finding]:
+        """The first records are over: the held spikes that stand out of the run's own bumps."""
+        return [self._regime.report(words.spike(e, e["back"])) for e in self._early.release()]
 
     def _count(self, step: int, loss: float, window: RobustWindow) -> None:
         """Count a finite loss; start the baseline over after a loss that was identically 0;
@@ -249,12 +274,20 @@ class LossSpike:
         if "glitch" in episode:
             tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
             return []
-        if _new_level(episode):
+        if _new_level(episode) or not self._outsized(episode):
             tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
             self._regime.new()
             return []
         episode["called"] = step
         return [words.divergence(episode, end_of_log=False, start_of_run=False)]
+
+    def _outsized(self, episode: dict[str, Any]) -> bool:
+        """Whether a jump that stayed up is outsized for the run's batch-to-batch noise: at
+        once where the baseline is long (its MAD measured that noise); on a short one, if no
+        loss since came back within the range of its few records (`_early.never_back`)."""
+        if episode["baseline_records"] >= self.min_history:
+            return True
+        return never_back(self._tracker.window.values, episode["losses"])
 
     def _jumped(self, loss: float, base: float, band: float) -> bool:
         """Whether ``loss`` clears the long-log bar over ``base`` and its ``band``."""
@@ -298,6 +331,9 @@ class LossSpike:
             return []  # a jump that did not stay up; a level the run made and left again
         if "glitch" in episode and episode["records"] < 2:
             return []  # a glitch must last: one record of a smooth loss may be one batch
+        if not self._early.done and episode["baseline_records"] < self.min_history:
+            self._early.hold(episode, back)  # the run's first records: judged by its own bumps
+            return []
         rise = episode["peak"] - episode["baseline"]
         if episode["baseline_records"] >= self.min_history and rise < self.tail_ratio * episode.get(
             "tail", 0.0
@@ -307,7 +343,8 @@ class LossSpike:
         return [self._regime.report(words.spike(episode, back))]
 
     def finish(self) -> list[Finding]:
-        found = self._close(self._tracker.close())
+        found = self._release() if not self._early.done else []
+        found += self._close(self._tracker.close())
         folded = self._regime.close()
         if folded is not None:
             found.insert(0, folded)
@@ -344,6 +381,7 @@ class LossSpike:
             **self._tracker.state(),
             "regime": self._regime.state(),
             "changes": self._changes.state(),
+            "early": self._early.state(),
             "run": run,
         }
 
@@ -351,6 +389,7 @@ class LossSpike:
         # Earlier rounds' checkpoints have none of these but the tracker's (and a "zero" flag).
         self._regime.load(state.get("regime"))
         self._changes.load(state.get("changes"))
+        self._early.load(state.get("early"))
         run = state.get("run", {})
         self._records, self._first = int(run.get("records", 0)), run.get("first")
         self._last = float(run.get("last", 0.0))
