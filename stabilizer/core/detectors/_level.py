@@ -16,10 +16,13 @@ from typing import Any
 
 from stabilizer.core.signals import LR, NEW_DATA
 
-__all__ = ["RunChanges", "fall_rate", "falls"]
+from ._trend import Trend
+
+__all__ = ["RunChanges", "fall_rate", "falls", "learns"]
 
 _RESTART = 1.5  # an LR at least this multiple of the record before's has restarted...
 _KNOWN = 1.05  # ...when it is at most this multiple of the highest LR the run used before
+_LEARNS = 3.0  # standard errors below flat that make the slope of a new level's losses a fall
 
 
 class RunChanges:
@@ -89,3 +92,13 @@ def falls(values: Sequence[float], usual: float, rel: float = 0.02) -> bool:
         return False
     rate = fall_rate(values)
     return rate > 0.0 and rate >= 0.5 * usual and rate * len(values) > rel * abs(values[0])
+
+
+def learns(values: Sequence[float]) -> bool:
+    """Whether a loss learns over ``values`` (in order): the least-squares line through them
+    falls `_LEARNS` standard errors below flat (`Trend`), so that the swings of a loss thrown
+    about at a high level are no fall, however large."""
+    trend = Trend()
+    for value in values:
+        trend.add(value)
+    return trend.falling(0.0, t=_LEARNS)

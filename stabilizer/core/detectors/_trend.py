@@ -33,8 +33,8 @@ class Trend:
         self.sxy += x * y
         self.syy += y * y
 
-    def falling(self, by: float) -> bool:
-        """Whether the losses fall: the slope `_T` standard errors below 0, and the line's fall
+    def falling(self, by: float, t: float = _T) -> bool:
+        """Whether the losses fall: the slope ``t`` standard errors below 0, and the line's fall
         over the records at least ``by``."""
         n = self.n
         if n < 3:
@@ -46,7 +46,7 @@ class Trend:
         slope = dxy / dxx
         residual = max(dyy - slope * dxy, 0.0) / (n - 2)  # the variance about the line
         error = math.sqrt(residual / dxx)
-        return slope < -_T * error and -slope * (n - 1) >= by
+        return slope < -t * error and -slope * (n - 1) >= by
 
     def state(self) -> dict[str, Any]:
         """The sums, as plain data."""
