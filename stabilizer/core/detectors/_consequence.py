@@ -11,12 +11,13 @@ non-finite norm the run does not step past — the next norm non-finite too, the
 its band, another one a few records later — is the failure it looks like.
 
 So where the run may compute in fp16 (its header says so, or nothing says it does not), the first
-non-finite gradient norm of an episode with a finite loss is held one record, and judged then.
+non-finite gradient norm of an episode with a finite loss is held one record, and judged then:
+stepped past when the next loss is within 1.5x of the losses beside it and before it, and the next
+norm is finite.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -25,39 +26,37 @@ from stabilizer.core.records import Finding, Severity
 
 __all__ = ["Probe"]
 
-_BAND = 1.5  # a next loss above this multiple of the last losses has left its band
-_RECENT = 5  # finite losses that make the band
+_BAND = 1.5  # a next loss above this multiple of the losses beside the norm and before it: out
 _REPEAT = 10  # a second non-finite norm within this many records is no probe: it repeats
 
 
 class Probe:
-    """The held finding of a non-finite gradient norm, and the losses that make its band."""
+    """The held finding of a non-finite gradient norm, the loss beside it (its band), and how
+    many records ago the run last stepped past one."""
 
     def __init__(self) -> None:
         self.held: Finding | None = None  # the first finding of an episode, held one record
-        self._losses: deque[float] = deque(maxlen=_RECENT)  # the last finite losses
-        self._since = _REPEAT  # records since the last probe the run stepped past
+        self.band = 0.0  # the losses beside the held norm and before it: the next within 1.5x
+        self.recent = 0  # records left until a new non-finite norm may be a probe again
 
     def may_hold(self, loss: float | None, fp16: bool | None) -> bool:
         """Whether a non-finite gradient norm beside ``loss`` (finite or None) may be a probe:
         the run may compute in fp16 and no probe came in the last `_REPEAT` records."""
-        return fp16 is not False and self._since >= _REPEAT and loss is not None
+        return fp16 is not False and not self.recent and loss is not None
 
-    def note(self, loss: float | None) -> None:
-        """A finite record: its loss joins the band."""
-        self._since += 1
-        if loss is not None:
-            self._losses.append(loss)
+    def hold(self, finding: Finding, band: float) -> None:
+        """Hold ``finding``, the first of an episode; ``band``: the larger of the finite losses
+        beside its norm and of the record before."""
+        self.held, self.band = finding, band
 
     def judge(self, loss: float | None, next_step: int) -> Finding:
         """The held finding, settled by a finite next record with ``loss``: INFO when the run
         stepped past it (the loss in its band), else the held ERROR."""
         held, self.held = self.held, None
         assert held is not None
-        band = _BAND * max(self._losses, default=0.0)
-        if loss is not None and self._losses and loss > band:
+        if loss is not None and loss > _BAND * self.band:
             return held  # the loss left its band: the step did harm
-        self._since = 0
+        self.recent = _REPEAT
         return replace(
             held,
             severity=Severity.INFO,
@@ -69,14 +68,13 @@ class Probe:
         )
 
     def state(self) -> dict[str, Any]:
-        """The held finding and the band, as plain data."""
+        """The held finding, its band and the records left, as plain data."""
         held = None if self.held is None else self.held.to_dict()
-        return {"held": held, "losses": list(self._losses), "since": self._since}
+        return {"held": held, "band": self.band, "recent": self.recent}
 
     def load(self, state: Mapping[str, Any] | None) -> None:
         """Restore from `state` (None: a checkpoint of an earlier version: nothing held)."""
         state = state or {}
         held = state.get("held")
         self.held = None if held is None else Finding.from_dict(held)
-        self._losses = deque((float(v) for v in state.get("losses", ())), maxlen=_RECENT)
-        self._since = int(state.get("since", _REPEAT))
+        self.band, self.recent = float(state.get("band", 0.0)), int(state.get("recent", 0))

@@ -127,6 +127,7 @@ class LossSpike:
         self.settle_steps, self.settle_records = settle_steps, settle_records
         self._regime = Regime(memory)  # the run's recent rises over its median
         self._early = Early(min_history, tail_ratio)  # spikes of the first records, held
+        self._first_records = True  # (`not self._early.done`, read every record)
         self._changes = RunChanges()
         self._records, self._last = 0, 0.0  # finite losses, the last one
         self._first: float | None = None  # the first finite loss
@@ -193,7 +194,7 @@ class LossSpike:
             tracker.episode["tail"] = self._regime.bumps.largest()  # the rises before it
         rise = loss - opened["baseline"] if opened is not None else self._rise
         self._regime.bumps.rises.append(rise)  # (`Bumps.push`, without its call: every record)
-        if ended is not None or not self._early.done:
+        if ended is not None or self._first_records:
             return self._settle(record.step, loss, rise, ended, opened is None)
         episode = tracker.episode
         if episode is None:
@@ -222,6 +223,7 @@ class LossSpike:
 
     def _release(self) -> list[Finding]:
         """The first records are over: the held spikes that stand out of the run's own bumps."""
+        self._first_records = False
         return [self._regime.report(words.spike(e, e["back"])) for e in self._early.release()]
 
     def _count(self, step: int, loss: float, window: RobustWindow) -> None:
@@ -388,6 +390,7 @@ class LossSpike:
         self._regime.load(state.get("regime"))
         self._changes.load(state.get("changes"))
         self._early.load(state.get("early"))
+        self._first_records = not self._early.done
         run = state.get("run", {})
         self._records, self._first = int(run.get("records", 0)), run.get("first")
         self._last = float(run.get("last", 0.0))

@@ -88,7 +88,7 @@ class NonFinite:
             key.startswith(GRAD_NORM_PREFIX) for key in values
         ):
             return []
-        loss = values.get(LOSS)
+        loss, prior = values.get(LOSS), self._previous  # (`_pinned` moves `_previous` on)
         bad_loss = loss is not None and (not math.isfinite(loss) or self._pinned(loss))
         scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
         # A finite sum means every value is finite: no gradient group to look for (most records).
@@ -109,7 +109,9 @@ class NonFinite:
             self._start = record.step
             first = self._first(record.step, loss if bad_loss else None, groups)
             if not (bad_loss or only_optimizer) and self._probe.may_hold(loss, self._fp16):
-                self._probe.held = first  # judged by the next record (`_consequence`)
+                assert loss is not None
+                band = loss if prior is None else max(loss, prior)
+                self._probe.hold(first, band)  # judged by the next record (`_consequence`)
                 return []
             return [first]
         found = [] if self._probe.held is None else [self._probe.held]  # it repeats: held stands
@@ -121,9 +123,13 @@ class NonFinite:
     def _finite(self, step: int, loss: float | None) -> list[Finding]:
         """A finite record: it settles a held non-finite gradient norm (`Probe.judge`) and ends
         the open episode."""
-        found = [] if self._probe.held is None else [self._probe.judge(loss, step)]
-        self._probe.note(loss)
-        return found + self._end(step)
+        probe = self._probe
+        if probe.held is None and not probe.recent:
+            return self._end(step)  # (most records)
+        if probe.held is None:
+            probe.recent -= 1
+            return self._end(step)
+        return [probe.judge(loss, step), *self._end(step)]
 
     def _pinned(self, loss: float) -> bool:
         """Whether a finite loss is pinned at a multiple of ``-ln(FLT_MIN)`` (class docstring)."""

@@ -110,18 +110,22 @@ class Stall:
             if found:  # a stall from the first step on: one report is enough
                 self._chance.silenced = True
                 return found
-        return self._at_chance(record.step, loss, values.get(GRAD_NORM))
-
-    def _at_chance(self, step: int, loss: float, norm: float | None) -> list[Finding]:
-        """The chance rule on one finite loss (with the gradient norm beside it, if logged)."""
         chance = self._chance
         if self._lr == 0.0 or chance.silenced:
             return []
-        if self._rising and norm != 0.0:
-            return []  # a warm-up: the loss may wait at chance until the LR is up (not at 0 grad)
         stated = self._stated or self.vocab_size
         if chance.open is None and not chance.recent and not near_some(loss, stated):
             return []  # (most losses: far from every chance level)
+        return self._at_chance(record.step, loss, values.get(GRAD_NORM), stated)
+
+    def _at_chance(
+        self, step: int, loss: float, norm: float | None, stated: float | None
+    ) -> list[Finding]:
+        """The chance rule on one finite loss near a chance level (with the gradient norm beside
+        it, if logged)."""
+        if self._rising and norm != 0.0:
+            return []  # a warm-up: the loss may wait at chance until the LR is up (not at 0 grad)
+        chance = self._chance
         start = not self._done and step < self.steps
         steady = self._lr is not None and not self._rising  # (an LR of 0 returned above)
         found = chance.update(step, loss, stated, start, steady)
