@@ -84,9 +84,6 @@ MISSES = {
     "odtk_retinanet_issue146_loss_diverging_words": "first sight, round 5: the trainer's words "
     "'RuntimeError: Loss is diverging! Try lowering the learning rate.' are ignored; one finite "
     "progress line is read, no finding",
-    "qwen_vl_issue352_loss_zero_from_step2": "first sight, round 5: 'loss': 0.0 from the "
-    "second record on (the HF Trainer's value when every loss of the window was non-finite) "
-    "is read as a finite loss; no finding",
 }
 
 

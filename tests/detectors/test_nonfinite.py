@@ -218,3 +218,25 @@ def test_a_held_norm_survives_a_checkpoint() -> None:
     restored.load_state_dict(detector.state_dict())
     [finding] = restored.update(StepRecord(40, {"loss": 1.5, "grad_norm": 0.4}))
     assert (finding.severity, finding.step) == (Severity.INFO, 30)
+
+
+def test_a_loss_that_falls_to_exactly_0_at_once_and_stays_is_a_hidden_nan() -> None:
+    """Qwen-VL#352 (fp16 on a V100): 'loss': 3.8462, then 0.0 on every record while the LR warms
+    up: no loss falls to exactly 0 at once; the HF Trainer prints 0.0 for a logging window whose
+    every loss was NaN/Inf."""
+    found = feed(NonFinite(), records("loss", [3.8462] + [0.0] * 6, start=1))
+    assert [(f.kind, f.step, f.severity) for f in found][:1] == [
+        ("nonfinite_loss", 4, Severity.ERROR)
+    ]
+    assert "exactly 0 on 3 records running, right after 3.8462" in found[0].seen
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [[0.0] * 8, [0.8, 0.3, 0.05, 0.004, 0.0, 0.0, 0.0], [2.5, 0.0, 0.0, 2.4, 0.0, 0.0, 2.3]],
+    ids=["zero-from-the-start", "learnt-down-to-0", "two-zeros"],
+)
+def test_losses_of_0_that_are_no_hidden_nan(losses: list[float]) -> None:
+    """GRPO prints 0.0 from its first record; a loss learnt down to 0 gets there gradually;
+    two zeros in a row may be two batches without a target."""
+    assert feed(NonFinite(), records("loss", losses)) == []

@@ -27,6 +27,8 @@ from .overflow_risk import computes_in_fp16
 __all__ = ["NonFinite"]
 
 _FLOOR_LOSS = -math.log(1.1754943508222875e-38)  # -ln(FLT_MIN) = 87.3365: log(0) clamped
+_ZEROS = 3  # losses of exactly 0 in a row ...
+_FELL = 0.5  # ... right after one of at least this much: a NaN the HF Trainer printed as 0.0
 _FP32 = "run LayerNorm/softmax in fp32"
 _MASTER = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
 
@@ -55,8 +57,12 @@ class NonFinite:
 
     A loss pinned at ``-ln(FLT_MIN)`` = 87.3365 (or a whole multiple: Caffe prints the loss times
     its ``loss_weight``), the same value twice running after a lower loss, is a NaN in disguise:
-    every probability underflowed to 0 and the softmax loss clamps log(0) there. It is reported as
-    a non-finite loss, not read as a plateau.
+    every probability underflowed to 0 and the softmax loss clamps log(0) there. So is a loss of
+    exactly 0 for the third record running right after a loss of 0.5 or more: no loss falls to
+    exactly 0 at once, and the HF Trainer prints 0.0 for a logging window whose every loss was
+    NaN/Inf (Qwen-VL#352 in fp16: 3.85, then 0.0 on every record; a loss that is 0 from the first
+    record, as GRPO's early on, is no such fall). Both are reported as a non-finite loss, not read
+    as a plateau.
 
     Args:
         persistent_after: Consecutive non-finite records after which the run counts as stuck.
@@ -75,6 +81,8 @@ class NonFinite:
         self._optimizer_only = False  # whether only the optimizer went non-finite in it
         self._lowest = math.inf  # the lowest finite loss seen
         self._previous: float | None = None  # the loss of the record before
+        self._zeros = 0  # losses of exactly 0 in a row
+        self._before_zeros = 0.0  # the loss before them
         self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
         self._probe = Probe()  # a first non-finite gradient norm held until the next record
 
@@ -132,9 +140,17 @@ class NonFinite:
         return [probe.judge(loss, step), *self._end(step)]
 
     def _pinned(self, loss: float) -> bool:
-        """Whether a finite loss is pinned at a multiple of ``-ln(FLT_MIN)`` (class docstring)."""
+        """Whether a finite loss is a NaN in disguise: pinned at a multiple of ``-ln(FLT_MIN)``,
+        or exactly 0 for the `_ZEROS`-th record running right after a loss of `_FELL` or more
+        (class docstring)."""
         previous, self._previous = self._previous, loss
         lowest, self._lowest = self._lowest, min(self._lowest, loss)
+        if loss == 0.0:
+            if not self._zeros:
+                self._before_zeros = previous or 0.0
+            self._zeros += 1
+            return self._zeros >= _ZEROS and self._before_zeros >= _FELL
+        self._zeros = 0
         if loss != previous or lowest >= loss or loss < _FLOOR_LOSS * 0.9999:
             return False
         weight = round(loss / _FLOOR_LOSS)
@@ -179,7 +195,13 @@ class NonFinite:
         if loss is not None:
             evidence["loss"] = loss
             what, kind = f"loss is {loss}", kinds.NONFINITE_LOSS
-            if math.isfinite(loss):
+            if loss == 0.0:
+                what = (
+                    f"loss is exactly 0 on {self._zeros} records running, right after "
+                    f"{self._before_zeros:g} (no loss falls to exactly 0 at once: the HF Trainer "
+                    "prints 0.0 for a logging window whose every loss was NaN/Inf)"
+                )
+            elif math.isfinite(loss):
                 what = (
                     f"loss is pinned at {loss:g} ({loss / _FLOOR_LOSS:.0f} x 87.3365 = "
                     "-ln(FLT_MIN): every probability underflowed to 0)"
@@ -255,6 +277,7 @@ class NonFinite:
             "optimizer_only": self._optimizer_only,
             "lowest": None if self._lowest == math.inf else self._lowest,
             "previous": self._previous,
+            "zeros": [self._zeros, self._before_zeros],
             "probe": self._probe.state(),
         }
 
@@ -268,6 +291,8 @@ class NonFinite:
         previous = state.get("previous")
         self._previous = None if previous is None else float(previous)
         self._probe.load(state.get("probe"))  # absent in checkpoints of earlier rounds
+        zeros, before = state.get("zeros", (0, 0.0))
+        self._zeros, self._before_zeros = int(zeros), float(before)
 
 
 def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:
