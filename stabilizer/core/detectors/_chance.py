@@ -210,8 +210,9 @@ class ChanceWatch:
         later (a DPO loss at 0.6931 at steps 7-10 of a run at LR 1e-5: it leaves ln 2 within a
         step or two when it learns)."""
         losses = [value for _, value in self.recent]
-        if steady and len(losses) >= UNIFORM_RECORDS:
-            found = chance_of(losses[-UNIFORM_RECORDS:], stated, NEAR_UNIFORM, same=True)
+        last = losses[-UNIFORM_RECORDS:]
+        if steady and len(last) == UNIFORM_RECORDS and max(last) - min(last) <= SAME * last[0]:
+            found = chance_of(last, stated, NEAR_UNIFORM, same=True)
             if found is not None:
                 return found, len(losses) - UNIFORM_RECORDS
         if len(losses) < RECORDS:

@@ -108,6 +108,8 @@ class NonFinite:
         if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
             groups = ("optimizer",)
         if not (bad_loss or groups):
+            if self._probe.held is None and not self._probe.recent:
+                return self._end(record.step)  # (most records)
             return self._finite(record.step, loss)
         self._length, self._last = self._length + 1, record.step
         self._loss_seen = self._loss_seen or bad_loss
@@ -132,8 +134,6 @@ class NonFinite:
         """A finite record: it settles a held non-finite gradient norm (`Probe.judge`) and ends
         the open episode."""
         probe = self._probe
-        if probe.held is None and not probe.recent:
-            return self._end(step)  # (most records)
         if probe.held is None:
             probe.recent -= 1
             return self._end(step)
@@ -150,7 +150,8 @@ class NonFinite:
                 self._before_zeros = previous or 0.0
             self._zeros += 1
             return self._zeros >= _ZEROS and self._before_zeros >= _FELL
-        self._zeros = 0
+        if self._zeros:
+            self._zeros = 0
         if loss != previous or lowest >= loss or loss < _FLOOR_LOSS * 0.9999:
             return False
         weight = round(loss / _FLOOR_LOSS)
