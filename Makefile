@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,plot,hf]"
+	$(BIN)/pip install -q -e ".[dev,plot,hf,wandb,mlflow,trackers]"
 	touch $(STAMP)
 
 demo: $(STAMP)

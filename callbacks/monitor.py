@@ -1,35 +1,40 @@
 """``StabilityMonitor``: the step in a Lightning fit — the hooks, and the Trainer as the host.
 
-Each fit builds one `stabilizer.step.monitor.RunMonitor` (a fit starts clean; a checkpoint is how
-state carries over) with the Trainer as its host (`LightningHost`) and calls it from Lightning's
-hooks: a batch starts, a backward runs, an optimizer is about to step, the batch ends, the fit
-ends. Everything the step does is in `stabilizer.step`, the same code under every host.
+Each fit builds one `stabilizer.step.monitor.RunMonitor` with the Trainer as its host
+(`LightningHost`) and calls it from Lightning's hooks: a batch starts, a backward runs, an
+optimizer is about to step, the batch ends (and the run's answer, stop or not, is acted on),
+the fit ends. A fit that resumes a checkpoint, or that goes on where the last fit of the same
+Trainer stopped (``fit`` → ``validate`` → ``fit``), is the run it continues: its state carries
+over. Everything the step does is in `stabilizer.step`, the same code under every host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import dataclasses
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from stabilizer.core.detectors.base import Detector
-from stabilizer.core.records import Finding
+from stabilizer.core.remedies import SWAP_TO_PRE_LN
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
-from stabilizer.outputs.notify import Notifier, as_notifier
-from stabilizer.step.monitor import Options, RunMonitor, RunView
-from stabilizer.step.outputs import Sinks
+from stabilizer.outputs.notify import Notifier
+from stabilizer.step.host import HostFacts, MicroBatch
+from stabilizer.step.live_outputs import Sinks
+from stabilizer.step.monitor import RunMonitor
+from stabilizer.step.options import options_from, unknown_option
 from stabilizer.step.policies import Policy, as_policy
 from stabilizer.step.swap import SWAPPED, add_param_group, pre_ln_hparams, restore_pre_ln
+from stabilizer.step.view import RunView
 
-from .host import LightningHost
-
-__all__ = ["StabilityMonitor"]
+__all__ = ["LightningHost", "StabilityMonitor", "user_code_after"]
 
 
 class StabilityMonitor(RunView, pl.Callback):
@@ -78,19 +83,24 @@ class StabilityMonitor(RunView, pl.Callback):
         preflight: bool | Mapping[str, bool] = True,
         notify: Notifier | str | None = None,
         cost_budget: float | None = 0.03,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            name = next(iter(unknown))
+            raise unknown_option(name, unknown[name])
         self.policy = as_policy(policy)
-        self.options = Options(
-            list(detectors) if detectors is not None else None, grouping, activation_every,
-            heatmap_every, jsonl, strict, preflight, as_notifier(notify), cost_budget,
-        )  # fmt: skip
+        self.options = options_from({
+            "detectors": list(detectors) if detectors is not None else None,
+            "grouping": grouping, "activation_every": activation_every,
+            "heatmap_every": heatmap_every, "jsonl": jsonl, "strict": strict,
+            "preflight": preflight, "notify": notify, "cost_budget": cost_budget,
+        })  # fmt: skip
         self.run: RunMonitor | None = None  # this fit's (the last fit's, after it)
         self._resumed: dict[str, Any] | None = None  # the checkpoint's state, for the next fit
         self._swap: SwapReport | None = None  # a swap to pre-LN re-applied from a checkpoint
-        self._jsonl: Path | None = None  # the default JSONL of a resumed run
 
-    @property
-    def state_key(self) -> str:
+    @functools.cached_property
+    def state_key(self) -> str:  # (Lightning reads it at every hook: computed once)
         return self._generate_state_key(policy=self.policy.name)
 
     # --- Lightning hooks: each delegates -----------------------------------------------------
@@ -110,15 +120,18 @@ class StabilityMonitor(RunView, pl.Callback):
             trainer.loggers, int(getattr(trainer, "log_every_n_steps", 1)),
             tb[0].experiment if tb and trainer.is_global_zero else None,
         )  # fmt: skip
-        options = self.options
-        if self._jsonl is not None and options.jsonl is True:
-            options = dataclasses.replace(options, jsonl=self._jsonl)
-        self.run = RunMonitor(host, self.policy, options, sinks)
-        earlier: list[Finding] = []
-        if self._resumed is not None:
-            self.run.load_state_dict(self._resumed)
-            earlier, self._resumed = self.run.findings, None
-        self.run.start(earlier)
+        resumed, self._resumed = self._resumed or self._continued(trainer), None
+        self.run = RunMonitor(host, self.policy, self.options, sinks, resumed)
+        self.run.start()
+
+    def _continued(self, trainer: pl.Trainer) -> dict[str, Any] | None:
+        """The last fit's state when this fit goes on where it stopped (the same Trainer,
+        ``fit`` again after it ended): one run, not two."""
+        last = self.run
+        host = last.host if last is not None else None
+        if last is None or not isinstance(host, LightningHost) or host.trainer is not trainer:
+            return None
+        return last.state_dict() if trainer.global_step > 0 else None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -143,8 +156,10 @@ class StabilityMonitor(RunView, pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
+        # Under automatic optimization a batch that stepped nothing is accumulating.
         if self.run is not None:
-            self.run.end()
+            self.run.end(carry=pl_module.automatic_optimization)
+            trainer.should_stop = trainer.should_stop or self.run.should_stop
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run is not None:
@@ -166,17 +181,11 @@ class StabilityMonitor(RunView, pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         run = self.run
-        if run is None:
-            return {}
-        path = run.outputs.default_path
-        state = {"jsonl": str(path) if path is not None else None, SWAPPED: self._swapped}
-        return run.state_dict() | state
+        return run.state_dict() | {SWAPPED: self._swapped} if run is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict:  # applied to the fit's monitor when it starts
+        if state_dict:  # the next fit resumes it
             self._resumed = dict(state_dict)
-            jsonl = state_dict.get("jsonl")
-            self._jsonl = Path(jsonl) if jsonl else None
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -191,8 +200,8 @@ class StabilityMonitor(RunView, pl.Callback):
     @property
     def _swapped(self) -> bool:
         """Whether the model was swapped to pre-LN (in this run, or a run it resumed)."""
-        auto = self.run.auto if self.run is not None else None
-        return self._swap is not None or bool(auto and auto.applied.get("swap_to_pre_ln"))
+        applied = self.run.applied if self.run is not None else {}
+        return self._swap is not None or bool(applied.get(SWAP_TO_PRE_LN))
 
 
 def _watch_checkpoint_loads(pl_module: pl.LightningModule, monitor: StabilityMonitor) -> None:
@@ -210,3 +219,147 @@ def _watch_checkpoint_loads(pl_module: pl.LightningModule, monitor: StabilityMon
 
     on_load_checkpoint.restores_pre_ln = True  # type: ignore[attr-defined]
     pl_module.on_load_checkpoint = on_load_checkpoint  # type: ignore[method-assign]
+
+
+class LightningHost:
+    """A Lightning fit as the step's host (`stabilizer.step.host.Host`): what only the Trainer
+    knows. A root-cause replay runs the LightningModule's ``training_step`` again on the kept
+    batch, with stand-ins for its optimizers and schedulers, ``manual_backward`` only
+    backpropagating and ``self.log`` silent.
+
+    Args:
+        trainer: The Trainer.
+        module: The LightningModule it fits.
+        me: The monitor's callback (code in the callbacks after it may touch the gradients).
+    """
+
+    def __init__(self, trainer: pl.Trainer, module: pl.LightningModule, me: pl.Callback) -> None:
+        self.trainer, self.module = trainer, module
+        self.recount = user_code_after(trainer, module, me)
+        self.replays_loss = True  # the training step again: the loss as the step computed it
+        # `trainer.log_dir` is a broadcast under DDP: every rank asks now, or rank 0 waits.
+        log_dir = trainer.log_dir if trainer.loggers else None
+        accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
+        strategy = trainer.strategy
+        self.facts = HostFacts(
+            precision=str(trainer.precision), accelerator=accelerator,
+            devices=max(1, int(trainer.num_devices)), strategy=type(strategy).__name__,
+            world_size=max(1, int(trainer.world_size)), rank=int(trainer.global_rank),
+            log_dir=Path(log_dir) if log_dir else None, root_dir=Path(trainer.default_root_dir),
+            sharded=isinstance(strategy, FSDPStrategy | ModelParallelStrategy),
+        )  # fmt: skip
+
+    @property
+    def step(self) -> int:
+        return int(self.trainer.global_step)
+
+    @property
+    def data(self) -> object | None:
+        # A new object when Lightning loads the dataloaders again (a new stage, a
+        # `reload_dataloaders_every_n_epochs`).
+        return self.trainer.train_dataloader
+
+    @property
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        return self.trainer.optimizers
+
+    @property
+    def schedulers(self) -> Sequence[Any]:
+        return [config.scheduler for config in self.trainer.lr_scheduler_configs]
+
+    @property
+    def scaler(self) -> Any:
+        return getattr(self.trainer.precision_plugin, "scaler", None)
+
+    @property
+    def clip(self) -> float | None:
+        value = self.trainer.gradient_clip_val
+        return float(value) if value else None
+
+    def set_clip(self, value: float) -> None:
+        self.trainer.gradient_clip_val = value  # Lightning reads it every step
+
+    @property
+    def checkpoint(self) -> str:
+        ckpt = self.trainer.checkpoint_callback
+        return getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
+
+    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
+        """The micro-batch's training step again. Under manual optimization the step
+        backpropagates itself (its loss comes back detached)."""
+        trainer, module = self.trainer, self.module
+
+        def run_step() -> torch.Tensor:
+            backwarded: list[torch.Tensor] = []
+
+            def manual_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+                backwarded.append(loss)
+                torch.autograd.backward(loss * loss_scale, *args, **kwargs)
+
+            module.manual_backward = manual_backward  # type: ignore[method-assign]
+            with trainer.precision_plugin.train_step_context():
+                out = module.training_step(micro.batch, micro.index)
+            if backwarded:
+                return backwarded[-1].detach()
+            loss = out["loss"] if isinstance(out, dict) else out
+            if not isinstance(loss, torch.Tensor):
+                raise TypeError(f"training_step returned {type(out).__name__}, not a loss")
+            return loss
+
+        return run_step
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        """No optimizer or scheduler steps, nothing logged; under DDP the replay's backward does
+        not all-reduce (the other ranks are not replaying in step). The stand-ins are instance
+        attributes, which the step's sandbox undoes."""
+        module = self.module
+        no_sync = getattr(self.trainer.strategy.model, "no_sync", contextlib.nullcontext)
+        optimizers = _inert(module.optimizers(use_pl_optimizer=False))
+        schedulers = module.lr_schedulers()
+        with no_sync():
+            module.optimizers = lambda use_pl_optimizer=True: optimizers  # type: ignore[method-assign]
+            module.lr_schedulers = lambda: _inert(schedulers)  # type: ignore[method-assign]
+            module.log = module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign,assignment]
+            yield
+
+
+def user_code_after(trainer: pl.Trainer, pl_module: pl.LightningModule, me: pl.Callback) -> bool:
+    """Whether code other than Lightning's own clipping runs between the monitor's
+    ``on_before_optimizer_step`` and the optimizer step: a later callback's hook, the module's
+    ``on_before_optimizer_step`` or ``configure_gradient_clipping``."""
+    callbacks = list(getattr(trainer, "callbacks", []))
+    later = callbacks[callbacks.index(me) + 1 :] if me in callbacks else []
+    hook = pl.Callback.on_before_optimizer_step
+    if any(type(cb).on_before_optimizer_step is not hook for cb in later):
+        return True
+    base = pl.LightningModule
+    return (
+        type(pl_module).on_before_optimizer_step is not base.on_before_optimizer_step
+        or type(pl_module).configure_gradient_clipping is not base.configure_gradient_clipping
+    )
+
+
+class _Inert:
+    """An optimizer or scheduler whose ``step`` and ``zero_grad`` do nothing; the rest is the
+    real one's (param groups, state)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _inert(objs: Any) -> Any:
+    if objs is None:
+        return None
+    if isinstance(objs, list | tuple):
+        return [_Inert(o) for o in objs]
+    return _Inert(objs)

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -84,9 +85,10 @@ def main() -> None:
         if stab.should_stop:  # +
             break
     stab.close()  # +
-    if ddp:  # one write per line: every rank prints to the same terminal
+    if ddp:  # one write per line: every rank prints to the same terminal (print writes twice)
         line = f"rank {rank}: step {stab.host.step}, {stab.skipped_steps} skipped, "
-        print(line + f"weights {weights_digest(gpt)}", flush=True)
+        sys.stdout.write(line + f"weights {weights_digest(gpt)}\n")
+        sys.stdout.flush()
         dist.barrier()
         dist.destroy_process_group()
 

@@ -5,12 +5,14 @@
 This spells out what ``stabilizer demo`` does through ``run_scenario``: a LightningModule, a
 DataModule over the stdlib corpus, the scenario's fault injection, a Trainer, and the
 `StabilityMonitor` that watches it (its lines on stderr, its log in
-``LOG_DIR/stability_logs/version_N/stability.jsonl``: ``stabilizer diagnose`` reads it back).
+``LOG_DIR/SCENARIO/stability_logs/version_N/stability.jsonl``, under the scenario's name as the
+demo's: ``stabilizer diagnose`` reads it back).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import lightning.pytorch as pl
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         log_every_n_steps=1,
         enable_checkpointing=False,
         logger=False,
-        default_root_dir=args.log_dir,
+        default_root_dir=str(Path(args.log_dir) / sc.name),  # runs/spike/..., as the demo's
         **precision_args(sc.precision, args.accelerator),
     )
     trainer.fit(model, datamodule=data)

@@ -20,6 +20,7 @@ import click
 
 from stabilizer.core.records import Severity
 from stabilizer.demo.scenarios import PRECISIONS, SCENARIOS, get_scenario
+from stabilizer.outputs.event_file import tensorboard_command
 from stabilizer.outputs.notify import ENV_WEBHOOK
 from stabilizer.replay.readers import FORMAT_ALIASES, READERS
 from stabilizer.report import (
@@ -37,7 +38,6 @@ from stabilizer.report.session import (
     Outputs,
     diagnose_input,
     expand_runs,
-    needs_progress,
     plan_outputs,
     progress_bar,
     warnings_as_lines,
@@ -132,8 +132,13 @@ def demo(
     except CorpusError as e:
         raise click.BadParameter(str(e), param_hint="'--data'") from None
     # Lightning only loads for this command
-    from stabilizer.callbacks.demo.run import quiet_lightning, run_scenario, sample_text
-    from stabilizer.callbacks.demo.summary import missing, protect_line, tensorboard_command
+    from stabilizer.callbacks.demo.run import (
+        cpu_threads,
+        quiet_lightning,
+        run_scenario,
+        sample_text,
+    )
+    from stabilizer.callbacks.demo.summary import missing, run_lines
     from stabilizer.callbacks.monitor import StabilityMonitor
 
     if missing(device):  # one line and exit 2, not Lightning's traceback
@@ -144,6 +149,9 @@ def demo(
     click.echo(
         f"corpus: {corpus.source}, {len(corpus.train):,} train / {len(corpus.val):,} val bytes"
     )
+    threads = cpu_threads(device)
+    if threads:
+        click.echo(threads)
     start = time.perf_counter()
     monitor = StabilityMonitor(policy=policy)
     name = sc.name if data is None else f"{sc.name}-{data.stem}"  # not the stdlib's "healthy"
@@ -162,22 +170,11 @@ def demo(
         trainer_args={"log_every_n_steps": 10},
     )
     elapsed = time.perf_counter() - start
-    metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
     click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: {tensorboard_command(log_dir)})")
-    click.echo(
-        f"{sc.name}: {run.trainer.global_step} steps in {elapsed:.1f} s on "
-        f"{run.trainer.accelerator.__class__.__name__.removesuffix('Accelerator').lower()}, "
-        f"train loss {metrics.get('train/loss', float('nan')):.3f}, "
-        f"val loss {metrics.get('val/loss', float('nan')):.3f}"
-    )
-    why = protect_line(run.trainer, monitor.skipped_steps, policy)
-    if why:
-        click.echo(why)
     jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"
     found = advised_run(monitor.findings, jsonl)  # one per episode, as the console counts
-    click.echo(f"findings: {len(found) or 'none'}")
-    for finding in found:
-        click.echo(f"  {finding}")
+    for line in run_lines(sc.name, run.trainer, elapsed, monitor.skipped_steps, policy, found):
+        click.echo(line)
     if sample:
         click.echo("--- sample ---")
         click.echo(sample_text(run.module.model, corpus.decode, sample))
@@ -240,11 +237,14 @@ def diagnose(
     """Diagnose finished runs from their logs: what went wrong, when, where, and what to do.
 
     PATH is a log file (plain or .gz), a run directory (TensorBoard, Lightning CSV, HF Trainer
-    output) or - for standard input. Formats: the monitor's stability.jsonl, Lightning
-    metrics.csv, TensorBoard event files, the console logs of Megatron-LM, DeepSpeed, the
-    Hugging Face Trainer and fairseq, and any other console log that prints steps and metrics
-    (generic: nanoGPT, llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own; a
-    directory of several runs (runs/, lightning_logs/) is each of its runs, then one overall line.
+    output, a W&B run folder), a tracker's store (mlflow.db, mlruns/, a trackio project's .db,
+    mlflow:URI for a tracking server, a W&B CSV export; STORE#RUN for one run) or - for standard
+    input. Formats: the monitor's stability.jsonl, Lightning metrics.csv, TensorBoard event
+    files and downloads, the console logs of Megatron-LM, DeepSpeed, the Hugging Face Trainer
+    and fairseq, and any other console log that prints steps and metrics (generic: nanoGPT,
+    llm.c, Keras, tqdm bars, ...). Each PATH is diagnosed on its own; a directory or store of
+    several runs (runs/, lightning_logs/, wandb/, mlflow.db) is each of its runs, then one
+    overall line.
 
     Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for a usage error,
     an unreadable input or an output that cannot be written (the worst over all PATHs).
@@ -263,6 +263,9 @@ def diagnose(
     render = None if as_json else render_markdown if markdown else render_text
     try:
         outcomes = _diagnose_all(paths, format_, plans, render, severity)
+        if tb_dir is not None and any(isinstance(o, Diagnosis) for o in outcomes):
+            # one TensorBoard for every run written (several PATHs: one run each inside it)
+            _tell(f"stabilizer diagnose: view: {tensorboard_command(tb_dir)}")
         if as_json:
             _say(json.dumps(report_dict(outcomes, severity), indent=2, allow_nan=False))
         elif len(paths) > 1:
@@ -286,7 +289,7 @@ def _diagnose_all(
     with warnings_as_lines(sys.stderr, "stabilizer diagnose"):
         for index, (path, outputs) in enumerate(zip(paths, plans, strict=True), 1):
             with contextlib.ExitStack() as stack:
-                progress = _progress(path, stack) if needs_progress(path) else None
+                progress = _progress(path, stack)  # (shown once the reading takes a while)
                 outcome, messages = diagnose_input(path, format_, outputs, progress)
             outcomes.append(outcome)
             if isinstance(outcome, Failure):
@@ -335,7 +338,8 @@ def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
     """A progress bar on stderr, by bytes of the input read, on a terminal."""
     if not _stderr_is_terminal():
         return None
-    return progress_bar(f"reading {path}", stack, sys.stderr)
+    name = "standard input" if path == "-" else path
+    return progress_bar(f"reading {name}", stack, sys.stderr)
 
 
 @main.command(name="watch")
@@ -363,11 +367,12 @@ def _progress(path: str, stack: contextlib.ExitStack) -> Wrap | None:
 def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options: Any) -> None:
     """Follow running jobs' logs and report each finding the moment it is found.
 
-    PATH is a log file (it may appear later, rotate or be truncated), a run directory (its
-    newest log is followed) or - for standard input (torchrun ... | tee log | stabilizer
-    watch -), in any format diagnose reads. Each finding is printed as it is found, with the
-    wall time; Ctrl-C, SIGTERM or the end of standard input prints the report diagnose would
-    print.
+    PATH is a log file (it may appear later, rotate or be truncated), a folder (the newest run
+    below it, at any depth, its richest log: stability.jsonl, then an event file, metrics.csv,
+    *.log or *.out; a run that starts later below it is followed too) or - for standard input
+    (torchrun ... | tee log | stabilizer watch -), in any format diagnose reads. Each finding
+    is printed as it is found, with the wall time; Ctrl-C, SIGTERM or the end of standard input
+    prints the report diagnose would print.
 
     Exit status: 1 at the first finding at or above --exit-on; otherwise, at the end, 0 when
     no finding is at or above --fail-on, 1 when one is, 2 for a usage error or an input that

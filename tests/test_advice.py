@@ -187,10 +187,10 @@ def test_set_up_advice_is_no_episode(tmp_path: Path) -> None:
         "    INFO  no gradient clipping: one bad batch ... -> clip the global gradient norm to "
         "1.0 (clip_gradients)"
     )
-    assert text.splitlines()[-1].endswith("; 1 set-up note below (1 info)")
+    assert text.splitlines()[-1].endswith("; 1 set-up note (1 info)")  # (printed above it)
     healthy = render_text(_diagnosis(clip))
     assert "timeline" not in healthy
     assert healthy.splitlines()[-1] == (
-        "verdict: healthy: no instabilities found in 401 records; 1 set-up note below (1 info)"
+        "verdict: healthy: no instabilities found in 401 records; 1 set-up note (1 info)"
     )
     assert "### Set-up" in render_markdown(_diagnosis(clip))

@@ -21,7 +21,8 @@ from stabilizer.demo.model import Block
 from stabilizer.demo.scenarios import Scenario
 from stabilizer.live.remedies import FP32LayerNorm
 from stabilizer.step.auto import AutoRemedies
-from stabilizer.step.monitor import Options, RunMonitor
+from stabilizer.step.monitor import RunMonitor
+from stabilizer.step.options import Options
 from stabilizer.step.policies import Auto
 
 
@@ -109,7 +110,7 @@ def test_a_divergence_that_came_back_calls_for_no_rollback() -> None:
     back = Finding("divergence", 150, 190, Severity.INFO, "loss back under its band", {})
     auto = AutoRemedies(loop_host(), Auto())
     assert auto.after_step(191, [back]) == []
-    assert not auto.exhausted()  # no rollback was wanted (and none could be done)
+    assert not auto.should_stop()[0]  # no rollback was wanted (and none could be done)
 
 
 def test_unknown_remedy_name_is_refused() -> None:
@@ -117,16 +118,20 @@ def test_unknown_remedy_name_is_refused() -> None:
         Auto(allow=["clip", "rollback"])
 
 
-def test_auto_state_rides_in_the_checkpoint() -> None:
-    host = loop_host()
-    run = RunMonitor(host, Auto(), Options(jsonl=False))
-    assert run.auto is not None
-    run.auto.applied["clip_gradients"] = 1
-    run.auto.lr.scale(0.5)
-    other = RunMonitor(host, Auto(), Options(jsonl=False))
-    other.load_state_dict(run.state_dict())
-    assert other.auto is not None and other.auto.applied == {"clip_gradients": 1}
-    assert other.auto.lr.factor == 0.5
+def test_auto_state_rides_in_the_checkpoint_with_its_remedies_in_force() -> None:
+    """A resumed run is the run it resumes: the remedies applied, the LR factor, and the
+    clipping auto switched on (not in the new process's settings) in force again."""
+    run = RunMonitor(loop_host(), Auto(), Options(jsonl=False))
+    auto = run.remedies
+    assert isinstance(auto, AutoRemedies)
+    spike = Finding("loss_spike", 150, 154, Severity.WARNING, "spike", {}, (), ("clip_gradients",))
+    auto.after_step(155, [spike])
+    auto.lr.scale(0.5)
+    fresh = loop_host()  # (a new process: its clipping is the user's, none)
+    other = RunMonitor(fresh, Auto(), Options(jsonl=False), resumed=run.state_dict())
+    other.start()
+    assert other.applied == {"clip_gradients": 1} and other.remedies.lr_factor == 0.5
+    assert fresh.clip == 1.0
 
 
 def test_loss_spike_turns_clipping_on_once() -> None:

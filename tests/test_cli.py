@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -44,7 +45,7 @@ def test_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "healthy: 20 steps in" in result.output
     # The monitor ran: a healthy start finds nothing wrong, only the preflight's note on clipping.
-    assert "findings: 1\n  step 0 info config_risk" in result.output
+    assert "findings: none\nset-up notes: 1\n  step 0 info config_risk" in result.output
     assert "--- sample ---" in result.output
     events = list((tmp_path / "healthy").rglob("events.out.tfevents.*"))
     assert events, result.output
@@ -64,6 +65,21 @@ def test_demo_bad_data_is_a_usage_error(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "data file is empty" in result.output
     assert "Traceback" not in result.output
+
+
+def test_demo_refuses_a_binary_data_file(tmp_path: Path) -> None:
+    """#41: ``demo --data`` trained on a binary file and printed raw bytes as its sample."""
+    binary = tmp_path / "python"
+    binary.write_bytes(Path(sys.executable).resolve().read_bytes()[:4096])
+    result = CliRunner().invoke(main, ["demo", "--data", str(binary)])
+    assert result.exit_code == 2
+    assert f"data file is binary, expected a text file: {binary}" in result.output
+    assert "Traceback" not in result.output
+    latin = tmp_path / "latin.txt"  # any text is a corpus: Latin-1 too
+    latin.write_bytes("déjà vu, où est la gare ? ".encode("latin-1") * 100)
+    args = ["demo", "--data", str(latin), "--steps", "2", "--device", "cpu", "--sample", "0"]
+    result = CliRunner().invoke(main, [*args, "--log-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
 
 
 def test_demo_unknown_scenario_lists_choices() -> None:
@@ -119,9 +135,43 @@ def test_the_demo_of_a_nan_says_that_protect_kept_it_alive(tmp_path: Path) -> No
 
 
 def test_the_tensorboard_command_names_the_venvs_program(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stabilizer.callbacks.demo.summary import tensorboard_command
+    from stabilizer.outputs.event_file import tensorboard_command
 
     monkeypatch.setenv("PATH", "/nonexistent")  # the venv is not activated
     program = tensorboard_command(Path("runs")).split()[0]
     assert program.endswith("tensorboard") and Path(program).is_file()
     assert tensorboard_command(Path("runs")).endswith(" --logdir runs")
+
+
+def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from stabilizer.cli import main; main()", "demo", *args,
+         "--device", "cpu", "--sample", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_the_demo_of_a_run_the_guard_stopped_says_so(tmp_path: Path) -> None:
+    """#41: softmax-fp16 (NaN from step ~31, stopped after 10 in a row) was told "the weights
+    stayed finite, so the run trained on"; its set-up notes were counted as findings."""
+    done = _demo(tmp_path, "--scenario", "softmax-fp16")
+    assert "the guard skipped them, then stopped the run at step " in done.stdout
+    assert "trained on" not in done.stdout
+    findings = done.stdout.split("findings: ")[1].split("set-up notes: ")
+    assert "config_risk" not in findings[0] and "config_risk" in findings[1]
+    stop = [i for i, line in enumerate(done.stderr.splitlines()) if "stopping at step" in line]
+    assert done.stderr.splitlines()[stop[0] + 1].startswith("stabilizer: done at step")
+
+
+def test_the_healthy_demo_is_healthy_and_takes_one_thread(tmp_path: Path) -> None:
+    """#41: the healthy demo's end line said "1 finding (1 info)" (its set-up note) where the
+    README and `diagnose` say healthy; on a loaded CPU its steps took 12x longer with the
+    default threads than with one."""
+    done = _demo(tmp_path, "--steps", "5")
+    assert "cpu: 1 torch thread" in done.stdout
+    [end] = [line for line in done.stderr.splitlines() if line.startswith("stabilizer: done")]
+    assert "healthy, no findings; 1 set-up note (1 info); 0 steps skipped" in end
+    assert "findings: none" in done.stdout and "set-up notes: 1" in done.stdout

@@ -176,6 +176,24 @@ def test_tensorboard_event_file_is_opened_once(
     assert sum(isinstance(item, StepRecord) for item in stream) == 307  # both segments
 
 
+def test_several_inputs_into_tensorboard_say_one_command_for_their_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#41: ``diagnose A B --tensorboard DIR`` suggested a bare ``tensorboard`` (not on PATH
+    without the venv) and one ``--logdir`` per run instead of DIR, where every run is."""
+    monkeypatch.setenv("PATH", "/nonexistent")  # the venv is not activated
+    tb = tmp_path / "tb"
+    result = run(MEGATRON, NANOGPT, "--tensorboard", tb)
+    views = [line for line in result.stderr.splitlines() if "--logdir" in line]
+    assert len(views) == 1 and views[0].endswith(f" --logdir {tb}"), result.stderr
+    program = views[0].split("view: ")[1].split()[0]
+    assert Path(program).is_file(), program
+    assert sorted(path.name for path in tb.iterdir()) == [
+        "1-megatron_gpt345m.log",
+        "2-nanogpt_failing.log",
+    ]
+
+
 def test_tensorboard_into_a_run_directory_needs_force(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(TB_RUN / "version_0", run_dir)

@@ -21,11 +21,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.advice import LiveFacts
+from stabilizer.core.detectors.grad_spike import GradSpike
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.run import RunEnd
+from stabilizer.core.run import Cost, RunEnd
 from stabilizer.replay.diagnose import diagnose
-from stabilizer.step.console import Console, compact_groups
-from stabilizer.step.cost import CAUSES
+from stabilizer.step.console import STOP_LINE, Console, compact_groups
+from stabilizer.step.cost import CAUSES, budget_verdict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -261,7 +262,11 @@ def test_info_reaches_stderr_without_any_logging_config(tmp_path: Path) -> None:
     )
     assert "stabilizer: on, policy protect; 4 depth groups" in done.stderr
     assert "stabilizer: step 0 info config_risk: no gradient clipping" in done.stderr
-    assert "stabilizer: done at step 2: 1 finding (1 info); 0 steps skipped" in done.stderr
+    # (#41) set-up advice is no finding: counted apart, as `diagnose` counts it
+    assert (
+        "stabilizer: done at step 2: healthy, no findings; 1 set-up note (1 info); 0 steps skipped"
+        in done.stderr
+    )
 
 
 @pytest.fixture
@@ -343,7 +348,8 @@ def test_a_nan_that_persists_is_one_episode(printed: list[str]) -> None:
     console.write(StepRecord(5, {"loss": float("nan")}), [first])
     console.write(StepRecord(14, {"loss": float("nan")}), [persists])
     console.close(RunEnd(15))
-    assert printed[-2].startswith("steps 5-14 nonfinite_loss, update: NaN/Inf loss persists")
+    # (#41) the escalation says its severity
+    assert printed[-2].startswith("steps 5-14 critical nonfinite_loss, update: NaN/Inf loss")
     assert printed[-1].startswith(
         "done at step 15: 1 finding (1 critical), worst: steps 5-14 nonfinite_loss"
     ), printed[-1]
@@ -358,3 +364,75 @@ def test_an_fp32_run_prints_no_idle_detector_line(
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not [line for line in lines if "idle" in line]
     assert all(line.startswith("stabilizer: ") for line in lines if r"stabilizer" in line)
+
+
+def _spike(step: int, ratio: float) -> Finding:
+    return Finding(
+        "loss_spike", step, step + 2, Severity.WARNING,
+        f"loss spiked from 2 to {2 * ratio:g} ({ratio:.1f}x) at step {step}, back after 2 steps",
+        {"ratio": ratio, "peak": 2 * ratio}, (), ("clip_gradients",), "clip gradients",
+    )  # fmt: skip
+
+
+def test_a_fold_line_says_the_largest_of_its_repeats(printed: list[str]) -> None:
+    """#41: `loss_spike at 1 more step (160)` hid a 47.9x spike behind the 2.2x one printed."""
+    console = _console()
+    for step, ratio in ((100, 2.2), (130, 2.1), (160, 47.9), (170, 2.3)):
+        console.write(StepRecord(step, {"loss": 2.0}), [_spike(step, ratio)])
+    console.close(RunEnd(200))
+    assert printed[1] == (
+        "loss_spike at 3 more steps (130…170); the largest: loss spiked from 2 to 95.8 (47.9x) "
+        "at step 160, back after 2 steps"
+    )
+
+
+def test_set_up_notes_are_lines_of_their_own_and_nothing_follows_the_stop_line(
+    printed: list[str],
+) -> None:
+    """#41 (the softmax-fp16 demo): the second set-up note was folded and printed after the
+    stop line, as "config_risk at 1 more step (0)"; the end line counted it a finding."""
+    console = _console()
+    console.start(nn.Linear(2, 2), ["block_00"], lambda name: "block_00", None)
+    notes = [
+        Finding("config_risk", 0, None, Severity.INFO, f"note {i}", {}, (), ("clip_gradients",))
+        for i in range(2)
+    ]
+    console.write(StepRecord(0, {"loss": 2.0}), notes)
+    for step, ratio in ((10, 2.0), (20, 3.0)):  # a fold pending when the run stops
+        console.write(StepRecord(step, {"loss": 2.0}), [_spike(step, ratio)])
+    logging.getLogger("stabilizer").error("%s30: 10 non-finite steps in a row", STOP_LINE)
+    console.close(RunEnd(31))
+    assert printed[0] == "on, policy protect; 1 depth group: block_00; no JSONL log"  # (#41)
+    assert [line.split(" -> ")[0] for line in printed[1:3]] == [
+        "step 0 info config_risk: note 0",
+        "step 0 info config_risk: note 1",
+    ]
+    assert printed[-2].startswith("stopping at step 30") and printed[-1].startswith("done at")
+    assert (
+        "done at step 31: 2 findings (2 warning), worst: steps 10-12 loss_spike; " in printed[-1]
+        and "; 2 set-up notes (2 info); 0 steps skipped" in printed[-1]
+    )
+
+
+def test_the_end_line_has_the_last_word_on_the_budget() -> None:
+    """#41: on a quiet machine the cost warning said "over its 3% budget" (3.1%) and the end
+    line, at 2.9%, said nothing of the budget: the warning stood."""
+
+    def cost(ms: float, budget: float | None = 0.03) -> Cost:  # a 119 ms step: judged of 300
+        return Cost(40, ms, ms / 119, 0.0, (("measure", ms),), budget)
+
+    assert budget_verdict(cost(8.7)) == "within its 3% budget over the whole run"  # 2.9%
+    assert budget_verdict(cost(1.0)) == "" and budget_verdict(cost(8.7, None)) == ""
+    assert budget_verdict(cost(20.0)).startswith("over its 3% budget: mostly measuring each step")
+
+
+def test_a_huge_ratio_is_no_21_digit_integer() -> None:
+    """#41: a gradient norm 1e20 times its median was printed as a 21-digit integer ratio."""
+    detector = GradSpike()
+    found: list[Finding] = []
+    for step in range(40):
+        norm = 1e20 if step == 12 else 1.0 + 0.01 * (step % 3)
+        found += detector.update(StepRecord(step, {"grad_norm": norm}))
+    found += detector.finish()
+    assert found and all(not re.search(r"\d{8,}x", f.seen) for f in found), [f.seen for f in found]
+    assert "(9.9e+19x the" in found[0].seen

@@ -15,7 +15,7 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd
 from stabilizer.step import cost as cost_module
 from stabilizer.step.cost import CAUSES, WARN_AFTER, CostMeter, over_budget_advice
-from stabilizer.step.outputs import LoggerOutput
+from stabilizer.step.live_outputs import LoggerOutput
 
 
 class FakeClock:

@@ -20,7 +20,7 @@ from stabilizer.cli import main
 from stabilizer.core.detectors import LossSpike
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.replay.readers import READERS, LogReadError
-from stabilizer.report import session
+from stabilizer.report import inputs, session
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
@@ -283,12 +283,29 @@ def test_tensorboard_directory_that_cannot_be_made(tmp_path: Path) -> None:
 
 
 def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session, "PROGRESS_BYTES", 0)
+    monkeypatch.setattr(inputs, "PROGRESS_DELAY", 0.0)
     monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
     result = run(NANOGPT)
     assert result.exit_code == 1
     assert f"reading {NANOGPT}" in result.stderr
     assert result.stdout.startswith(f"diagnosis of {NANOGPT}")
+
+
+def test_a_long_read_shows_its_progress_whatever_the_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#41: a log of a million lines (tens of MB, below the 50 MiB the bar waited for) was read
+    for 15 s without a word. The bar shows once the reading has lasted `PROGRESS_DELAY`; a quick
+    read shows none; stdin is named as such."""
+    log = tmp_path / "long.log"
+    lines = [f"step {i} loss {2.5 - i * 1e-6:.6f}" for i in range(1, 40_001)]
+    log.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
+    assert "reading" not in run(NANOGPT).stderr  # a quick read: no bar
+    clock = iter(range(0, 10**6, 5))  # every look at the clock: 5 s later
+    monkeypatch.setattr(inputs, "_clock", lambda: float(next(clock)))
+    assert f"reading {log}" in run(log).stderr
+    assert "reading standard input" in run("-", input=log.read_bytes()).stderr
 
 
 # --- bad input: one line on stderr, exit 2 -----------------------------------------------------
@@ -339,9 +356,11 @@ def test_unreadable_input_is_one_line_and_exit_2(
 
 
 def test_empty_stdin() -> None:
+    """#41: empty standard input was called ``-`` (``-: empty file``)."""
     result = run("-", input=b"")
     assert result.exit_code == 2
-    assert result.stderr == "stabilizer diagnose: error: -: empty file\n"
+    want = "stabilizer diagnose: error: standard input: empty (nothing was written to it)\n"
+    assert result.stderr == want
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads anything")

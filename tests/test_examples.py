@@ -23,7 +23,8 @@ def test_train_scenario_example_runs(tmp_path: Path) -> None:
     assert "healthy: final metrics" in out.stdout
     assert "stabilizer: on, policy protect" in out.stderr  # #33: the monitor watches it
     assert "stabilizer: done at step 5" in out.stderr
-    assert list(tmp_path.rglob("stability.jsonl"))
+    # (#41) under the scenario's name, as the demo's: runs/healthy/..., not runs/stability_logs
+    assert list((tmp_path / "healthy").rglob("stability.jsonl"))
 
 
 def _run(*cmd: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -414,7 +414,7 @@ def test_two_optimizers_skip_only_the_one_with_nan(caplog: pytest.LogCaptureFixt
     run = train(SETUPS["two-optimizers"], "grad_b", caplog)
     guard = run.stab.guard
     assert guard is not None and guard.skipped == 1  # the second optimizer's step at the fault
-    assert run.stab.host.done == STEPS  # a plain loop's step is its block (both optimizers)
+    assert run.stab.host.step == STEPS  # a plain loop's step is its block (both optimizers)
 
 
 def test_a_nan_made_in_the_model_is_reproduced_by_the_replay(

@@ -183,7 +183,7 @@ def test_a_link_out_of_the_directory_is_not_followed(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr == (
         f"stabilizer diagnose: error: {run_dir}: nothing readable in this directory (looked for "
-        "stability.jsonl, events.out.tfevents.*, metrics.csv, trainer_state.json)\n"
+        "stability.jsonl, events.out.tfevents.*, run-*.wandb, metrics.csv, trainer_state.json)\n"
     )
 
 

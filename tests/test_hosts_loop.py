@@ -226,9 +226,9 @@ def test_a_crash_in_the_loop_keeps_the_lines_and_unguards(tmp_path: Path) -> Non
 def test_wrong_settings_say_what_is_wrong() -> None:
     gpt, _ = tiny()
     optimizer = torch.optim.AdamW(gpt.parameters())
-    with pytest.raises(ValueError, match=r"`clip` must be > 0 or None, got 0"):
+    with pytest.raises(ValueError, match=r"`clip` must be a number > 0 or None, got 0"):
         Stabilizer(gpt, optimizer, clip=0)
-    with pytest.raises(TypeError, match="stop_after"):
+    with pytest.raises(TypeError, match=r"`stop_after` is a knob of the policy"):
         Stabilizer(gpt, optimizer, stop_after=3)  # a policy's knob, not the monitor's
     stab = Stabilizer(gpt, optimizer, jsonl=False)
     with stab.step():

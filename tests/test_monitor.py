@@ -118,7 +118,7 @@ def test_invalid_arguments() -> None:
         ValueError, match=f"`policy` must be one of {policies} or a policy object, got 'fix'"
     ):
         StabilityMonitor(policy="fix")
-    with pytest.raises(ValueError, match="`heatmap_every` must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`heatmap_every` must be an int >= 0, got -1"):
         StabilityMonitor(heatmap_every=-1)
 
 

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Severity
 from stabilizer.step.policies import Protect
+from stabilizer.step.protect import Protection
 
 VOCAB, T = 16, 6
 
@@ -446,11 +447,8 @@ def test_a_second_optimizer_that_stays_nan_stops_the_run_by_its_own_count() -> N
     module, monitor = TwoOptimizers(None, second_nan_from=2), StabilityMonitor(jsonl=False)
     trainer = fit(module, monitor=monitor, steps=40)
     assert trainer.should_stop and trainer.global_step < 40
-    assert (
-        monitor.run is not None
-        and monitor.run.protection is not None
-        and monitor.run.protection.bad_runs == {0: 0, 1: 10}
-    )
+    runtime = monitor.run.runtime if monitor.run is not None else None
+    assert isinstance(runtime, Protection) and runtime.bad_runs == {0: 0, 1: 10}
 
 
 class LBFGSNet(Base):

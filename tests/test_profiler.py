@@ -40,11 +40,11 @@ class Profiled(StabilityMonitor):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        guard = self.guard
-        assert guard is not None
-        judge = guard._judge
-        # The guard's judge runs inside the optimizer step: it is the monitor's too.
-        guard._judge = lambda optimizer: self._call_fn(judge, optimizer)  # type: ignore[assignment]
+        run = self.run
+        assert run is not None
+        decide = run.judge
+        # The guard's judge (the run) decides inside the optimizer step: it is the monitor's too.
+        run.judge = lambda optimizer: self._call_fn(decide, optimizer)  # type: ignore[method-assign]
 
     def _call_fn(self, fn: Any, *args: Any) -> Any:
         if not self._on:

@@ -177,7 +177,8 @@ def test_observe_lets_the_nan_through() -> None:
     # The control: without protection the same fault poisons the weights.
     monitor = StabilityMonitor(policy="observe", jsonl=False)
     run = train(tiny("32-true"), monitor, Fault("activation"))
-    assert monitor.guard is None
+    guard = monitor.guard  # (it measures each step and lets it through as written)
+    assert guard is not None and not guard.protects and guard.skipped == guard.reverted == 0
     assert not all(torch.isfinite(p).all() for p in run.module.parameters())
 
 
@@ -188,13 +189,26 @@ def test_guard_is_removed_after_fit() -> None:
         assert not hasattr(opt.step, "_stabilizer_guard")
 
 
+class SkipAll:
+    """A judge that skips every step (`stabilizer.step.guard.Judge`)."""
+
+    def judge(self, optimizer: torch.optim.Optimizer) -> Decision:
+        return Decision(skip=True)
+
+    def ran(self, optimizer: torch.optim.Optimizer, outcome: str) -> None:
+        assert outcome == "skipped"
+
+    def first_evaluation(self, optimizer: torch.optim.Optimizer) -> None:
+        """(no evaluating optimizer here)"""
+
+
 def test_skip_leaves_adamw_untouched() -> None:
     # Zeroing gradients is not skipping: weight decay and momentum would still move weights.
     model = nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
     model(torch.ones(1, 4)).sum().backward()
     opt.step()
-    guard = StepGuard(lambda opt: Decision(skip=True), lambda opt: None)
+    guard = StepGuard(SkipAll())
     guard.cover([opt])
     before = [p.detach().clone() for p in model.parameters()]
     state = [t.clone() for t in state_tensors(opt)]

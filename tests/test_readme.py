@@ -197,3 +197,11 @@ def test_the_console_samples_of_the_other_hosts_are_their_output(
     assert done.returncode == 0, done.stderr[-2000:]
     printed = [line for line in done.stderr.splitlines() if line.startswith("stabilizer: ")]
     assert _same_but_times(printed) == _same_but_times(shown)
+
+
+def test_the_readme_counts_the_real_logs() -> None:
+    """#41: the README said 92 real logs where tests/fixtures/real/ held 111."""
+    labels = (ROOT / "tests" / "fixtures" / "real" / "labels.jsonl").read_text(encoding="utf-8")
+    said = re.search(r"`tests/fixtures/real/` holds (\d+) real", README.replace("\n", " "))
+    assert said is not None
+    assert int(said.group(1)) == len([line for line in labels.splitlines() if line.strip()])

@@ -327,7 +327,7 @@ def test_progress_bar_moves_by_bytes_of_the_input(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress((FIXTURES / "nanogpt_healthy.log").read_bytes() * 50))
     stream, bar = read_log(str(path)), _Bar()
     assert stream.format == "generic" and stream.total_bytes == path.stat().st_size
-    recs = list(inputs._by_bytes(stream, bar))  # type: ignore[arg-type]
+    recs = list(inputs._shown(stream, lambda: bar, 0.0))  # type: ignore[arg-type]
     assert recs == list(read_log(str(path)))
     assert sum(bar.moves) == path.stat().st_size and len(bar.moves) > 2
 
@@ -335,7 +335,7 @@ def test_progress_bar_moves_by_bytes_of_the_input(tmp_path: Path) -> None:
 def test_progress_bar_wraps_a_log_and_an_iterator() -> None:
     out = io.StringIO()
     with contextlib.ExitStack() as stack:
-        wrap = progress_bar("reading log", stack, out)
+        wrap = progress_bar("reading log", stack, out, delay=0.0)
         assert len(list(wrap(read_log(str(FIXTURES / "nanogpt_healthy.log"))))) == 600
         assert len(list(wrap(iter([StepRecord(1, {"loss": 1.0})])))) == 1
     assert out.getvalue().startswith("reading log")

@@ -12,14 +12,14 @@ import torch
 from torch import Tensor, nn
 
 from stabilizer.demo.model import GPT, GPTConfig
-from stabilizer.live.rootcause import (
+from stabilizer.live.locate import (
     Localization,
-    capture_rng,
     locate_nonfinite,
     optimizer_produced_nonfinite,
 )
+from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import all_finite, optimizer_state_tensors
-from stabilizer.step.root_cause import _finding
+from stabilizer.step.replay import _finding
 
 TINY = {"vocab_size": 64, "n_layer": 3, "n_head": 2, "n_embd": 16, "block_size": 8}
 
@@ -235,7 +235,7 @@ def test_grads_restored_bit_for_bit_and_hooks_removed() -> None:
 def test_rng_replays_the_failing_steps_dropout_and_leaves_the_stream_alone() -> None:
     model = tiny_gpt(dropout=0.5)
     run_step = step_of(model)
-    state = capture_rng()
+    state = RngState.capture()
     loss = float(run_step().detach())
     torch.rand(3)  # the caller's stream moves on after the failing step
     later = torch.get_rng_state()

@@ -396,3 +396,19 @@ def test_real_tensorboard_server(tmp_path: Path) -> None:
         assert sorted(matched["tag_to_events"]) == LAYER_TAGS
         assert len(matched["tag_to_events"]["stability/grad_norm/block_00"]) == len(STEPS)
         assert HEATMAP_TAG in _get_json(opener, base + "/data/plugin/images/tags")["run"]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 30])
+def test_the_heatmaps_axis_label_is_never_cut(rows: int) -> None:
+    """#41: in a small stack the y axis label ("layer (input side at the top)") was taller
+    than the figure, and cut at both ends."""
+    pytest.importorskip("matplotlib")
+    from stabilizer.outputs.heatmap import heatmap_figure
+
+    groups = [f"block_{i:02d}" for i in range(rows)]
+    fig = heatmap_figure(list(range(10)), groups, np.ones((rows, 10)))
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)  # (the constrained layout is done at drawing)
+    label = fig.axes[0].yaxis.label.get_window_extent(renderer)
+    box = fig.bbox
+    assert box.y0 <= label.y0 and label.y1 <= box.y1 and box.x0 <= label.x0, (label, box)

@@ -122,7 +122,7 @@ def test_watch_follows_nan_overflow_rotation_truncation(
     text = "\n".join(w.out)
     assert status == 1, text  # diagnose's status: errors found
     assert "steps 1–40" not in text.split("diagnosis of")[0]  # no history finding printed
-    assert "diagnosis of" in text and "restart" in text
+    assert "diagnosis of" in text and "a new run" in text  # (from step 1 again: no resume)
     assert not any("Traceback" in line for line in w.err), w.err
 
 

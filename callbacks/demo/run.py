@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .lit_gpt import LitGPT
 
 __all__ = [
     "ScenarioRun",
+    "cpu_threads",
     "precision_args",
     "quiet_lightning",
     "resolve_accelerator",
@@ -36,6 +38,20 @@ def resolve_accelerator(accelerator: str) -> str:
     if accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return accelerator
+
+
+def cpu_threads(accelerator: str) -> str:
+    """One torch thread for a demo on the CPU, unless ``OMP_NUM_THREADS`` chose; the line that
+    says so (``""``: nothing set). The reference GPT's step is too small to gain from threads,
+    and on a CPU other jobs keep busy the intra-op pool slows each step down tenfold or more
+    (40 steps of ``healthy``: 100 s with the default threads at a load of 10, 8 s with one)."""
+    if resolve_accelerator(accelerator) != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return ""
+    torch.set_num_threads(1)
+    return (
+        "cpu: 1 torch thread (a model this small gains nothing from more, and a busy CPU's "
+        "thread pool slows it down; OMP_NUM_THREADS=N sets N)"
+    )
 
 
 def precision_args(precision: str, accelerator: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from .kinds import IN_THE_LOSS, ROOT_CAUSE, kind_of
 from .records import Finding
-from .remedies import LOW_PRECISION_REMEDIES, TABLE
+from .remedies import LOW_PRECISION_REMEDIES, ROLLBACK, SKIP_STEP, TABLE
 from .run import low_precision
 from .signals import LOSS_SCALE, SKIPPED
 
@@ -54,12 +54,15 @@ class RunFacts:
         low_precision: Whether the run computed in 16 bits (the live trainer's precision, or
             the header of its ``stability.jsonl``): False for an fp32 run, None when not known.
         precision: The run's precision when known (``"bf16-mixed"``, ``"16-mixed"``, ``""``).
+        not_fp16: The log shows the run has no fp16 loss scaler (Megatron's loss scale fixed
+            at 1.0: bf16 or fp32), though its precision is not known.
     """
 
     fp16: bool = False
     skipped: tuple[tuple[int, int], ...] = ()
     low_precision: bool | None = None
     precision: str = ""
+    not_fp16: bool = False
 
     def was_skipped(self, step: int) -> bool:
         """Whether the update of ``step`` was (as far as the log tells) skipped."""
@@ -104,9 +107,9 @@ def fitting_remedies(
     rows = [(kind_of(f.kind), f) for f in findings]
     nonfinite = [(row, f) for row, f in rows if (row.nan and row.detector) or row.scaler_skips]
     if nonfinite and all(row.scaler_skips or facts.was_skipped(f.step) for row, f in nonfinite):
-        dropped.add("skip_step")
+        dropped.add(SKIP_STEP)
         if recovered:
-            dropped.add("rollback")
+            dropped.add(ROLLBACK)
     return tuple(name for name in dict.fromkeys(remedies) if name not in dropped)
 
 
@@ -116,7 +119,8 @@ def remedy_text(name: str, kind: str = "", facts: RunFacts | None = None) -> str
     special = kind_of(kind).remedy_text.get(name)
     if special:
         return special
-    if facts is not None and facts.precision.startswith("bf16") and name in _IN_BF16:
+    in_bf16 = facts is not None and (facts.precision.startswith("bf16") or facts.not_fp16)
+    if in_bf16 and name in _IN_BF16:  # ("switch to bf16" is no advice to a run in bf16 or fp32)
         return _IN_BF16[name]
     return REMEDY_TEXT.get(name, name)
 

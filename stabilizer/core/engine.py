@@ -40,14 +40,11 @@ def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list
 
 
 def is_restart(finding: Finding) -> bool:
-    """Whether `finding` says that training restarted from an earlier snapshot: ``auto``'s swap
-    to pre-LN from its oldest snapshot (a ``remedy_applied`` with ``restored_step``). The live
-    monitor and a replay of its log both call `Engine.restart` after it."""
-    return (
-        finding.kind == REMEDY_APPLIED
-        and finding.remedies[:1] == ("swap_to_pre_ln",)
-        and "restored_step" in finding.evidence
-    )
+    """Whether `finding` says that training restarted from an earlier snapshot: a
+    ``remedy_applied`` with ``restored_step`` (``auto``'s rollback, its swap to pre-LN from its
+    oldest snapshot). What came after the snapshot is gone: the live monitor and a replay of
+    its log both call `Engine.restart` after it."""
+    return finding.kind == REMEDY_APPLIED and "restored_step" in finding.evidence
 
 
 def _order(finding: Finding) -> tuple[Any, ...]:

@@ -15,9 +15,10 @@ Only an `Exception` is kept: a ``KeyboardInterrupt`` always goes through.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["Isolated"]
+__all__ = ["Isolated", "isolated"]
 
 
 class Isolated:
@@ -44,3 +45,11 @@ class Isolated:
             return False
         self.error = error
         return True
+
+
+def isolated(strict: bool, fn: Callable[..., object], *args: object) -> Exception | None:
+    """``fn(*args)`` as one part: its error kept and returned (None: none), raised when
+    `strict` (the `Isolated` block as one call, for a part that runs every step)."""
+    with Isolated(strict) as part:
+        fn(*args)
+    return part.error

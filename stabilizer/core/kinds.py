@@ -51,6 +51,7 @@ __all__ = [
     "ROOT_CAUSE",
     "STALL",
     "TABLE",
+    "TRAINER_SAID",
     "Kind",
     "detector_names",
     "family_rank",
@@ -76,6 +77,7 @@ CAUSAL_LEAK = "causal_leak"
 REMEDY_APPLIED = "remedy_applied"
 REMEDY_RESULT = "remedy_result"
 GUARD_ERROR = "guard_error"
+TRAINER_SAID = "trainer_said"
 
 IN_THE_LOSS = "in_loss"
 """A root cause's evidence key: 1 when every module output was finite (the NaN is the loss's)."""
@@ -100,8 +102,9 @@ class Kind:
         refutes: Remedies that did not work when a finding of this kind comes back (at WARNING
             or worse) while the ``auto`` policy watches them.
         family: Kinds that one event raises together share a family: one episode in the reports.
-        live_only: Only the live monitor can know it: kept from its JSONL, never replayed, and
-            each finding is an event of its own, never an update of an episode.
+        live_only: Only the run itself can know it (the live monitor, or the trainer's own words
+            in its log): kept from the log, never replayed, and each finding is an event of its
+            own, never an update of an episode.
         nan: It tells of a NaN/Inf in the step (the console says what became of the step; a NaN
             made in the loss changes the cause and the remedies).
         scaler_skips: The grad scaler skipped every step of such a finding.
@@ -336,6 +339,14 @@ TABLE: tuple[Kind, ...] = (
         "the monitor could not measure the step (an internal error, or a setup its probes cannot "
         "read): the guard skipped its update rather than let an unchecked one through",
         remedies=(SKIP_STEP,),
+        live_only=True,
+    ),
+    Kind(
+        TRAINER_SAID,
+        "the trainer said so",
+        "the trainer's own message reports trouble (it stopped on a NaN, its loss scale hit its "
+        "floor, it saw a spike): read from its log beside the numbers "
+        "(`stabilizer.replay.readers.words`)",
         live_only=True,
     ),
 )

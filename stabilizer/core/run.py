@@ -73,7 +73,8 @@ class RunHeader:
             parts[0] += f" (world size {self.world_size})"
         parts += [self.strategy] if self.strategy else []
         parts += [f"policy {self.policy}"] if self.policy else []
-        parts += [f"{len(self.groups)} depth groups"] if self.groups else []
+        plural = "s" if len(self.groups) != 1 else ""
+        parts += [f"{len(self.groups)} depth group{plural}"] if self.groups else []
         parts += [f"stabilizer {self.version}"] if self.version else []
         return ", ".join(parts)
 

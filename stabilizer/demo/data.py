@@ -87,7 +87,7 @@ def load_corpus(data: str | Path | None = None, cache_dir: str | Path | None = N
         cache_dir: Where the cached token files live; see :func:`default_cache_dir`.
 
     Raises:
-        CorpusError: The file is missing, unreadable, a directory, empty or too small.
+        CorpusError: The file is missing, unreadable, a directory, empty, too small or binary.
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if data is None:
@@ -121,7 +121,16 @@ def _check_file(path: Path) -> Path:
         raise CorpusError(
             f"data file is too small ({len(head)} bytes, need >= {_MIN_BYTES}): {path}"
         )
+    if _binary(head):  # (a model trained on it would sample raw bytes to the terminal)
+        raise CorpusError(f"data file is binary, expected a text file: {path}")
     return path.resolve()
+
+
+def _binary(head: bytes) -> bool:
+    """Whether the first bytes of a file are no text: a NUL byte, or more than a tenth of them
+    control characters (any other byte counts as text: UTF-8, Latin-1, ...)."""
+    controls = sum(1 for byte in head if byte < 32 and byte not in b"\t\n\r\x0b\x0c\x1b")
+    return b"\x00" in head or controls > len(head) // 10
 
 
 def _key(parts: Iterable[str]) -> str:

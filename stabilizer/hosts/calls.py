@@ -1,14 +1,20 @@
 """`ModelCalls`: the model's forward calls of each micro-batch, noted to replay them.
 
 A host outside Lightning has no ``training_step`` to run again. What it can replay, for a root
-cause, is what the model itself was called with: a forward pre-hook on the model notes each
-call's arguments and the autocast in force (a loop's ``with torch.autocast(...)``), and the
-first call after a boundary the host marks (the last backward, a new step) begins a
-micro-batch. The replay calls the model again with the same arguments under the same autocast;
-code outside the model (a loss computed from the logits, a gradient written by the loop) is not
-replayed, which the host says (`Host.replays_loss`).
+cause, is what the model itself was called with: a forward pre-hook notes each call's arguments
+and the autocast in force (a loop's ``with torch.autocast(...)``), and the first call after a
+boundary the host marks (the last backward, a new step) begins a micro-batch. The replay calls
+the model again with the same arguments under the same autocast; code outside the model (a
+loss computed from the logits, a gradient written by the loop) is not replayed, which the host
+says (`Host.replays_loss`).
 
-The hook sits on the model itself, not on a wrapper (``DistributedDataParallel``, Fabric's): a
+The calls noted are the outermost ones: of the model, or of its direct children once a step has
+shown that the loop calls those itself (`widen`: a GAN's container is never called, its
+generator and critic are). A call made inside another noted call is part of it. A call is the
+training's when gradients are enabled inside the loop's step, whatever the module's mode:
+frozen-BatchNorm fine-tuning trains a model in ``eval()``.
+
+The hooks sit on the model itself, not on a wrapper (``DistributedDataParallel``, Fabric's): a
 replay through DDP's ``forward`` could start a collective (its buffers' broadcast) that the other
 ranks, replaying another number of micro-batches, never join.
 """
@@ -23,19 +29,24 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Call", "ModelCalls", "loss_of", "unwrap"]
+from stabilizer.step.host import MicroBatch
+
+__all__ = ["Call", "ModelCalls", "ReplaysCalls", "loss_of", "unwrap"]
 
 
 @dataclass(frozen=True)
 class Call:
-    """One forward call of the model: its arguments and the autocast it ran under.
+    """One forward call of the model (or of a child the loop calls): its arguments and the
+    autocast it ran under.
 
     Args:
+        module: The module called.
         args: Positional arguments.
         kwargs: Keyword arguments.
         autocast: ``(device type, dtype)`` of the autocast in force, or None.
     """
 
+    module: nn.Module
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     autocast: tuple[str, torch.dtype] | None = None
@@ -63,21 +74,37 @@ class ModelCalls:
         self.module, self._begin, self._wanted, self._returned = module, begin, wanted, returned
         self.fresh = True  # the next call begins a micro-batch
         self._calls: list[Call] = []
+        self._depth = 0  # noted calls running now (a call inside one is part of it)
+        self.noted = 0  # calls noted so far
         self._device = next((p.device.type for p in module.parameters()), "cpu")
-        self._handles = [module.register_forward_pre_hook(self._called, with_kwargs=True)]
-        if returned is not None:
-            self._handles.append(
-                module.register_forward_hook(self._output, with_kwargs=True, always_call=False)
-            )
+        self._handles: list[Any] = []
+        self._hook(module)
+        self._wide = False
 
-    def _takes(self, module: nn.Module) -> bool:
-        # Under no_grad (an evaluation) or in eval mode the call is no training step's.
-        return module.training and torch.is_grad_enabled() and self._wanted()
+    def _hook(self, target: nn.Module) -> None:
+        self._handles += [
+            target.register_forward_pre_hook(self._called, with_kwargs=True),
+            target.register_forward_hook(self._output, with_kwargs=True, always_call=True),
+        ]
+
+    def widen(self) -> None:
+        """Note the calls of the model's direct children too (the loop calls them, not the
+        model: a container's parts)."""
+        if not self._wide:
+            self._wide = True
+            for child in self.module.children():
+                self._hook(child)
+
+    def _takes(self) -> bool:
+        # Under no_grad (an evaluation) the call is no training step's, whatever the mode.
+        return torch.is_grad_enabled() and self._wanted()
 
     def _called(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not self._takes(module):
+        self._depth += 1
+        if self._depth > 1 or not self._takes():
             return
-        call = Call(args, dict(kwargs), _autocast(self._device))
+        call = Call(module, args, dict(kwargs), _autocast(self._device))
+        self.noted += 1
         if self.fresh:
             self.fresh, self._calls = False, [call]
             self._begin(self._calls)  # after the call is in it: the preflight reads its ids
@@ -87,7 +114,9 @@ class ModelCalls:
     def _output(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        if self._returned is not None and self._takes(module):
+        self._depth = max(0, self._depth - 1)
+        outermost = self._depth == 0 and module is self.module
+        if outermost and self._returned is not None and self._takes():
             self._returned(output, kwargs)
 
     def replay(self, calls: list[Call]) -> Callable[[], torch.Tensor]:
@@ -99,7 +128,7 @@ class ModelCalls:
             for call in calls:
                 cast = call.autocast
                 with torch.autocast(cast[0], cast[1]) if cast else nullcontext():
-                    loss = loss_of(self.module(*call.args, **call.kwargs))
+                    loss = loss_of(call.module(*call.args, **call.kwargs))
                 total = loss if total is None else total + loss
             if total is None:
                 raise RuntimeError("no call of the model was noted for this micro-batch")
@@ -110,6 +139,24 @@ class ModelCalls:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+class ReplaysCalls:
+    """The replay of a host outside Lightning: the model's recorded calls of the micro-batch
+    again, not the code around them (`Host.replays_loss` is False)."""
+
+    replays_loss = False
+    _calls: ModelCalls | None = None
+
+    def replays_with(self, calls: ModelCalls) -> None:
+        """The model's calls, recorded for a replay."""
+        self._calls = calls
+
+    def replay(self, micro: MicroBatch, loss_scale: float) -> Callable[[], torch.Tensor]:
+        """The micro-batch's calls of the model again; the loss from what they return."""
+        if self._calls is None:
+            raise RuntimeError("the model's calls are not recorded")
+        return self._calls.replay(micro.batch)
 
 
 def _autocast(device: str) -> tuple[str, torch.dtype] | None:

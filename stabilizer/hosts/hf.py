@@ -14,40 +14,50 @@ is the norm before clipping, like HF's own logged ``grad_norm``, which stays as 
 
 ``stability.jsonl`` goes to ``args.output_dir``; with ``report_to`` naming ``tensorboard``, the
 records and TensorBoard's extras go to ``args.logging_dir`` (or ``$TENSORBOARD_LOGGING_DIR``, or
-``<output_dir>/runs/stability``). Needs the ``hf`` extra (``transformers``).
+``<output_dir>/runs/stability``). The monitor's state rides in each checkpoint's
+``trainer_state.json`` (HF's ``ExportableState``): ``train(resume_from_checkpoint=...)`` goes on
+as the run it resumes. Needs the ``hf`` extra (``transformers``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.state import GradientState
+from torch import nn
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
-from stabilizer.outputs.notify import as_notifier
-from stabilizer.step.monitor import Options, RunMonitor, RunView
-from stabilizer.step.outputs import Sinks
+from stabilizer.step.host import HostFacts
+from stabilizer.step.live_outputs import Sinks
+from stabilizer.step.monitor import RunMonitor
+from stabilizer.step.options import options_from
 from stabilizer.step.policies import Policy, as_policy
+from stabilizer.step.ranks import Ranks
+from stabilizer.step.view import RunView
 
-from .calls import Call, ModelCalls, given_loss
-from .hf_host import HFHost
-from .moments import AfterUnscale, after_backward, measure_once
+from .calls import Call, ModelCalls, ReplaysCalls, given_loss
+from .loop import inner_optimizer
+from .moments import AfterUnscale, after_backward
 from .scalars import ScalarLogger
 
-__all__ = ["StabilityCallback"]
+__all__ = ["HFHost", "StabilityCallback", "hf_precision"]
 
 
-class StabilityCallback(RunView, TrainerCallback):
+class StabilityCallback(RunView, TrainerCallback, ExportableState):
     """The step in a ``Trainer`` (see the module).
 
     Args:
         policy: ``Protect(...)`` (default), ``Observe()``, ``Auto(...)``, or a name.
         tensorboard: A ``SummaryWriter`` of your own for the records and TensorBoard's extras
             (default: one of ours, when ``report_to`` names ``tensorboard``).
-        options: The monitor's other settings, by name (`stabilizer.step.monitor.Options`:
+        options: The monitor's other settings, by name (`stabilizer.step.options.Options`:
             detectors, grouping, activation_every, heatmap_every, jsonl, strict, preflight,
             notify, cost_budget).
     """
@@ -56,13 +66,20 @@ class StabilityCallback(RunView, TrainerCallback):
         self, policy: str | Policy = "protect", *, tensorboard: Any = None, **options: Any
     ) -> None:
         self.policy = as_policy(policy)
-        self.options = Options(**options | {"notify": as_notifier(options.get("notify"))})
+        self.options = options_from(options)
         self.tensorboard = tensorboard
         self.run: RunMonitor | None = None  # this training's
         self.host: HFHost | None = None
+        self.monitor_state: dict[str, Any] | None = None  # a checkpoint's (HF restores it here)
         self._parts: list[Any] = []  # hooks and writers to remove or close at the end
         self._open = False  # inside a step
         self._index = 0  # micro-batches so far
+
+    def state(self) -> dict[str, Any]:
+        """What HF's checkpoint keeps of the callback (``trainer_state.json``): the run's
+        state (`RunMonitor.state_dict`), plain JSON."""
+        run = self.run
+        return {"args": {}, "attributes": {"monitor_state": run.state_dict() if run else None}}
 
     # --- the Trainer's events ------------------------------------------------------------------
 
@@ -77,24 +94,26 @@ class StabilityCallback(RunView, TrainerCallback):
         writer = self.tensorboard or _writer(args, host)
         every = max(1, int(getattr(state, "logging_steps", 1) or 1))
         sinks = Sinks([ScalarLogger(writer)] if writer else [], every, writer)
-        self.host, self.run = host, RunMonitor(host, self.policy, self.options, sinks)
+        resumed = _resumed(state, self.monitor_state) if state.global_step > 0 else None
+        self.host, self.monitor_state = host, None
+        self.run = RunMonitor(host, self.policy, self.options, sinks, resumed)
         host.rewire()  # accelerate's fp16 path calls the guarded step
-        host.calls = ModelCalls(host.model, self._begin, self._wanted, self._returned)
-        self._parts = [host.calls, writer if writer is not self.tensorboard else None]
-        if host.scaler is not None and host.scaler.is_enabled():
+        calls = ModelCalls(host.model, self._begin, self._wanted, self._returned)
+        host.replays_with(calls)
+        self._parts = [calls, writer if writer is not self.tensorboard else None]
+        if host.scaler is not None:
             self._parts.append(AfterUnscale(host.scaler, self._measure))
-        if state.global_step > 0:  # a resumed training was checked when it started
-            self.run.preflight.done = True
         self.run.start()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.host is not None and self.host.calls is not None:
-            self.host.current, self._open = int(state.global_step), True
-            self.host.calls.fresh = True
+        if self.host is not None:
+            self.host.at(int(state.global_step))
+            self._open = True
+            self.host.new_micro_batch()
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.host is not None and self.host.calls is not None:
-            self.host.calls.fresh = True  # the next call of the model is the next micro-batch
+        if self.host is not None:  # the next call of the model is the next micro-batch
+            self.host.new_micro_batch()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         host, run = self.host, self.run
@@ -102,13 +121,13 @@ class StabilityCallback(RunView, TrainerCallback):
             return
         self._open = False
         run.end()
-        host.current = int(state.global_step)
-        if host.should_stop:
+        host.at(int(state.global_step))
+        if run.should_stop:
             control.should_training_stop = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.host is not None:  # the Trainer's own name for it
-            self.host.saved = str(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            self.host.saved(str(Path(args.output_dir) / f"checkpoint-{state.global_step}"))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run, host = self.run, self.host
@@ -152,10 +171,9 @@ class StabilityCallback(RunView, TrainerCallback):
         if loss is not None:
             noted = loss * self._share(kwargs)
             scaler = host.scaler
-            run.loss(scaler.scale(noted) if scaler is not None and scaler.is_enabled() else noted)
+            run.loss(scaler.scale(noted) if scaler is not None else noted)
         through = loss if loss is not None else _first_grad_tensor(output)
-        fp16 = host.scaler is not None and host.scaler.is_enabled()
-        if through is not None and not fp16 and GradientState().sync_gradients:
+        if through is not None and host.scaler is None and GradientState().sync_gradients:
             after_backward(through, lambda: self._measure(host.optimizer))
 
     def _share(self, kwargs: dict[str, Any]) -> float:
@@ -166,13 +184,27 @@ class StabilityCallback(RunView, TrainerCallback):
         args = self.host.args
         if kwargs.get("num_items_in_batch") is None:
             return 1.0 / max(1, int(args.gradient_accumulation_steps))
-        world = self.host.ranks.world_size
+        world = self.host.facts.world_size
         return float(world) if getattr(args, "average_tokens_across_devices", False) else 1.0
 
     def _measure(self, optimizer: torch.optim.Optimizer) -> None:
         host, run = self.host, self.run
         if run is not None and self._open and host is not None and optimizer is host.optimizer:
-            measure_once(run, optimizer)
+            run.before_step(optimizer)
+
+
+def _resumed(state: Any, restored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The monitor's state in the checkpoint the Trainer resumed (HF keeps it in
+    ``state.stateful_callbacks``; with ``restore_callback_states_from_checkpoint`` it sets it on
+    the callback instead)."""
+    if restored:
+        return restored
+    kept = getattr(state, "stateful_callbacks", None) or {}
+    saved = kept.get(StabilityCallback.__name__) if isinstance(kept, dict) else None
+    saved = saved[0] if isinstance(saved, list) and saved else saved
+    attributes = saved.get("attributes") if isinstance(saved, dict) else None
+    found = attributes.get("monitor_state") if isinstance(attributes, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def _first_grad_tensor(output: Any) -> torch.Tensor | None:
@@ -195,3 +227,93 @@ def _writer(args: Any, host: HFHost) -> Any:
 
     logging_dir = getattr(args, "logging_dir", None) or os.environ.get("TENSORBOARD_LOGGING_DIR")
     return SummaryWriter(logging_dir or str(Path(args.output_dir) / "runs" / "stability"))
+
+
+def hf_precision(args: Any) -> str:
+    """The ``TrainingArguments``' precision in Lightning's names."""
+    if getattr(args, "fp16", False):
+        return "16-mixed"
+    return "bf16-mixed" if getattr(args, "bf16", False) else "32-true"
+
+
+class HFHost(ReplaysCalls):
+    """A ``Trainer``'s training as the step's host (`stabilizer.step.host.Host`): what only the
+    Trainer knows, from the ``TrainingArguments``, the ``TrainerState`` and what its events hand
+    over. The optimizer the Trainer steps is accelerate's ``AcceleratedOptimizer``; the guard
+    goes on the torch optimizer inside it. HF's own clipping (``max_grad_norm``, read at every
+    step) is the host's clipping; a root cause replays the model's recorded calls
+    (`stabilizer.hosts.calls.ModelCalls`).
+
+    Args:
+        args: The ``TrainingArguments``.
+        state: The ``TrainerState`` (its ``global_step``).
+        model: The model the Trainer trains (unwrapped: the callbacks' ``model``).
+        optimizer: The optimizer the Trainer steps (accelerate's wrapper, or a torch one).
+        scheduler: The LR scheduler, if any.
+        data: The training dataloader, if handed over.
+    """
+
+    recount = False  # torch's version counters tell when code wrote the gradients since
+
+    def __init__(
+        self, args: Any, state: Any, model: nn.Module, optimizer: Any, scheduler: Any, data: Any
+    ) -> None:
+        self.args, self.model, self.module = args, model, model
+        self.wrapper, self.optimizer = optimizer, inner_optimizer(optimizer)
+        self.scheduler, self.data = scheduler, data  # (the dataloader)
+        scaler = getattr(optimizer, "scaler", None)  # accelerate's, under fp16
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.step = int(state.global_step)  # the step in flight (HF counts it up before its
+        self.checkpoint = ""  # on_step_end, where the monitor reports it); the last saved
+        ranks = Ranks.current()
+        device = getattr(args, "device", torch.device("cpu"))
+        self.facts = HostFacts(
+            precision=hf_precision(args), accelerator=device.type, devices=1,
+            strategy="hf_trainer", world_size=ranks.world_size, rank=ranks.rank,
+            log_dir=Path(args.output_dir),
+        )  # fmt: skip
+
+    @property
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        return [self.optimizer]
+
+    @property
+    def schedulers(self) -> Sequence[Any]:
+        return [self.scheduler] if self.scheduler is not None else []
+
+    @property
+    def clip(self) -> float | None:
+        value = getattr(self.args, "max_grad_norm", None)
+        return float(value) if value and math.isfinite(value) else None
+
+    def set_clip(self, value: float) -> None:
+        self.args.max_grad_norm = value  # the Trainer reads it at every step
+
+    def at(self, step: int) -> None:
+        """The Trainer's step now (HF counts it up before its ``on_step_end``)."""
+        self.step = step
+
+    def saved(self, path: str) -> None:
+        """The Trainer saved a checkpoint at `path`."""
+        self.checkpoint = path
+
+    def new_micro_batch(self) -> None:
+        """The next call of the model begins a micro-batch."""
+        if self._calls is not None:
+            self._calls.fresh = True
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        # The model is called without its DDP wrapper: no collective starts in the replay.
+        yield
+
+    def rewire(self) -> None:
+        """Point accelerate's fp16 path at the optimizer's ``step`` as it is now (guarded, or
+        no longer): accelerate keeps the one it found, to call inside ``scaler.step``."""
+        wrapper = self.wrapper
+        if self.scaler is None or not hasattr(wrapper, "_optimizer_original_step_method"):
+            return
+        from accelerate.optimizer import patch_optimizer_step
+
+        wrapper._optimizer_original_step_method = self.optimizer.step
+        wrapper._optimizer_patched_step_method = patch_optimizer_step(wrapper, self.optimizer.step)

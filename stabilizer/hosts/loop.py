@@ -14,15 +14,16 @@
 The step of Lightning's callback (`stabilizer.step`): the same detection, skip, root cause,
 outputs and end line. It is measured inside ``optimizer.step`` (under an fp16 scaler, when it
 unscales) and ``clip`` clips after that: ``grad_norm`` is the norm before clipping, as under
-Lightning (a loop that clips itself calls ``stab.before_step(optimizer)`` before). Under
-``torch.distributed`` every rank runs it and takes the same decision.
+Lightning (a loop that clips itself calls ``stab.before_step(optimizer)`` before). A block in
+which no optimizer steps is abandoned: nothing of it carries into the next. Under
+``torch.distributed`` every rank runs it and takes the same decision. `LoopHost` is the loop as
+the step's host: what only the loop can tell.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,19 +31,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from stabilizer.core.records import Finding
-from stabilizer.outputs.notify import as_notifier
-from stabilizer.step.monitor import Options, RunMonitor, RunView
-from stabilizer.step.outputs import MetricsLogger, Sinks
+from stabilizer.step.host import HostFacts
+from stabilizer.step.live_outputs import MetricsLogger, Sinks
+from stabilizer.step.measurement import carried_scale
+from stabilizer.step.monitor import RunMonitor
+from stabilizer.step.options import check_precision, options_from
 from stabilizer.step.policies import Policy, as_policy
+from stabilizer.step.ranks import Ranks
+from stabilizer.step.view import RunView
 
-from .calls import Call, ModelCalls
+from .calls import Call, ModelCalls, ReplaysCalls, unwrap
 from .fabric import FabricSetup
-from .loop_host import LoopHost, inner_optimizer, loop_facts
-from .moments import AfterUnscale, measure_once
+from .moments import AfterUnscale
 from .scalars import ScalarLogger
 
-__all__ = ["Stabilizer"]
+__all__ = ["LoopHost", "Stabilizer", "inner_optimizer"]
 
 
 class Stabilizer(RunView):
@@ -63,7 +66,7 @@ class Stabilizer(RunView):
         log_dir: Where ``stability.jsonl`` goes (default: ``stability_logs/version_<N>/``).
         tensorboard: A ``SummaryWriter``: the records as scalars, and TensorBoard's extras.
         fabric: A ``lightning.fabric.Fabric``: its backward, scaler, precision and loggers.
-        options: The monitor's other settings, by name (`stabilizer.step.monitor.Options`:
+        options: The monitor's other settings, by name (`stabilizer.step.options.Options`:
             detectors, grouping, activation_every, heatmap_every, jsonl, strict, preflight,
             notify, cost_budget).
     """
@@ -83,11 +86,15 @@ class Stabilizer(RunView):
         fabric: Any = None,
         **options: Any,
     ) -> None:
+        opts = _optimizers(model, optimizers)
+        if clip is not None and not (isinstance(clip, int | float) and not isinstance(clip, bool)):
+            raise TypeError(f"`clip` must be a number > 0 or None, got {clip!r}")
         if clip is not None and not clip > 0:
-            raise ValueError(f"`clip` must be > 0 or None, got {clip!r}")
-        opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+            raise ValueError(f"`clip` must be a number > 0 or None, got {clip!r}")
+        if precision is not None:
+            check_precision(precision)
         self.policy = as_policy(policy)
-        self.options = Options(**options | {"notify": as_notifier(options.get("notify"))})
+        self.options = options_from(options)
         loggers: list[MetricsLogger] = [ScalarLogger(tensorboard)] if tensorboard else []
         setup, strategy = FabricSetup.of(fabric) if fabric is not None else None, "loop"
         self._backward = setup.backward if setup is not None else None
@@ -95,21 +102,20 @@ class Stabilizer(RunView):
             precision, scaler, strategy = setup.precision, setup.scaler, setup.strategy
             loggers, tensorboard = setup.loggers, tensorboard or setup.tensorboard
             log_dir = log_dir or setup.log_dir
+        enabled = scaler if scaler is not None and bool(scaler.is_enabled()) else None
         if precision is None:
-            fp16 = scaler is not None and bool(scaler.is_enabled())
-            precision = "16-mixed" if fp16 else "32-true"
-        facts = loop_facts(model, precision, Path(log_dir) if log_dir else None, strategy)
-        inner = [inner_optimizer(opt) for opt in opts]
-        self.host = LoopHost(model, inner, schedulers, scaler, facts, clip)
+            precision = "16-mixed" if enabled is not None else "32-true"
+        facts = _facts(model, precision, Path(log_dir) if log_dir else None, strategy)
+        self.host = LoopHost(model, opts, schedulers, enabled, facts, clip)
         self._sinks = Sinks(loggers, 1, tensorboard)
         self.run: RunMonitor | None = None  # from the first step (after a resume's state)
         self._resumed: dict[str, Any] | None = None
-        self._jsonl: Path | None = None  # the default JSONL of the run this one resumes
         self._index = 0  # micro-batches so far
+        self._backwards = 0  # in the block in flight
         self._open = False  # inside a `step` block
         self.calls = ModelCalls(self.host.module, self._begin, self._wanted)
-        self.host.calls = self.calls
-        self._unscale = AfterUnscale(scaler, self._unscaled) if self.host.scaling else None
+        self.host.replays_with(self.calls)
+        self._unscale = AfterUnscale(enabled, self.before_step) if enabled is not None else None
         self._closed = False
 
     # --- what the run shows ------------------------------------------------------------------
@@ -117,33 +123,34 @@ class Stabilizer(RunView):
     @property
     def should_stop(self) -> bool:
         """The protection stopped the run (its bad steps in a row, or weights not intact)."""
-        return self.host.should_stop
+        return self.run is not None and self.run.should_stop
 
     # --- the loop's moments ------------------------------------------------------------------
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """One optimizer step (of every optimizer stepped inside), its micro-batches inside; a
-        block in which no optimizer steps holds micro-batches of the next one."""
+        block in which no optimizer steps is abandoned (nothing of it carries over)."""
         run = self._start()
         self._open, self.calls.fresh = True, True
+        noted, self._backwards = self.calls.noted, 0
         try:
             yield
-        finally:
+        finally:  # (a block the loop's own code broke out of ends too: abandoned, if unstepped)
             self._open = False
-        stepped = bool(run.batch.steps)
-        run.end()
-        self.host.done += stepped
-        self.host.early = False
+            self.host.ended(run.end())
+            if self._backwards and self.calls.noted == noted:  # the loop calls the model's parts
+                self.calls.widen()
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` (scaled by the fp16 scaler; Fabric's backward under Fabric), the
         loss noted first: under gradient accumulation, each micro-batch's share."""
         host, run = self.host, self.run
-        scaled = host.scaler.scale(loss) if host.scaling else loss
-        if run is not None and self._open and not run.inert:
+        scaled = host.scaler.scale(loss) if host.scaler is not None else loss
+        if run is not None and self._open:
             run.loss(scaled)
         self.calls.fresh = True  # the next call of the model begins a micro-batch
+        self._backwards += 1
         if self._backward is not None:
             self._backward(loss, **kwargs)
         else:
@@ -152,13 +159,9 @@ class Stabilizer(RunView):
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Measure `optimizer`'s coming step now: call it before your own clipping, so that
         ``grad_norm`` is the norm before it (otherwise it is measured inside the step)."""
-        if self.run is not None and self._open:
-            measure_once(self.run, inner_optimizer(optimizer))
-            self.host.early = True
-
-    def _unscaled(self, optimizer: torch.optim.Optimizer) -> None:
-        if optimizer in self.host.optimizers:
-            self.before_step(optimizer)
+        inner = inner_optimizer(optimizer)
+        if self.run is not None and self._open and inner in self.host.optimizers:
+            self.run.before_step(inner)
 
     def _begin(self, calls: list[Call]) -> None:
         if self.run is not None:
@@ -171,14 +174,9 @@ class Stabilizer(RunView):
     def _start(self) -> RunMonitor:
         """The run's monitor, at the first step (after `load_state_dict`, if any)."""
         if self.run is None:
-            self.run = RunMonitor(self.host, self.policy, self.options, self._sinks)
-            earlier: list[Finding] = []
-            if self._resumed is not None:
-                self.run.load_state_dict(self._resumed)
-                earlier = self.run.findings
-            self.run.start(earlier)
-            if self.run.guard is None:  # nothing measures inside the step: measured there
-                self.host.at_step = self.before_step
+            self.run = RunMonitor(self.host, self.policy, self.options, self._sinks, self._resumed)
+            self.host.clip_after_measuring()
+            self.run.start()
         return self.run
 
     def close(self) -> None:
@@ -217,20 +215,140 @@ class Stabilizer(RunView):
             run.abort()
             self._release(run)
 
-    # --- checkpoints -------------------------------------------------------------------------
+    # --- checkpoints: the step's own state (`RunMonitor.state_dict`) --------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The monitor's state, for the loop's checkpoint (resume with `load_state_dict`)."""
-        run = self._start()
-        path = run.outputs.default_path or self._jsonl  # (a resumed run's: the one it resumed)
-        return run.state_dict() | {"step": self.host.done, "jsonl": str(path) if path else None}
+        return self._start().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict`'s state: before the first step (a run in progress cannot
         take another's state); the default JSONL of the run it resumes goes on."""
         if self.run is not None:
             raise RuntimeError("`load_state_dict` must come before the first step")
-        self._resumed, self.host.done = dict(state), int(state.get("step", 0))
-        if state.get("jsonl") and self.options.jsonl is True:
-            self._jsonl = Path(state["jsonl"])
-            self.options = dataclasses.replace(self.options, jsonl=self._jsonl)
+        self._resumed = dict(state)
+        self.host.resume_at(int(state.get("step", 0)))
+
+
+def _optimizers(model: object, optimizers: object) -> list[torch.optim.Optimizer]:
+    """The torch optimizers given (unwrapped), each argument checked."""
+    if not isinstance(model, nn.Module):
+        hint = " (pass the model first, then the optimizer)" if _optimizer(model) else ""
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}{hint}")
+    given = [optimizers] if _optimizer(optimizers) else optimizers
+    if not isinstance(given, Sequence) or not given or not all(map(_optimizer, given)):
+        raise TypeError(
+            f"`optimizers` must be a torch optimizer or a sequence of them, got {optimizers!r}"[
+                :200
+            ]
+        )
+    return [inner_optimizer(opt) for opt in given]
+
+
+def _optimizer(obj: object) -> bool:
+    return isinstance(obj, torch.optim.Optimizer)
+
+
+def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside Fabric's or accelerate's wrapper (which call its ``step``)."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer  # type: ignore[attr-defined]
+    return optimizer
+
+
+def _facts(model: nn.Module, precision: str, log_dir: Path | None, strategy: str) -> HostFacts:
+    """The run's facts: where the model is, the ranks of ``torch.distributed``."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    ranks = Ranks.current()
+    return HostFacts(
+        precision=precision, accelerator=device.type, devices=1, strategy=strategy,
+        world_size=ranks.world_size, rank=ranks.rank, log_dir=log_dir,
+    )  # fmt: skip
+
+
+class LoopHost(ReplaysCalls):
+    """A plain loop (or Fabric's) as the step's host (`stabilizer.step.host.Host`).
+
+    What Lightning's Trainer tells the step, a plain loop tells through `Stabilizer`: the step
+    number is the count of its blocks in which an optimizer step was taken, the optimizers and
+    schedulers are the ones it was given, the fp16 scaler is the loop's. A root cause replays
+    the model's recorded calls (`stabilizer.hosts.calls.ModelCalls`): not the loop's own code
+    around them.
+
+    Args:
+        model: The model the loop calls (a wrapper: DDP, Fabric's, compiled; or the model).
+        optimizers: The optimizers that step (unwrapped: Fabric's and accelerate's wrappers
+            call these).
+        schedulers: The LR schedulers (a remedy's new parameter group joins them).
+        scaler: The enabled fp16 ``torch.amp.GradScaler``, if the loop uses one.
+        facts: The run's facts.
+        clip: Clip the gradient norm at this value inside each optimizer step, after the step
+            is measured (Lightning's ``gradient_clip_val``); None: the host does not clip.
+    """
+
+    recount = True  # the loop's own code may write the gradients after `before_step`
+    data: object | None = None  # a plain loop does not say (a level change: told by the loss)
+    checkpoint: str | None = None  # the loop saves its own checkpoints: the host cannot tell
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedulers: Sequence[Any],
+        scaler: Any,
+        facts: HostFacts,
+        clip: float | None = None,
+    ) -> None:
+        self.model, self.module = model, unwrap(model)
+        self.optimizers, self.schedulers = list(optimizers), list(schedulers)
+        self.scaler, self.facts, self.clip = scaler, facts, clip
+        self.step = 0  # the blocks in which an optimizer step was taken
+        self._hooks: list[Any] = []
+
+    def clip_after_measuring(self) -> None:
+        """The clipping goes on each optimizer, as a step pre-hook registered after the run's
+        own (under ``observe`` the run measures in one: the norm is the one before clipping)."""
+        self._hooks = [opt.register_step_pre_hook(self._clipping) for opt in self.optimizers]
+
+    def set_clip(self, value: float) -> None:
+        self.clip = value
+
+    def ended(self, taken: bool) -> None:
+        """A block ended (`taken`: an optimizer step was taken in it)."""
+        self.step += taken
+
+    def resume_at(self, step: int) -> None:
+        """The run resumes a checkpoint's, taken after `step` steps."""
+        self.step = step
+
+    def _clipping(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
+        """A step pre-hook: inside the step, after the guard let it through. Gradients a grad
+        scaler has not unscaled yet (a fused optimizer's) are clipped as if unscaled."""
+        if not self.clip:
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        carried = carried_scale(self.scaler, optimizer)
+        if carried is not None:
+            total = total / carried.to(total)
+        torch.nn.utils.clip_grads_with_norm_(params, self.clip, total)
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        """A replay's backward does not synchronise across ranks (DDP's ``no_sync``)."""
+        with _no_sync(self.model)():
+            yield
+
+    def remove(self) -> None:
+        """The step hooks off the optimizers."""
+        for hook in self._hooks:
+            hook.remove()
+
+
+def _no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The ``no_sync`` of the first DDP among the wrappers, or a context that does nothing."""
+    while isinstance(model, nn.Module):
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return model.no_sync
+        model = getattr(model, "_forward_module", None) or getattr(model, "module", None)
+    return contextlib.nullcontext

@@ -7,12 +7,14 @@ not yet clipped. Other loops have no such hook; the step is measured at the same
   inf/NaN, so the guard inside the optimizer never sees that step. Every step passes through the
   scaler's ``unscale_`` though (a loop calls it before clipping, as nanoGPT, Fabric and
   accelerate do; ``scaler.step`` calls it otherwise): the step is measured right after it. Only
-  this scaler instance's ``unscale_`` is replaced, and `AfterUnscale.remove` puts it back.
+  this scaler instance's ``unscale_`` is replaced, and `AfterUnscale.remove` puts it back. (A
+  fused optimizer unscales inside its own step: the scaler calls it whatever its gradients
+  hold, and the guard measures it there, the norms divided by the scale they still carry.)
 - `after_backward`: at the end of a backward, after every callback queued during it (DDP's
   all-reduce of the gradients is one), before any clipping that follows it.
 - otherwise the guard measures the step itself, inside ``optimizer.step``.
 
-`measure_once` measures an optimizer's coming step unless that is done already.
+A step measured already is not measured again (`stabilizer.step.monitor.RunMonitor.before_step`).
 """
 
 from __future__ import annotations
@@ -22,18 +24,7 @@ from typing import Any
 
 import torch
 
-from stabilizer.step.monitor import RunMonitor
-
-__all__ = ["AfterUnscale", "after_backward", "measure_once"]
-
-
-def measure_once(run: RunMonitor, optimizer: torch.optim.Optimizer) -> None:
-    """Measure `optimizer`'s coming step, unless it is measured and not stepped yet."""
-    if run.inert:
-        return
-    measured = run.batch.current(optimizer)
-    if measured is None or measured.decision is not None:
-        run.before_step(optimizer)
+__all__ = ["AfterUnscale", "after_backward"]
 
 
 class AfterUnscale:

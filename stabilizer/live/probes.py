@@ -94,12 +94,22 @@ class GradProbe:
             return torch.zeros(len(self.keys), device=self._device)
         device = grads[0].device
         norms = self._norms(grads, device)  # (n_grads,) float64
+        # Summed as squares relative to the largest finite norm: a finite norm of 1e200 (a
+        # 64-true run) squared would overflow even float64, and a finite gradient must never
+        # get a non-finite norm.
+        finite = torch.isfinite(norms)
+        top = torch.where(finite, norms, 0.0).amax().clamp_min(torch.finfo(norms.dtype).tiny)
         # One bucket past the groups holds the tensors that are checked but not logged per group.
         sq = torch.zeros(len(self.groups) + 1, dtype=torch.float64, device=device)
-        sq.index_add_(0, self._group_index(tuple(index), device), norms.square())
-        nonfinite = (~torch.isfinite(norms)).sum().double()
-        out = torch.cat((sq.sum().sqrt().view(1), nonfinite.view(1), sq[:-1].sqrt()))
+        sq.index_add_(0, self._group_index(tuple(index), device), (norms / top).square())
+        nonfinite = (~finite).sum().double()
+        out = torch.cat((sq.sum().sqrt().view(1) * top, nonfinite.view(1), sq[:-1].sqrt() * top))
         return out
+
+    def forget(self) -> None:
+        """Let go of the gradients the last call measured (`untouched` has nothing to compare
+        until the next call): a step's gradients must not outlive it."""
+        self._marks = []
 
     def untouched(self) -> bool:
         """Whether every watched gradient is the tensor the last call measured, unchanged since.

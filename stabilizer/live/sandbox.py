@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .rng import get_rng_state, set_rng_state
+from .rng import RngState
 from .user_state import UserState
 
 __all__ = ["Sandboxed", "sandbox"]
@@ -43,7 +43,7 @@ class Sandboxed:
 def sandbox(model: nn.Module) -> Iterator[Sandboxed]:
     """Everything but the parameters' values is put back when the block ends (even on error)."""
     report = Sandboxed()
-    rng = get_rng_state()
+    rng = RngState.capture(everything=True)
     params = list(model.named_parameters())
     grads = [(p, p.grad, p.requires_grad, p._version) for _, p in params]
     modules = list(model.modules())
@@ -67,7 +67,7 @@ def sandbox(model: nn.Module) -> Iterator[Sandboxed]:
             for p, grad, flag, _ in grads:
                 p.grad = grad
                 p.requires_grad_(flag)
-        set_rng_state(rng)
+        rng.restore()
         report.changed = [
             name for (name, p), (_, _, _, v) in zip(params, grads, strict=True) if p._version != v
         ]

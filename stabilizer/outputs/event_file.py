@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import socket
+import sys
 import time
+from pathlib import Path
 from types import TracebackType
 
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-__all__ = ["EventWriter"]
+__all__ = ["EventWriter", "tensorboard_command"]
 
 _FILES = itertools.count()  # tells apart the event files one process opens within a second
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -75,3 +78,13 @@ class EventWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def tensorboard_command(log_dir: Path) -> str:
+    """``tensorboard --logdir runs`` as this environment runs it: the venv's program by its
+    path when the venv is not on PATH (`make demo` does not activate it)."""
+    here = Path(sys.executable).parent / "tensorboard"
+    program = "tensorboard"
+    if here.exists() and shutil.which("tensorboard") != str(here):
+        program = os.path.relpath(here) if here.is_relative_to(Path.cwd()) else str(here)
+    return f"{program} --logdir {log_dir}"

@@ -22,12 +22,14 @@ from stabilizer.core.signals import OTHER
 __all__ = [
     "draw_heatmap",
     "fallback_description",
+    "heatmap_figure",
     "labelled_heatmap_png",
     "matplotlib_available",
     "warm_up",
 ]
 
 _MAX_LABELS = 16  # y tick labels shown; deeper stacks label every n-th layer
+_MIN_HEIGHT = 2.8  # inches: the y axis label, "layer (input side at the top)", stood up
 
 
 def matplotlib_available() -> bool:
@@ -76,20 +78,27 @@ def draw_heatmap(fig: Any, ax: Any, steps: Sequence[int], groups: Sequence[str],
     fig.colorbar(image, ax=ax, label="log10 grad norm", pad=0.01)
 
 
-def labelled_heatmap_png(steps: Sequence[int], groups: Sequence[str], rows: Any) -> bytes | None:
-    """The heatmap as a labelled PNG, or None without matplotlib (see `fallback_description`)."""
-    if not matplotlib_available():
-        return None
+def heatmap_figure(steps: Sequence[int], groups: Sequence[str], rows: Any) -> Any:
+    """The heatmap's matplotlib figure (matplotlib required): 0.22 inch a row, and never lower
+    than its axis label is long, so that a small stack's label is not cut."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 1.2 + 0.22 * len(groups)), dpi=100, layout="constrained")
+    height = max(_MIN_HEIGHT, 1.2 + 0.22 * len(groups))
+    fig = Figure(figsize=(9, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     draw_heatmap(fig, ax, steps, groups, rows)
     ax.set_title("gradient norm per layer", fontsize=9)
+    return fig
+
+
+def labelled_heatmap_png(steps: Sequence[int], groups: Sequence[str], rows: Any) -> bytes | None:
+    """The heatmap as a labelled PNG, or None without matplotlib (see `fallback_description`)."""
+    if not matplotlib_available():
+        return None
     out = io.BytesIO()
-    fig.savefig(out, format="png")
+    heatmap_figure(steps, groups, rows).savefig(out, format="png")
     return out.getvalue()
 
 

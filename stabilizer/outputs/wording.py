@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stabilizer.core.records import Finding
 
-__all__ = ["observation"]
+__all__ = ["counted", "observation"]
 
 
 def observation(finding: Finding) -> str:
@@ -19,3 +19,8 @@ def observation(finding: Finding) -> str:
     ``"...back after 8 steps: clip gradients (norm 1.0)"``.
     """
     return finding.seen if finding.remedies else finding.message
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 record"``, ``"2 records"``: a count and its noun, singular for one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -5,9 +5,16 @@ Records go straight from the reader to the engine; besides the findings only cou
 *segments* at the `Restart` items of the stream, and nowhere else; each segment gets a fresh
 `Engine` (the resumed process started with fresh detector state too), so an episode never
 straddles a restart. An episode's update replaces its entry in `Diagnosis.findings`: every
-report lists it once, at the worst severity it reached. The stream's `RunHeader` becomes
+report lists it once, at the worst severity it reached. The stream's first `RunHeader` becomes
 `Diagnosis.run`; of its `Finding`s (the monitor's own) those only the live run can know are kept.
 The first `MAX_KEYS` distinct keys of a log are kept. Why: docs/readers.md.
+
+One log may hold several runs (a script run twice with the same log dir appends to one
+``stability.jsonl``): a `RunHeader` after records starts a segment (the monitor started again),
+whose facts are that header's (`Segment.run`). A segment that starts again from the log's first
+step is *a new run* (`Segment.new_run`), not a restart: nothing was resumed (neither a resume
+banner nor ``auto``'s restart from a snapshot said so). The monitor's own findings stay in the
+segment of the run that wrote them, wherever their steps fall.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import RunHeader
 from stabilizer.core.signals import GRAD_NORM, LOSS
 
-from .document import document_kind
+from .document import STRUCTURED, document_kind, not_a_log
 from .history import History
 from .readers import Item, LogReadError, Note, Restart, read_log, unreadable_message
 
@@ -46,9 +53,6 @@ MAX_KEYS = 4096
 
 MAX_FINDINGS = 10_000
 """The monitor's own findings of a ``stability.jsonl`` looked at: the first of the log."""
-
-_STRUCTURED = frozenset(("jsonl", "tensorboard", "lightning_csv", "csv", "hf_trainer_state"))
-"""Formats that are no console text: never taken for a document."""
 
 
 class RecordSink(Protocol):
@@ -73,6 +77,8 @@ class Segment:
             HF Trainer's hidden NaN).
         nonfinite_since: First step of the non-finite losses the segment ends with, or None when
             its last loss is finite.
+        run: The run's facts (its monitor's `RunHeader`), when the log has them.
+        new_run: It starts a new run from the log's first step, no restart of the one before.
     """
 
     index: int
@@ -83,6 +89,8 @@ class Segment:
     line: int | None = None
     nonfinite: int = 0
     nonfinite_since: int | None = None
+    run: RunHeader | None = None
+    new_run: bool = False
 
 
 LIVE_KINDS = LIVE_ONLY
@@ -164,31 +172,33 @@ class _Diagnosing:
         self.keys: set[str] = set()  # the value keys kept (at most `MAX_KEYS`)
         self.episodes = Episodes()  # the segment's episodes
         self.base = 0  # where the segment's episodes begin in the findings
-        self.stored: list[Finding] = []  # the monitor's own findings that no replay derives
+        # The monitor's own findings that no replay derives, each with its segment's index.
+        self.stored: list[Located] = []
         self.seen = 0  # the monitor's own findings in the stream so far
+        self.header: RunHeader | None = None  # the facts of the run of now
+        self.started = False  # a header came after records: the monitor started again
+        self.snapshot = False  # `auto` restarted from a snapshot since the last record
         # Told of each finding as the engine makes it, and whether it updates an episode
         # (`watch` alerts on both: a NaN that persists escalates its episode to critical).
         self.on_kept: Callable[[Located, bool], None] | None = None
 
     def observe(self, item: Item) -> None:
         """Take the next item of the stream: a record, a restart before the next one, the run's
-        header (the first one is kept: a resumed run writes the same facts again), or one of
-        the monitor's own findings (kept for `keep_live`)."""
+        header (the first one is `Diagnosis.run`; one after records starts a segment), or one
+        of the monitor's own findings (kept for `keep_live`)."""
         if isinstance(item, Finding):
             self._live(item)
             return
         if isinstance(item, RunHeader):
-            if self.diagnosis.run is None:
-                self.diagnosis.run = item
-                self.engine.set_run(item)  # (the detectors judge by what the run is)
+            self._header(item)
             return
         if isinstance(item, Restart):
             if self.segment is not None:  # (a restart before any record starts nothing)
                 self.restart = item
             return
-        if self.segment is None or self.restart is not None:
+        if self.segment is None or self.restart is not None or self.started:
             self._begin(item.step, self.restart)
-            self.restart = None
+            self.restart, self.started, self.snapshot = None, False, False
         record = item if self.keys.issuperset(item.values) else self._capped(item)
         segment = self.segment
         assert segment is not None
@@ -200,14 +210,27 @@ class _Diagnosing:
         for sink in self.sinks:
             sink.record(record)
 
+    def _header(self, header: RunHeader) -> None:
+        """The run's facts: the log's first run's, or those of a run that starts now."""
+        if self.diagnosis.run is None:
+            self.diagnosis.run = header
+        self.header = header
+        if self.segment is None:
+            self.engine.set_run(header)  # (the detectors judge by what the run is)
+        else:  # the monitor started again: a new run, or a resumed one (`_begin` tells)
+            self.started = True
+
     def _live(self, finding: Finding) -> None:
-        """One of the monitor's own findings: kept; after a restart from a snapshot, the
-        engine's baselines start over, as the live engine's did."""
+        """One of the monitor's own findings: kept in the segment of the run that wrote it;
+        after a restart from a snapshot, the engine's baselines start over, as the live
+        engine's did."""
         if is_restart(finding):
             self.engine.restart()
+            self.snapshot = True
         self.seen += 1
         if finding.kind in LIVE_KINDS and self.seen <= MAX_FINDINGS:
-            self.stored.append(finding)
+            index = self.segment.index if self.segment is not None else 1
+            self.stored.append(Located(index + int(self.started), finding))
 
     def _capped(self, record: StepRecord) -> StepRecord:
         """``record`` without the new keys past the first `MAX_KEYS` of the log (noted once), for
@@ -223,16 +246,23 @@ class _Diagnosing:
         return StepRecord(record.step, {k: v for k, v in record.values.items() if k in self.keys})
 
     def _begin(self, step: int, restart: Restart | None) -> None:
+        segments = self.diagnosis.segments
+        new_run = bool(segments) and step <= segments[0].first_step and not self.snapshot
+        if restart is not None and restart.why.startswith("resume banner"):  # (`Segments`)
+            new_run = False
         if self.segment is not None:
             self.finish()
             self.engine, self.episodes = Engine(), Episodes()
-            if self.diagnosis.run is not None:
-                self.engine.set_run(self.diagnosis.run)
+            if self.header is not None:
+                self.engine.set_run(self.header)
             self.base = len(self.diagnosis.findings)
-        index = len(self.diagnosis.segments) + 1
-        why, line = ("", None) if restart is None else (_why(restart, index), restart.line)
-        self.segment = Segment(index, step, step, why=why, line=line)
-        self.diagnosis.segments.append(self.segment)
+        index = len(segments) + 1
+        if restart is None and self.started:
+            restart = Restart(step, None, f"the monitor started again at step {step}")
+        why, line = ("", None) if restart is None else (_why(restart, index, new_run), restart.line)
+        self.segment = Segment(index, step, step, why=why, line=line, run=self.header)
+        self.segment.new_run = new_run
+        segments.append(self.segment)
 
     def finish(self) -> None:
         """End the segment of now: its detectors close their open episodes."""
@@ -241,10 +271,9 @@ class _Diagnosing:
     def keep_live(self) -> None:
         """Keep the monitor's own findings of a ``stability.jsonl`` that no replay can derive
         (the root cause of a NaN, preflight, remedies applied), each in the segment of its step."""
-        segments = self.diagnosis.segments
-        for finding in self.stored:
-            index = next((s.index for s in reversed(segments) if s.first_step <= finding.step), 1)
-            self.diagnosis.findings.append(Located(index, finding))
+        last = len(self.diagnosis.segments)
+        for index, finding in self.stored:  # (a header with no record after it: the last)
+            self.diagnosis.findings.append(Located(min(index, last), finding))
         self.diagnosis.findings.sort(key=lambda item: (item.segment, item.finding.step))
 
     def _keep(self, findings: list[Finding]) -> None:
@@ -261,9 +290,9 @@ class _Diagnosing:
                 self.on_kept(Located(self.segment.index, finding), episode.updates > 0)
 
 
-def _why(restart: Restart, index: int) -> str:
-    """A segment's restart as the reports show it."""
-    return f"restart: {restart.why} (segment {index})"
+def _why(restart: Restart, index: int, new_run: bool) -> str:
+    """A segment's start as the reports show it: a new run, or a restart."""
+    return f"{'a new run' if new_run else 'restart'}: {restart.why} (segment {index})"
 
 
 def _count(segment: Segment, record: StepRecord) -> None:
@@ -310,11 +339,10 @@ def diagnose(
     """
     notes: list[Note] = []
     stream = read_log(path, format, notes=notes)
-    kind = None if stream.format in _STRUCTURED else document_kind(stream.head_lines())
+    kind = None if stream.format in STRUCTURED else document_kind(stream.head_lines())
     if kind is not None:  # a README or a script: whatever lines of it quote a log
         stream.close()
-        name = "standard input" if path == "-" else path
-        raise LogReadError(f"{name}: no training records: this is {kind}, not a training log")
+        raise LogReadError(not_a_log(path, kind))
     diagnosis = Diagnosis(path, stream.format, notes, history=History(bins))
     replay = _Diagnosing(diagnosis, sinks)
     try:

@@ -17,12 +17,15 @@ from stabilizer.core.records import StepRecord
 
 from .readers.universal import UniversalReader
 
-__all__ = ["document_kind"]
+__all__ = ["STRUCTURED", "document_kind", "not_a_log"]
 
 _HEADING = re.compile(r"#{1,6} \S")  # a markdown heading (with a link or a table: markdown)
 _RULE = re.compile(r"\|(?: *:?-{3,}:? *\|)+ *$")  # a markdown table's "|---|---|" below its head
 _SOURCE = re.compile(r"(?:import [\w.]+|from [\w.]+ import |def \w+\(|class \w+[(:]|async def )")
 _RECORDS = 0.25  # of the non-blank lines: a text this full of training records is a log
+
+STRUCTURED = frozenset(("jsonl", "tensorboard", "lightning_csv", "csv", "hf_trainer_state"))
+"""Formats that are no console text: never taken for a document."""
 
 
 def document_kind(lines: Sequence[str]) -> str | None:
@@ -47,3 +50,9 @@ def document_kind(lines: Sequence[str]) -> str | None:
         return None
     records = sum(isinstance(item, StepRecord) for item in UniversalReader().read_lines(lines))
     return None if records >= _RECORDS * sum(1 for line in lines if line.strip()) else kind
+
+
+def not_a_log(path: str, kind: str) -> str:
+    """The one line that refuses a document (``kind``, from `document_kind`) given as a log."""
+    name = "standard input" if path == "-" else path
+    return f"{name}: no training records: this is {kind}, not a training log"

@@ -9,6 +9,10 @@ since the last read, waits (polling every `POLL` seconds) while nothing new is t
   appears later (all it holds is then new);
 - rotation: the name now leads to another file (renamed away, a new one created): the old one is
   read to its end, then the new one from its start;
+- a folder's run gets a richer log, or a new run starts below it (`stabilizer.replay.sources`):
+  that is no rotation but a *switch* of source: the stream ends (``read1`` returns ``b""``)
+  with `FollowedFile.switch` set, and the caller reads the new log with its own reader, from
+  its start (an event file's half-written record never runs into a JSONL's first line);
 - truncation: the file got shorter than what was read (``> log``): read again from its start;
 - a partial last line: held until its end is written (`text_lines` holds it); where the file
   changes under it, a line break ends it, so it never runs into the next file's first line.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +34,7 @@ from pathlib import Path
 
 from .readers import LogReadError
 from .readers._lines import CHUNK, IDLE_CHUNK
-from .readers._rundir import find_logs
+from .sources import Choice, LogFile, RunFinder
 
 __all__ = ["POLL", "FollowedFile", "FollowedPipe", "Resolver", "resolver"]
 
@@ -41,31 +46,21 @@ finding, and a few hundred microseconds of CPU a second."""
 
 _RECHECK = 1.0  # seconds between two searches of a run directory for a newer log
 
-Resolver = Callable[[], Path | None]
-"""The file a followed path leads to now (None: none yet)."""
+Resolver = Callable[[], Choice | None]
+"""The log a followed path leads to now (None: none yet)."""
 
 
 def resolver(path: Path, format: str) -> Resolver:
-    """What ``path`` leads to now: a file, itself; a run directory (also one that appears after
-    the watch began), its newest log (`find_logs`); None while there is none."""
+    """What ``path`` leads to now: a file, itself; a folder (also one that appears after the
+    watch began), the richest log of its newest run (`RunFinder`); None while there is none."""
+    finder = RunFinder(path, format)
 
-    def resolve() -> Path | None:
-        if not path.is_dir():
-            return path if path.exists() else None
-        try:
-            files = find_logs(path, format, [])[1]
-        except (LogReadError, OSError):
-            return None
-        return max(files, key=_mtime) if files else None
+    def resolve() -> Choice | None:
+        if path.is_dir():
+            return finder.look()
+        return Choice(LogFile(path, format, 0, 0.0)) if path.exists() else None
 
     return resolve
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 class _IdleOwed:
@@ -83,14 +78,17 @@ class FollowedFile:
     """``tail -F`` of one path, as a binary stream (see the module docstring).
 
     `live` turns True at the first read past what the first file held when it was opened:
-    what was read before it is the log's history.
+    what was read before it is the log's history. `switch` is set when the path came to lead to
+    another log that is no rotation of this one (see the module docstring); the stream has
+    ended then.
 
     Args:
         path: The path given (a file, or a run directory), for messages.
-        resolve: The file it leads to now (`resolver`).
+        resolve: The log it leads to now (`resolver`).
         stop: Set it to end the stream.
         tell: Called with one line on what happened to the file (appeared, rotated, truncated).
         poll: Seconds between two looks when there is nothing new.
+        fresh: All the log holds is new (a source switched to while watching): no history.
     """
 
     def __init__(
@@ -100,12 +98,15 @@ class FollowedFile:
         stop: threading.Event,
         tell: Callable[[str], None] = logger.info,
         poll: float = POLL,
+        fresh: bool = False,
     ) -> None:
-        self.path, self._resolve, self._stop, self._tell = path, resolve, stop, tell
+        self.path, self.resolve, self._stop, self._tell = path, resolve, stop, tell
         self._poll = poll
         self._fd: int | None = None
         self._file: str | None = None
-        self._waited = resolve() is None  # the path led nowhere at first: all it gets is new
+        self.switch: Choice | None = None  # the log the path leads to now, when no rotation
+        # The path led nowhere at first, or the log was switched to: all it gets is new.
+        self._waited = fresh or resolve() is None
         self._id: tuple[int, int] | None = None  # (device, inode) of the open file
         self._opened = 0  # files opened
         self.position = 0  # in the open file
@@ -127,10 +128,15 @@ class FollowedFile:
         """Whether the path ever led to a file (a log it was opened on)."""
         return self._opened > 0
 
+    @property
+    def file(self) -> str | None:
+        """The file read now (None before one was opened)."""
+        return self._file
+
     def read1(self, size: int = -1) -> bytes:
         """What is new (up to ``size`` bytes), `IDLE_CHUNK`, or ``b""`` once ``stop`` is set."""
         size = CHUNK if size is None or size < 0 else size
-        while not self._stop.is_set():
+        while not (self._stop.is_set() or self.switch):
             if not self.live and self._opened and self.position >= self._history:
                 self.live = True
                 where = "" if self._file == self.path else f" ({self._file})"
@@ -182,9 +188,15 @@ class FollowedFile:
         self._checked = now
         if not self._opened:  # a path not there yet may appear as a run directory
             self._directory = os.path.isdir(self.path)
-        target = self._resolve()
-        if target is None:  # not there yet, or renamed away: the open file may still grow
+        choice = self.resolve()
+        if choice is None:  # not there yet, or renamed away: the open file may still grow
             self._waited = self._waited or not self._opened
+            return False
+        target = choice.log.path
+        if self._file is not None and str(target) != self._file:  # another log: no rotation
+            why = "a new run" if choice.new_run else "a richer log of the run"
+            self._tell(f"{self.path}: switching to {target} ({why})")
+            self.switch = choice
             return False
         try:
             info = os.stat(target)
@@ -210,6 +222,9 @@ class FollowedFile:
             self._break = not self._ended
         self.close()
         info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+            os.close(fd)  # (/dev/zero would be read for ever)
+            raise LogReadError(f"{target}: a device or a socket, not a log file")
         self._fd, self._file, self._id = fd, str(target), (info.st_dev, info.st_ino)
         self._history = 0 if self._opened or self._waited else size
         self._opened += 1

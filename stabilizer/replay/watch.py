@@ -13,6 +13,12 @@ path, as `diagnose` would for the same log.
 
 A file's history (what it held when it was opened) is read first, so the detectors have their
 baseline; its findings come as alerts with ``live`` False.
+
+A folder follows its newest run's richest log (`stabilizer.replay.sources`). When the run gets
+a richer log (the JSONL after the event file), that log's diagnosis replaces the other's, and
+what was alerted already is not alerted again; when a new run starts below the folder, the run
+followed so far is done (its diagnosis is one more outcome of the path) and the new one is
+diagnosed from its start: a new run is never a restart of the last.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stabilizer.core.records import Finding
 
 from .diagnose import Diagnosis, Failure, Located, _Diagnosing
-from .feed import Detected, Ended, feed
+from .feed import Detected, Ended, Switched, feed
 from .follow import POLL
 from .history import History
 from .readers import LogReadError, Note
@@ -37,6 +44,8 @@ __all__ = ["QUEUE", "Alert", "Watch"]
 
 QUEUE = 64
 """Batches waiting for the engines at most; a reader that is that far ahead waits."""
+
+_EMPTY = "empty (nothing was written to it)"  # (as `diagnose` says of an empty pipe)
 
 
 @dataclass(frozen=True)
@@ -63,24 +72,55 @@ class Alert:
 
 
 class _Followed:
-    """The engine side of one path: its diagnosis, once its format is known."""
+    """The engine side of one path: its diagnosis, once its format is known; the runs it
+    followed before (a folder's); the alerts handed out for its run."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.notes: list[Note] = []
         self.replay: _Diagnosing | None = None
         self.failure: Failure | None = None
         self.head: list[str] = []
         self.live = False  # whether the items read now are past the file's history
+        self.done: list[Diagnosis] = []  # the runs followed before this one
+        self.replaced: Diagnosis | None = None  # the poorer log of this run, until this one reads
+        self.said: set[tuple[Any, ...]] = set()  # the alerts handed out for this run
 
-    def outcome(self) -> Diagnosis | Failure:
+    def detected(self, item: Detected, bins: int) -> _Diagnosing:
+        """A new diagnosis for the log ``item`` detected (a folder's: named by its file)."""
+        name = item.file if item.file and Path(self.path).is_dir() else self.path
+        diagnosis = Diagnosis(name, item.format, item.notes, history=History(bins))
+        self.replay = _Diagnosing(diagnosis, ())
+        return self.replay
+
+    def switched(self, item: Switched) -> None:
+        """The followed log changed: a new run (this one is done), or a richer log of it."""
+        replay, self.replay, self.head = self.replay, None, []
+        if replay is None or replay.segment is None:
+            return
+        replay.on_kept = None  # (its open episodes close in its report, not as alerts)
+        replay.finish()
+        replay.keep_live()
+        if item.new_run:
+            self.done.append(replay.diagnosis)
+            self.said.clear()
+            self.replaced = None
+        else:
+            self.replaced = replay.diagnosis
+
+    def outcomes(self) -> list[Diagnosis | Failure]:
+        """The diagnosis of each run followed, the last one's (or why it failed) last."""
         if self.replay is None or self.replay.segment is None:
+            if self.replaced is not None:
+                return [*self.done, self.replaced]
+            if self.done and self.failure is None:  # a new run with no record yet
+                return list(self.done)
             if self.failure is not None:
-                return self.failure
+                return [*self.done, self.failure]
             fmt = self.replay.diagnosis.format if self.replay is not None else "generic"
             name = "standard input" if self.path == "-" else self.path
-            return Failure(self.path, _unreadable(name, self.head, fmt))
-        return self.replay.diagnosis
+            why = _unreadable(name, self.head, fmt) if self.head else f"{name}: {_EMPTY}"
+            return [*self.done, Failure(self.path, why)]
+        return [*self.done, self.replay.diagnosis]
 
 
 class Watch:
@@ -130,7 +170,7 @@ class Watch:
                 running -= self._take()
             except KeyboardInterrupt:
                 self.stop()
-        return [followed.outcome() for followed in self._followed]
+        return [outcome for followed in self._followed for outcome in followed.outcomes()]
 
     def _take(self) -> int:
         """Handle the next message of a reader thread; 1 when it says its input ended."""
@@ -142,13 +182,13 @@ class Watch:
         if isinstance(item, Ended):
             self._end(followed)
             return 1
-        if isinstance(item, Detected):
+        if isinstance(item, Switched):
+            followed.switched(item)
+        elif isinstance(item, Detected):
             followed.head = item.head
             if item.format:
-                notes, history = followed.notes, History(self.bins)
-                diagnosis = Diagnosis(followed.path, item.format, notes, history=history)
-                followed.replay = _Diagnosing(diagnosis, ())
-                followed.replay.on_kept = lambda found, update: self._found(followed, found, update)
+                replay = followed.detected(item, self.bins)
+                replay.on_kept = lambda found, update: self._found(followed, found, update)
         elif isinstance(item, LogReadError):
             self._failed(followed, str(item))
         elif followed.replay is not None:
@@ -160,6 +200,11 @@ class Watch:
     def _found(self, followed: _Followed, found: Located, update: bool) -> None:
         """A finding as the engine made it: a new episode, or an update of one."""
         diagnosis = followed.replay.diagnosis if followed.replay is not None else None
+        one = found.finding
+        said = (one.kind, one.step, one.end_step, one.severity, update)
+        if said in followed.said:  # (the run's poorer log said it already)
+            return
+        followed.said.add(said)
         alert = Alert(
             followed.path, found.segment, found.finding, followed.live, time.time(), update,
             diagnosis,
@@ -171,7 +216,7 @@ class Watch:
         if replay is None or replay.segment is None:
             followed.failure = Failure(followed.path, message)
         else:  # a reader gave up part-way: what came before stays
-            followed.notes.append(Note("truncated", f"stopped reading: {message}"))
+            replay.diagnosis.notes.append(Note("truncated", f"stopped reading: {message}"))
 
     def _end(self, followed: _Followed) -> None:
         replay = followed.replay
@@ -190,7 +235,6 @@ class Watch:
             index,
             followed.path,
             self.format,
-            followed.notes,
             self._queue.put,
             stop=self._stop,
             tell=self.tell,

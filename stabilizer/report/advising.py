@@ -32,7 +32,6 @@ Adviser = Callable[[int, Finding], Finding]
 
 def adviser(diagnosis: Diagnosis) -> Adviser:
     """What advises the findings of ``diagnosis`` (as it stands: `watch` asks again later)."""
-    facts = run_facts(diagnosis)
     found: dict[tuple[int, EpisodeStart], Incident] = {}  # the incident of each episode
     for incident in incidents(diagnosis):
         for finding in incident.findings:
@@ -41,8 +40,8 @@ def adviser(diagnosis: Diagnosis) -> Adviser:
     def advise(segment: int, finding: Finding) -> Finding:
         incident = found.get((segment, episode_start(finding)))
         if incident is None:  # set-up advice: no incident
-            return advised(finding, facts)
-        return advised(finding, facts, incident.findings, recovered=incident.recovered)
+            return advised(finding, run_facts(diagnosis, segment))
+        return advised(finding, incident.facts, incident.findings, recovered=incident.recovered)
 
     return advise
 
@@ -57,7 +56,7 @@ def advise_now(diagnosis: Diagnosis, segment: int, finding: Finding) -> Finding:
         for item in diagnosis.findings[-RECENT:]
         if item.segment == segment and (item.finding.end_step or item.finding.step) >= finding.step
     ]
-    return advised(finding, run_facts(diagnosis), recent)
+    return advised(finding, run_facts(diagnosis, segment), recent)
 
 
 def advised_run(findings: Sequence[Finding], jsonl: Path) -> list[Finding]:

@@ -23,8 +23,11 @@ _LOSS_CAUSE = (
 )
 
 
-def cause_for(kind: str, findings: Sequence[Finding], facts: RunFacts) -> str:
-    """The usual cause of ``kind``, as far as the incident's evidence and the run tell."""
+def cause_for(
+    kind: str, findings: Sequence[Finding], facts: RunFacts, recovered: bool | None = None
+) -> str:
+    """The usual cause of ``kind``, as far as the incident's evidence, its outcome (``recovered``,
+    as the report's outcome says it: None when it says nothing) and the run tell."""
     row = kind_of(kind)
     if row.nan and in_the_loss(findings):
         return _LOSS_CAUSE
@@ -33,12 +36,13 @@ def cause_for(kind: str, findings: Sequence[Finding], facts: RunFacts) -> str:
     if not facts.fp16 and row.cause_not_fp16:
         return row.cause_not_fp16
     if kind == LOSS_SPIKE:
-        return _spike_cause(next(f for f in findings if f.kind == kind))
+        return _spike_cause(next(f for f in findings if f.kind == kind), recovered)
     return row.cause
 
 
-def _spike_cause(spike: Finding) -> str:
-    """A loss spike's cause as its evidence tells: one step up or several, recovered or not."""
+def _spike_cause(spike: Finding, outcome: bool | None) -> str:
+    """A loss spike's cause as its evidence (and the outcome, where the report says one)
+    tells: one step up or several, recovered or not."""
     if spike.end_step is None or spike.end_step == spike.step:
         cause = "one batch with an outsized gradient pushed the weights off course"
     else:  # (a log may not hold every step: the span, not a count of bad steps)
@@ -47,7 +51,7 @@ def _spike_cause(spike: Finding) -> str:
             "a run of bad batches (corrupt or mislabelled data, a bad shard), or one outsized "
             "update the weights took that long to undo"
         )
-    recovered = spike.evidence.get("recovered", 1.0) >= 0.5
+    recovered = spike.evidence.get("recovered", 1.0) >= 0.5 if outcome is None else outcome
     return cause + ("; the run recovered" if recovered else "; not back by the end of the log")
 
 

@@ -25,6 +25,7 @@ from stabilizer.replay.diagnose import Diagnosis, Segment
 from stabilizer.replay.readers import Note
 
 from .causes import cause_for
+from .consistency import refuted
 
 __all__ = [
     "Incident",
@@ -71,8 +72,8 @@ class Incident:
 
     @property
     def cause(self) -> str:
-        """The likely cause, as the incident's evidence and the run tell."""
-        return cause_for(self.worst.kind, self.findings, self.facts)
+        """The likely cause, as the incident's evidence, its outcome and the run tell."""
+        return cause_for(self.worst.kind, self.findings, self.facts, self.recovered)
 
     @property
     def start(self) -> int:
@@ -123,9 +124,9 @@ def incidents(diagnosis: Diagnosis) -> list[Incident]:
     """The diagnosis's findings as incidents, by segment, then step (`group_incidents`); set-up
     advice (`is_setup`) is no incident."""
     events = [item for item in diagnosis.findings if not is_setup(item.finding)]
-    facts, segments = run_facts(diagnosis), diagnosis.segments
+    segments = diagnosis.segments
     made = [
-        Incident(number, segment, tuple(found), facts)
+        Incident(number, segment, tuple(found), run_facts(diagnosis, segment))
         for number, (segment, found) in enumerate(group_incidents(events), 1)
     ]
     return [replace(e, recovered=_recovered(e, segments)) for e in made]
@@ -143,19 +144,24 @@ def _precedence(kind: str) -> int:
     return 0 if rank is None else rank[1]
 
 
-def run_facts(diagnosis: Diagnosis) -> RunFacts:
-    """What the log tells: fp16 (a loss scale logged), the spans with skipped steps, and the
-    precision its header names."""
+def run_facts(diagnosis: Diagnosis, segment: int | None = None) -> RunFacts:
+    """What the log tells (of ``segment``'s run, when given: a log may hold several runs): fp16
+    (a loss scale logged), the spans with skipped steps, and the precision its header names."""
     bins = diagnosis.history.bins
     skipped = tuple(
         (one.first_step, one.last_step)
         for one in bins
         if SKIPPED in one.series and one.series[SKIPPED][1] >= 0.5
-    )
+        and segment in (None, one.segment)
+    )  # fmt: skip
     seen = diagnosis.history.keys()
     run = diagnosis.run
+    if segment is not None and 0 < segment <= len(diagnosis.segments):
+        run = diagnosis.segments[segment - 1].run or run
     low, precision = (None, "") if run is None else (run.low_precision, run.precision)
-    return RunFacts(LOSS_SCALE in seen, skipped, low, precision)
+    fp16 = LOSS_SCALE in seen
+    no_scaler = not fp16 and any(note.kind == "no_fp16_scaler" for note in diagnosis.notes)
+    return RunFacts(fp16, skipped, low, precision, no_scaler)
 
 
 def number(value: float) -> str:
@@ -177,17 +183,26 @@ def evidence_text(evidence: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {number(value)}" for key, value in evidence.items())
 
 
-def remedy_lines(remedies: Sequence[str], kind: str = "") -> list[str]:
-    """Each remedy's action (after a finding of ``kind``), in order, with its name:
-    ``"clip ... to 1.0 (clip_gradients)"``."""
-    return [f"{remedy_text(name, kind)} ({name})" for name in remedies]
+def remedy_lines(
+    remedies: Sequence[str], kind: str = "", facts: RunFacts | None = None
+) -> list[str]:
+    """Each remedy's action (after a finding of ``kind``, in a run of ``facts``), in order, with
+    its name: ``"clip ... to 1.0 (clip_gradients)"``."""
+    return [f"{remedy_text(name, kind, facts)} ({name})" for name in remedies]
 
 
 def outcome(incident: Incident, segment: Segment, segments: int) -> str:
-    """Whether a non-finite incident ended, as the log tells; else ``""``."""
-    if not kind_of(incident.worst.kind).outcome:
-        return ""
+    """Whether a non-finite incident ended, as the log tells; for another incident, that it
+    never did where the log refutes the recovery its findings claim (`refuted`); else ``""``."""
     where = "segment" if segments > 1 else "log"
+    if not kind_of(incident.worst.kind).outcome:
+        since = refuted(incident.findings, segment)
+        if since is None:
+            return ""
+        return (
+            f"never recovers: the loss is non-finite from step {since} to the end of the {where} "
+            f"(step {segment.last_step})"
+        )
     since, last = segment.nonfinite_since, incident.end or incident.start
     if since is not None and since <= last:
         return (
@@ -230,5 +245,15 @@ def header_facts(diagnosis: Diagnosis) -> list[tuple[str, str]]:
         facts.append(("run", diagnosis.run.describe()))
     facts.append(("records", f"{diagnosis.records}{span}"))
     if len(segments) > 1:
-        facts.append(("segments", f"{len(segments)} (the run was restarted)"))
+        facts.append(("segments", f"{len(segments)} ({_segments(segments)})"))
     return facts
+
+
+def _segments(segments: Sequence[Segment]) -> str:
+    """``"2 runs in one log"``, ``"the run was restarted"``, or both: what the segments are."""
+    runs = 1 + sum(segment.new_run for segment in segments)
+    restarts = len(segments) - runs
+    if runs == 1:
+        return "the run was restarted"
+    said = f"{runs} runs in one log"
+    return said if not restarts else f"{said}, {restarts} restart{'s' if restarts > 1 else ''}"

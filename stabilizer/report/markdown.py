@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from stabilizer.core.advice import remedy_text
 from stabilizer.core.records import Severity
-from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Diagnosis
 
 from .causes import advice_for
+from .check import check, log_disagreements
+from .consistency import what
 from .incidents import (
     Incident,
     evidence_text,
@@ -37,6 +38,7 @@ from .incidents import (
     incidents,
     note_lines,
     outcome,
+    run_facts,
     setup_findings,
     step_range,
 )
@@ -57,7 +59,8 @@ def _header(diagnosis: Diagnosis) -> list[str]:
     lines += [f"| {label} | {_escape(value)} |" for label, value in header_facts(diagnosis)]
     if len(diagnosis.segments) > 1:
         lines += ["", "**Segments**", ""]
-        lines += [f"{_escape(segment_text(s)).replace('  ', '. ', 1)}" for s in diagnosis.segments]
+        shown = [segment_text(s, diagnosis.run) for s in diagnosis.segments]
+        lines += [f"{_escape(text).replace('  ', '. ', 1)}" for text in shown]
     notes = note_lines(diagnosis.notes)
     if notes:
         lines += ["", "**Notes**", "", *(f"- {_escape(note)}" for note in notes)]
@@ -71,18 +74,21 @@ def _incident(incident: Incident, diagnosis: Diagnosis) -> list[str]:
     if len(segments) > 1:
         title += f" · segment {incident.segment}"
     lines = ["", f"#### {title}", ""]
-    lines += [f"- **what:** {_escape(observation(f))}" for f in incident.findings]
+    segment, where = segments[incident.segment - 1], "segment" if len(segments) > 1 else "log"
+    lines += [f"- **what:** {_escape(what(f, segment, where))}" for f in incident.findings]
     if incident.location:
         lines.append("- **where:** " + ", ".join(f"`{name}`" for name in incident.location))
     if incident.evidence:
         lines.append(f"- **evidence:** {_escape(evidence_text(incident.evidence))}")
-    ended = outcome(incident, segments[incident.segment - 1], len(segments))
+    ended = outcome(incident, segment, len(segments))
     if ended:
         lines.append(f"- **outcome:** {ended}")
     lines.append(f"- **likely cause:** {incident.cause}")
     if incident.remedies:
         kind = incident.worst.kind
-        actions = [f"{remedy_text(name, kind)} (`{name}`)" for name in incident.remedies]
+        actions = [
+            f"{remedy_text(name, kind, incident.facts)} (`{name}`)" for name in incident.remedies
+        ]
         lines.append("- **remedy:** " + "; ".join(actions))
     return lines
 
@@ -98,6 +104,9 @@ def render_markdown(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) 
     setup = setup_findings(diagnosis)
     if setup:
         lines += ["", "### Set-up", ""]
-        lines += [f"- {_escape(setup_line(finding))}" for finding in setup]
+        facts = run_facts(diagnosis, 1)  # (the first batch's checks: of the log's first run)
+        lines += [f"- {_escape(setup_line(finding, facts))}" for finding in setup]
     lines += ["", f"**Verdict:** {_escape(verdict(diagnosis, fail_on))}"]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    log_disagreements(diagnosis.path, check(diagnosis, text))
+    return text

@@ -20,6 +20,7 @@ from stabilizer.core.records import Severity
 from stabilizer.core.signals import GRAD_NORM, GRAD_NORM_PREFIX, LOSS, LOSS_SCALE
 from stabilizer.outputs.heatmap import draw_heatmap
 from stabilizer.outputs.tensorboard import depth_order
+from stabilizer.outputs.wording import counted
 from stabilizer.replay.diagnose import Diagnosis
 from stabilizer.replay.history import Bin, History
 
@@ -201,7 +202,8 @@ def _draw(diagnosis: Diagnosis) -> bytes:
         axes[0].legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("step")
     name = "standard input" if diagnosis.path == "-" else diagnosis.path
-    fig.suptitle(f"{name} ({diagnosis.format}, {diagnosis.records} records)", fontsize=10)
+    records = counted(diagnosis.records, "record")
+    fig.suptitle(f"{name} ({diagnosis.format}, {records})", fontsize=10)
     image = io.BytesIO()
     fig.savefig(image, dpi=100, format="png")
     return image.getvalue()

@@ -20,17 +20,16 @@ from typing import TextIO
 
 from stabilizer.replay.diagnose import Diagnosis, Failure, diagnose
 from stabilizer.replay.readers import LogReadError, find_runs
+from stabilizer.replay.readers.trackers import store_addresses
 
 from .files import OutputError, check_file, check_run_dir
 from .inputs import Wrap, progress_bar
 
 __all__ = [
-    "PROGRESS_BYTES",
     "OutputError",
     "Outputs",
     "diagnose_input",
     "expand_runs",
-    "needs_progress",
     "plan_outputs",
     "plot_path",
     "progress_bar",
@@ -38,16 +37,16 @@ __all__ = [
     "warnings_as_lines",
 ]
 
-PROGRESS_BYTES = 50 * 2**20
-"""Files larger than this are worth a progress bar (`progress_bar`, by bytes read)."""
-
 
 def expand_runs(paths: Sequence[str], format: str = "auto") -> list[str]:
-    """Each input, a directory of several runs (``runs/``, a Lightning ``lightning_logs/``) as
-    each of its runs, in path order, so that every run is diagnosed, not only the newest."""
+    """Each input, a directory of several runs (``runs/``, a Lightning ``lightning_logs/``) or a
+    tracker's store of several (``mlflow.db``, ``mlruns/``) as each of its runs, in order, so
+    that every run is diagnosed, not only the newest."""
     expanded: list[str] = []
     for path in paths:
-        runs = find_runs(Path(path), format) if path != "-" and _is_dir(path) else []
+        runs: list[str | Path] = [*store_addresses(path, format)] if path != "-" else []
+        if not runs and path != "-" and _is_dir(path):
+            runs = [*find_runs(Path(path), format)]
         expanded += [str(run) for run in runs] if len(runs) > 1 else [path]
     return expanded
 
@@ -55,15 +54,6 @@ def expand_runs(paths: Sequence[str], format: str = "auto") -> list[str]:
 def _is_dir(path: str) -> bool:
     try:
         return Path(path).is_dir()
-    except OSError:
-        return False
-
-
-def needs_progress(path: str) -> bool:
-    """Whether ``path`` is a file larger than `PROGRESS_BYTES`."""
-    file = Path(path)
-    try:
-        return path != "-" and file.is_file() and file.stat().st_size > PROGRESS_BYTES
     except OSError:
         return False
 
@@ -179,7 +169,7 @@ def _diagnose(
     with TensorBoardExport(run, replace=outputs.force) as export:
         diagnosis = diagnose(path, format, sinks=[export], wrap=wrap)
         notes = export.finish(diagnosis)
-    messages.append(f"TensorBoard run of {path}: {run} (tensorboard --logdir {run})")
+    messages.append(f"TensorBoard run of {path}: {run}")  # (the command: `stabilizer.cli`)
     messages += notes
     return diagnosis
 

@@ -29,11 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stabilizer.core.advice import RunFacts
 from stabilizer.core.records import Finding, Severity
-from stabilizer.outputs.wording import observation
+from stabilizer.core.run import RunHeader
+from stabilizer.outputs.wording import counted, observation
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
 from .causes import advice_for
+from .check import check, log_disagreements
+from .consistency import what
 from .incidents import (
     Incident,
     evidence_text,
@@ -42,6 +46,7 @@ from .incidents import (
     note_lines,
     outcome,
     remedy_lines,
+    run_facts,
     setup_findings,
     step_range,
 )
@@ -60,12 +65,15 @@ def _block(label: str, lines: list[str], indent: str = "") -> list[str]:
     ]
 
 
-def segment_text(segment: Segment) -> str:
-    """``"2  steps 200–400, 201 records; line 230: restart: step went back ..."``."""
+def segment_text(segment: Segment, first: RunHeader | None = None) -> str:
+    """``"2  steps 200–400, 201 records; line 230: restart: step went back ..."``, and the
+    segment's run facts where they are not the log's ``first``."""
     text = f"{segment.index}  {step_range(segment.first_step, segment.last_step)}, "
-    text += f"{segment.records} records"
+    text += counted(segment.records, "record")
     if segment.why:
         text += f"; line {segment.line}: {segment.why}" if segment.line else f"; {segment.why}"
+    if segment.run is not None and segment.run != first:
+        text += f"; run: {segment.run.describe()}"
     return text
 
 
@@ -75,7 +83,7 @@ def _header(diagnosis: Diagnosis) -> list[str]:
     for label, value in header_facts(diagnosis):
         lines += _block(label, [value])
     if len(diagnosis.segments) > 1:
-        lines += _block("", [segment_text(s) for s in diagnosis.segments])
+        lines += _block("", [segment_text(s, diagnosis.run) for s in diagnosis.segments])
     notes = note_lines(diagnosis.notes)
     if notes:
         lines += _block("notes", notes)
@@ -88,17 +96,19 @@ def _incident(incident: Incident, diagnosis: Diagnosis) -> list[str]:
     head += f"{worst.severity.name}  {advice_for(worst.kind).title}"
     if len(segments) > 1:
         head += f"  (segment {incident.segment})"
-    lines = [head, *_block("what", [observation(f) for f in incident.findings], "    ")]
+    segment, where = segments[incident.segment - 1], "segment" if len(segments) > 1 else "log"
+    lines = [head, *_block("what", [what(f, segment, where) for f in incident.findings], "    ")]
     if incident.location:
         lines += _block("where", [", ".join(incident.location)], "    ")
     if incident.evidence:
         lines += _block("evidence", [evidence_text(incident.evidence)], "    ")
-    ended = outcome(incident, segments[incident.segment - 1], len(segments))
+    ended = outcome(incident, segment, len(segments))
     if ended:
         lines += _block("outcome", [ended], "    ")
     lines += _block("cause", [incident.cause], "    ")
     if incident.remedies:
-        lines += _block("remedy", remedy_lines(incident.remedies, worst.kind), "    ")
+        remedies = remedy_lines(incident.remedies, worst.kind, incident.facts)
+        lines += _block("remedy", remedies, "    ")
     return lines
 
 
@@ -113,18 +123,21 @@ def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> s
     setup = setup_findings(diagnosis)
     if setup:
         lines += ["", "set-up: the monitor's checks at the first batch"]
-        lines += [f"    {setup_line(finding)}" for finding in setup]
+        facts = run_facts(diagnosis, 1)  # (the first batch's checks: of the log's first run)
+        lines += [f"    {setup_line(finding, facts)}" for finding in setup]
     lines += ["", f"verdict: {verdict(diagnosis, fail_on)}"]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    log_disagreements(diagnosis.path, check(diagnosis, text))
+    return text
 
 
-def setup_line(finding: Finding) -> str:
+def setup_line(finding: Finding, facts: RunFacts | None = None) -> str:
     """``"INFO  no gradient clipping: ... -> clip the global gradient norm to 1.0"``."""
     text = f"{finding.severity.name}  {observation(finding)}"
     if finding.location:
         text += f" [{', '.join(finding.location)}]"
     if finding.remedies:
-        text += f" -> {'; '.join(remedy_lines(finding.remedies, finding.kind))}"
+        text += f" -> {'; '.join(remedy_lines(finding.remedies, finding.kind, facts))}"
     return text
 
 

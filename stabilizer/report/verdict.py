@@ -3,7 +3,7 @@
     critical: 2 episodes (1 critical, 1 warning); act first on #2, non-finite loss (NaN/Inf) at
     steps 2010–2070: roll back ...; segment 2, after the last restart, is clean
 
-Set-up advice is counted apart (``1 set-up note below (1 info)``); a run with no episode is
+Set-up advice is counted apart (``1 set-up note (1 info)``); a run with no episode is
 healthy unless its set-up holds a risk at warning or above.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from stabilizer.core.advice import remedy_text
 from stabilizer.core.records import Finding, Severity
+from stabilizer.outputs.wording import counted
 from stabilizer.replay.diagnose import Diagnosis, severity_counts
 
 from .causes import advice_for
@@ -29,12 +30,12 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     setup = setup_findings(diagnosis)
     if setup:
         count = f"{len(setup)} set-up note{'s' if len(setup) > 1 else ''}"
-        tail = f"; {count} below ({', '.join(_tally(setup))}){tail}"
+        tail = f"; {count} ({', '.join(_tally(setup))}){tail}"
     if not found:
         head = "healthy"
         if setup and setup[0].severity >= Severity.WARNING:  # a risk the run did not show yet
             head = setup[0].severity.name.lower() + _below(setup[0].severity, fail_on)
-        return f"{head}: no instabilities found in {diagnosis.records} records{tail}"
+        return f"{head}: no instabilities found in {counted(diagnosis.records, 'record')}{tail}"
     tally = ", ".join(_tally(e.worst for e in found))
     first = min(found, key=lambda e: (-e.worst.severity, e.segment, e.start))
     head = first.worst.severity.name.lower()
@@ -43,13 +44,14 @@ def verdict(diagnosis: Diagnosis, fail_on: Severity) -> str:
     if first.worst.evidence.get("never_learned"):  # a blow-up from the start: say which failure
         act += " (the run never learned)"
     if first.remedies:
-        act += f": {remedy_text(first.remedies[0], first.worst.kind)}"
+        act += f": {remedy_text(first.remedies[0], first.worst.kind, first.facts)}"
     below = _below(first.worst.severity, fail_on)
     plural = "s" if len(found) > 1 else ""
-    last = diagnosis.segments[-1].index
+    last = diagnosis.segments[-1]
     clean = ""
-    if last > 1 and all(incident.segment < last for incident in found):
-        clean = f"; segment {last}, after the last restart, is clean"
+    if last.index > 1 and all(incident.segment < last.index for incident in found):
+        after = "a new run" if last.new_run else "after the last restart"
+        clean = f"; segment {last.index}, {after}, is clean"
     return f"{head}{below}: {len(found)} episode{plural} ({tally}); {act}{clean}{tail}"
 
 

@@ -18,11 +18,10 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch import nn
 
-from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, REMEDY_APPLIED, kind_of
+from stabilizer.core.kinds import CLIP_SATURATION, DEPTH_IMBALANCE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.remedies import (
     CLIP_GRADIENTS,
@@ -45,8 +44,9 @@ from stabilizer.live.remedies import (
 from stabilizer.live.remedies.swap_to_pre_ln import has_post_ln
 
 from .host import Host
-from .ladder import Ladder, Result, result_finding
+from .ladder import Applied, Ladder, Result, applied_finding, cause_of, result_finding
 from .policies import Auto
+from .protect import Remedies
 from .swap import add_param_group
 
 __all__ = ["CLIP_MARGIN", "AutoRemedies", "from_scratch"]
@@ -64,14 +64,7 @@ HEALTHY_NORMS = 50  # the last healthy steps' gradient norms the threshold is re
 SURGE = 2.0  # a rollback cuts the LR when it is at least this many times the snapshot's
 
 
-@dataclass
-class _Applied:
-    name: str
-    message: str
-    evidence: dict[str, float]
-
-
-class AutoRemedies:
+class AutoRemedies(Remedies):
     """Applies the remedies of the table above to a running training (the `Auto` policy).
 
     Args:
@@ -79,13 +72,14 @@ class AutoRemedies:
         policy: The `Auto` policy's knobs.
     """
 
-    def __init__(self, host: Host, policy: Auto) -> None:
-        self.host, self.policy = host, policy
+    def __init__(self, host: Host, policy: object) -> None:
+        super().__init__(host, policy)
+        assert isinstance(policy, Auto)
+        self.policy = policy
         self.allow, self.explicit = policy.allowed, policy.explicit
         self.snapshot_every, self.max_rollbacks = policy.snapshot_every, policy.max_rollbacks
         self.skip_batches, self.swap_before = policy.skip_batches, policy.swap_before
         self.warmup_steps = policy.warmup_steps
-        self.applied: dict[str, int] = {}  # remedy name -> times applied
         self.lr = LRMultiplier()
         self.skip = SkipWindow()
         self._snapshots: Snapshots | None = None
@@ -97,10 +91,20 @@ class AutoRemedies:
         self._lr_high = -math.inf  # the highest LR the steps have used
         self._norms: deque[float] = deque(maxlen=HEALTHY_NORMS)  # healthy steps' gradient norms
         self.stop_reason = "no rollback left"
+        self._clip: float | None = None  # the clipping threshold auto put in force
 
-    def start(self) -> None:
+    @property
+    def lr_factor(self) -> float:
+        return self.lr.factor
+
+    def stepping_past(self, step: int) -> bool:
+        return self.skip.active(step)
+
+    def start(self, resumed: bool) -> None:
         optimizer = self.host.optimizers[0]
         self.lr.attach(optimizer)
+        if resumed:
+            self._in_force_again()
         if ROLLBACK in self.allow:
             self._snapshots = Snapshots(
                 self.host.module,
@@ -110,6 +114,19 @@ class AutoRemedies:
                 directory=self.policy.snapshot_dir,
                 keep=self.policy.keep_snapshots,
             )
+
+    def _in_force_again(self) -> None:
+        """A resumed run: the remedies its checkpoint's run had applied are put back (the
+        LR multiplier is in its state; the swap to pre-LN of a Lightning checkpoint loads with
+        the model, `stabilizer.step.swap`)."""
+        if self._clip is not None:
+            self.host.set_clip(self._clip)
+        if self.applied.get(UPCAST_TO_FP32):
+            upcast_to_fp32(self.host.module)
+        if self.applied.get(SWAP_TO_PRE_LN) and has_post_ln(self.host.module):
+            swap = swap_to_pre_ln(self.host.module)
+            if swap.new_parameters:
+                add_param_group(self.host, list(swap.new_parameters))
 
     def stop(self) -> None:
         self.lr.detach()
@@ -137,7 +154,8 @@ class AutoRemedies:
             and not (snapshots is not None and snapshots.can_restore(before=_last_clean(f)))
             for f in found
         )
-        verdicts = self.ladder.check(step, found, loss)
+        # What fails while a rollback steps past the bad data is that data: no verdict on it.
+        verdicts = self.ladder.check(step, [] if self.skip.active(step) else found, loss)
         out: list[Finding] = []
         answered: dict[int, str] = {}  # id of a finding -> the remedy applied for it
         for finding in found:
@@ -153,12 +171,12 @@ class AutoRemedies:
             self._snapshot_lr[step] = self._lr_high
         return out
 
-    def _applied(self, step: int, cause: Finding, applied: _Applied, loss: float) -> Finding:
+    def _applied(self, step: int, cause: Finding, applied: Applied, loss: float) -> Finding:
         self.applied[applied.name] = self.applied.get(applied.name, 0) + 1
         self.ladder.watch(applied.name, cause, step, loss)
         if applied.name == SWAP_TO_PRE_LN:
             self.ladder.watches[-1].until += self.warmup_steps  # judged once re-warmed
-        return _finding(step, cause, applied)
+        return applied_finding(step, cause, applied)
 
     def _verdict(
         self,
@@ -177,13 +195,15 @@ class AutoRemedies:
             applied = self._escalate(step, verdict)
             if applied is not None:
                 nxt = applied.name
-                extra.append(self._applied(step, because or _cause(verdict), applied, loss))
+                extra.append(self._applied(step, because or cause_of(verdict), applied, loss))
+                if because is not None:  # (another remedy it refutes is answered by this one)
+                    answered[id(because)] = nxt
         if nxt is None:
             self._exhausted = True
             self.stop_reason = f"{verdict.watch.remedy} did not work and nothing is left to try"
         return [result_finding(step, verdict, nxt, self.ladder.tried), *extra]
 
-    def _escalate(self, step: int, verdict: Result) -> _Applied | None:
+    def _escalate(self, step: int, verdict: Result) -> Applied | None:
         name = remedy(verdict.watch.remedy).next
         if name is None or name not in self.allow:
             return None
@@ -194,16 +214,17 @@ class AutoRemedies:
             return None
         return self._remedy(step, name)
 
-    def exhausted(self) -> bool:
-        """Whether the last step's findings called for a rollback that could not be done."""
-        return self._exhausted
+    def should_stop(self) -> tuple[bool, str]:
+        """Stop when the last step's findings called for a rollback that could not be done, or
+        a remedy failed with nothing left to try."""
+        return self._exhausted, self.stop_reason if self._exhausted else ""
 
     def _wants_rollback(self, f: Finding) -> bool:
         # (a divergence's closing INFO finding, the loss came back, calls for nothing)
         at = kind_of(f.kind).rollback_at
         return ROLLBACK in self.allow and at is not None and f.severity >= at
 
-    def _apply(self, step: int, f: Finding) -> _Applied | None:
+    def _apply(self, step: int, f: Finding) -> Applied | None:
         if self._wants_rollback(f):
             return self._rollback(step, _last_clean(f))
         if f.kind == CLIP_SATURATION and self.applied.get(CLIP_GRADIENTS):
@@ -217,19 +238,20 @@ class AutoRemedies:
             return self._swap(step, since=_last_clean(f))
         return self._remedy(step, name)
 
-    def _remedy(self, step: int, name: str) -> _Applied | None:
+    def _remedy(self, step: int, name: str) -> Applied | None:
         if name == CLIP_GRADIENTS:
             threshold, why = self._clip_threshold()
             before = self.host.clip
             if before is not None and 0.0 < before <= threshold:
                 return None  # a tighter threshold is kept: the remedy never loosens clipping
             self.host.set_clip(threshold)
+            self._clip = threshold
             message = f"gradient clipping at norm {threshold:.3g} ({why})"
             after = {"before": before if before else float("inf"), "after": threshold}
-            return _Applied(name, message, after)
+            return Applied(name, message, after)
         if name == SCALE_LR:
             change = self.lr.scale(0.5)
-            return _Applied(name, "LR halved", {"before": change.before, "after": change.after})
+            return Applied(name, "LR halved", {"before": change.before, "after": change.after})
         if name == UPCAST_TO_FP32:
             if low_precision(self.host.facts.precision) is False:
                 return None  # norms and softmax already run in fp32 (or wider): nothing to do
@@ -237,7 +259,7 @@ class AutoRemedies:
             if not up.changed:
                 return None
             count = {"norms": float(len(up.norms)), "attention": float(len(up.attention))}
-            return _Applied(name, "norms and attention softmax now in fp32", count)
+            return Applied(name, "norms and attention softmax now in fp32", count)
         return self._swap(step)
 
     def _clip_threshold(self) -> tuple[float, str]:
@@ -253,7 +275,7 @@ class AutoRemedies:
             "1.0 it would clip most healthy steps"
         )
 
-    def _raise_clip(self) -> _Applied | None:
+    def _raise_clip(self) -> Applied | None:
         """Clipping that auto switched on saturates: the run's norms grew past the threshold.
         Raise it to fit them (never an LR cut for a saturation auto caused)."""
         threshold, why = self._clip_threshold()
@@ -261,10 +283,11 @@ class AutoRemedies:
         if before is None or threshold <= float(before) or len(self._norms) < 10:
             return None
         self.host.set_clip(threshold)
+        self._clip = threshold
         message = f"clipping threshold raised from {float(before):.3g} to {threshold:.3g} ({why})"
-        return _Applied(CLIP_GRADIENTS, message, {"before": float(before), "after": threshold})
+        return Applied(CLIP_GRADIENTS, message, {"before": float(before), "after": threshold})
 
-    def _swap(self, step: int, since: int | None = None) -> _Applied | None:
+    def _swap(self, step: int, since: int | None = None) -> Applied | None:
         """Swap to pre-LN and re-warm the LR; first, when the oldest snapshot held is from
         before `since` (the last step before the band), restart from it: pre-LN learns from
         the weights of a stuck post-LN run far slower than from earlier ones (measured on
@@ -288,7 +311,7 @@ class AutoRemedies:
             evidence["restored_step"] = float(restart)
             message += f", restarted from step {restart}'s weights and optimizer state"
         message += f"; LR re-warmed over {self.warmup_steps}"
-        return _Applied(SWAP_TO_PRE_LN, message, evidence)
+        return Applied(SWAP_TO_PRE_LN, message, evidence)
 
     def _oldest_before(self, since: int | None) -> int | None:
         """The oldest snapshot's step when it is from before `since` and can be restored."""
@@ -298,7 +321,7 @@ class AutoRemedies:
         oldest = snapshots.steps[0]
         return oldest if oldest < since and snapshots.can_restore(before=oldest + 1) else None
 
-    def _rollback(self, step: int, since: int) -> _Applied | None:
+    def _rollback(self, step: int, since: int) -> Applied | None:
         if self._snapshots is None or not self._snapshots.can_restore(before=since):
             return None
         lr_now = self._step_lr
@@ -319,18 +342,21 @@ class AutoRemedies:
                 f"now {lr_now:.3g})"
             )
             evidence.update(lr_then=lr_then, lr_now=lr_now, lr_factor=change.after)
-        return _Applied(ROLLBACK, message, evidence)
+        return Applied(ROLLBACK, message, evidence)
 
     def state_dict(self) -> dict[str, object]:
         return {
             "applied": dict(self.applied),
             "lr": self.lr.state_dict(),
             "ladder": self.ladder.state_dict(),
+            "clip": self._clip,
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         applied = state.get("applied", {})
         self.applied = {str(k): int(v) for k, v in dict(applied).items()}  # type: ignore[call-overload]
+        clip = state.get("clip")
+        self._clip = float(clip) if isinstance(clip, int | float) else None
         lr = state.get("lr")
         if isinstance(lr, dict):
             self.lr.load_state_dict(lr)
@@ -351,14 +377,6 @@ def from_scratch(module: nn.Module) -> bool:
     return True
 
 
-def _cause(verdict: Result) -> Finding:
-    w = verdict.watch
-    return Finding(
-        kind=w.cause, step=w.step, end_step=w.step, severity=Severity.WARNING,
-        seen=f"{w.remedy} did not work",
-    )  # fmt: skip
-
-
 def _initial_lr(host: Host) -> float:
     """The first param group's LR as its torch scheduler started it (``initial_lr``), or -inf."""
     opts = host.optimizers
@@ -372,16 +390,3 @@ def _last_clean(f: Finding) -> int:
     measured before step s's update, so a loss first up at s was caused by an update of step
     s - 1 or earlier (or by the batch of s itself), and a snapshot from s - 1 already holds it."""
     return f.step - 1
-
-
-def _finding(step: int, cause: Finding, applied: _Applied) -> Finding:
-    return Finding(
-        kind=REMEDY_APPLIED,
-        step=step,
-        end_step=step,
-        severity=Severity.INFO,
-        seen=f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}",
-        evidence=applied.evidence,
-        location=cause.location,
-        remedies=(applied.name,),
-    )

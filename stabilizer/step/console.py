@@ -8,9 +8,12 @@
 Lines go through the ``stabilizer`` logger, each finding at its severity; as Lightning does for
 its own logger, INFO is made visible (`show_info`). A finding prints what was seen and the
 remedies that fit the run; repeats of a kind at a severity are folded into one line (after
-`FOLD_STEPS` steps or at the end), except critical findings and what the monitor did
-(`Kind.action`). A later finding of an episode (`stabilizer.core.episode`) prints as its update,
-and the end line counts the episode once, at its worst severity. More: docs/findings.md.
+`FOLD_STEPS` steps or at the end) that names the largest of them, except critical findings,
+what the monitor did (`Kind.action`) and set-up advice (each its own line, counted apart on
+the end line). A later finding of an episode (`stabilizer.core.episode`) prints as its update
+(with the severity it escalated to, if it did), and the end line counts the episode once, at
+its worst severity. After the step's stop line (`STOP_LINE`) the end line is the only line
+left to print. More: docs/findings.md.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
@@ -29,16 +31,22 @@ from stabilizer.core.kinds import REMEDY_APPLIED, Kind, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
-from stabilizer.outputs.wording import observation
+from stabilizer.outputs.findings_table import is_setup
+from stabilizer.outputs.wording import counted, observation
 
-from .cost import over_budget_advice
+from .cost import budget_verdict
+from .fold import Fold
 
-__all__ = ["FOLD_STEPS", "Console", "compact_groups", "show_info"]
+__all__ = ["FOLD_STEPS", "STOP_LINE", "Console", "compact_groups", "show_info"]
 
 log = logging.getLogger("stabilizer")
 
 FOLD_STEPS = 50
 """Repeats of a finding are summed up in one line at most this many steps after the first."""
+
+STOP_LINE = "stabilizer: stopping at step "
+"""How the step's line that stops the run begins (`stabilizer.step.protect`): after it, only the
+end line prints."""
 
 
 def show_info() -> None:
@@ -69,27 +77,6 @@ def compact_groups(groups: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-@dataclass
-class _Fold:
-    """Repeats of one (kind, severity) not printed yet."""
-
-    first: int
-    last: int
-    count: int = 1  # findings
-    skipped: bool = True
-    steps: int = 1  # the distinct steps among them
-
-    def text(self, noun: str) -> str:
-        """``"NaN/Inf loss at 5 more steps (70…102)"``; several findings at one step (one in
-        each of 19 modules) are ``"overflow_risk in 19 more places at step 200"``."""
-        if self.steps == 1 and self.count > 1:
-            return f"{noun} in {self.count} more places at step {self.first}"
-        plural = "s" if self.steps > 1 else ""
-        span = f"{self.first}…{self.last}" if self.last != self.first else str(self.first)
-        more = f", {self.count} findings" if self.count > self.steps else ""
-        return f"{noun} at {self.steps} more step{plural} ({span}){more}"
-
-
 class Console:
     """The monitor's lines on the console; only rank 0 prints.
 
@@ -111,9 +98,16 @@ class Console:
         self._intact: bool | None = None  # the monitor's last check of the weights
         self._cost: Cost | None = None  # what the monitor cost, measured
         self._shown: set[tuple[str, Severity]] = set()
-        self._folds: dict[tuple[str, Severity], _Fold] = {}
+        self._folds: dict[tuple[str, Severity], Fold] = {}
         self._episodes = Episodes()
         self._groups: frozenset[str] = frozenset()  # every depth group of the run
+        self.setup: Counter[Severity] = Counter()  # set-up advice, counted apart
+        self.stopped = False  # the step's stop line was printed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Note the step's stop line as it passes through the ``stabilizer`` logger."""
+        self.stopped = self.stopped or record.getMessage().startswith(STOP_LINE)
+        return True
 
     def start(
         self,
@@ -126,9 +120,10 @@ class Console:
         log file."""
         self.enabled = True
         show_info()
+        log.addFilter(self)
         self.jsonl, self._groups = jsonl, frozenset(groups)
         parts = [f"on, policy {self.policy}"]
-        parts.append(f"{len(groups)} depth groups: {compact_groups(groups)}")
+        parts.append(f"{counted(len(groups), 'depth group')}: {compact_groups(groups)}")
         group_of = grouping or depth_group
         names = [n for n, p in module.named_parameters() if p.requires_grad]
         other = [n for n in names if group_of(n) == OTHER]
@@ -161,30 +156,33 @@ class Console:
         if end.skipped is not None:
             self.skipped = end.skipped
         self._intact, self._cost = end.intact, end.cost
+        if self.stopped:  # after the stop line, the end line only (it counts what is folded)
+            self._folds.clear()
         self._flush(lambda fold: True)
+        log.removeFilter(self)
         log.info("stabilizer: %s", self.summary(end.step))
 
     def summary(self, step: int) -> str:
         """``"done at step 300: 7 findings (2 error, 5 warning), worst: ...; 9 steps skipped"``."""
         total = sum(self.counts.values())
         if total:
-            tally = ", ".join(
-                f"{self.counts[s]} {s.name.lower()}" for s in reversed(Severity) if self.counts[s]
-            )
-            head = f"{total} finding{'s' if total > 1 else ''} ({tally})"
+            head = f"{counted(total, 'finding')} ({_tally(self.counts)})"
             if self.worst is not None and self.worst.severity >= Severity.WARNING:
                 head += f", worst: {_span(self.worst)} {self.worst.kind}"
         else:
             head = "healthy, no findings"
         parts = [f"done at step {step}: {head}"]
+        if self.setup:  # (advice on the set-up: no finding, as `diagnose` counts it)
+            parts.append(
+                f"{counted(sum(self.setup.values()), 'set-up note')} ({_tally(self.setup)})"
+            )
         plural = "s" if self.skipped != 1 else ""
         parts.append(f"{self.skipped} step{plural} skipped{_claim(self._intact, self.skipped)}")
         if self.applied:
             parts.append(f"{self.applied} remed{'ies' if self.applied > 1 else 'y'} applied")
-        if self._cost is not None:
-            cost = self._cost.describe()
-            parts.append(f"{cost}, {over_budget_advice(self._cost)}" if self._cost.over_budget
-                         else cost)  # fmt: skip
+        if self._cost is not None:  # (the whole run's verdict: a warning said earlier is older)
+            verdict = budget_verdict(self._cost)
+            parts.append(f"{self._cost.describe()}{', ' + verdict if verdict else ''}")
         if self.jsonl is not None:
             parts.append(f"details: stabilizer diagnose {self.jsonl}")
         return "; ".join(parts)
@@ -202,11 +200,11 @@ class Console:
             text += f" -> try: {', '.join(finding.remedies)}"
         return text
 
-    def update_line(self, finding: Finding) -> str:
-        """An episode's update as printed: span, kind, where, what it is now."""
-        return (
-            f"{_span(finding)} {finding.kind}{self._where(finding)}, update: {observation(finding)}"
-        )
+    def update_line(self, finding: Finding, escalated: bool = False) -> str:
+        """An episode's update as printed: span, the severity it escalated to (if it did),
+        kind, where, what it is now."""
+        head = _span(finding) + (f" {finding.severity.name.lower()}" if escalated else "")
+        return f"{head} {finding.kind}{self._where(finding)}, update: {observation(finding)}"
 
     def _where(self, finding: Finding) -> str:
         """``" [embed, block_00…block_11]"``; nothing where a finding names every depth group
@@ -230,7 +228,8 @@ class Console:
             self.counts[episode.was] -= 1
             self.counts[now] += 1
         if record is not None or now > episode.was:
-            log.log(int(finding.severity), "stabilizer: %s", self.update_line(finding))
+            line = self.update_line(finding, escalated=now > episode.was)
+            log.log(int(finding.severity), "stabilizer: %s", line)
         return True
 
     def _track_worst(self, now: Finding) -> None:
@@ -240,6 +239,10 @@ class Console:
             self.worst = now
 
     def _finding(self, finding: Finding, record: StepRecord | None) -> None:
+        if is_setup(finding):  # advice on the set-up: no episode, each its own line
+            self.setup[finding.severity] += 1
+            log.log(int(finding.severity), "stabilizer: %s", self.line(finding, record))
+            return
         if self._updates(finding, record):
             return
         self.counts[finding.severity] += 1
@@ -252,13 +255,11 @@ class Console:
             return
         fold = self._folds.get(key)
         if fold is None:
-            fold = self._folds[key] = _Fold(finding.step, finding.step, 0)
-        elif finding.step != fold.last:
-            fold.steps += 1
-        fold.last, fold.count = finding.step, fold.count + 1
+            fold = self._folds[key] = Fold(finding.step, finding.step, 0)
+        fold.add(finding)
         fold.skipped = fold.skipped and _skipped(record) and _checked_finite(record)
 
-    def _flush(self, due: Callable[[_Fold], bool]) -> None:
+    def _flush(self, due: Callable[[Fold], bool]) -> None:
         for (kind, severity), fold in list(self._folds.items()):
             if not due(fold):
                 continue
@@ -267,6 +268,11 @@ class Console:
             if _of_the_step(kind_of(kind)) and fold.skipped and self.policy != "observe":
                 text += ", each skipped; weights intact"
             log.log(int(severity), "stabilizer: %s", text)
+
+
+def _tally(counts: Counter[Severity]) -> str:
+    """``"2 error, 5 warning"``: the counts per severity, worst first."""
+    return ", ".join(f"{counts[s]} {s.name.lower()}" for s in reversed(Severity) if counts[s])
 
 
 def _of_the_step(kind: Kind) -> bool:

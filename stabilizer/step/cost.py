@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from stabilizer.core.run import Cost
 
-__all__ = ["CAUSES", "WARN_AFTER", "CostMeter", "over_budget_advice"]
+__all__ = ["CAUSES", "WARN_AFTER", "CostMeter", "budget_verdict", "over_budget_advice"]
 
 WARN_AFTER = 20
 """Optimizer steps measured before the monitor judges its cost against the budget."""
@@ -127,3 +127,16 @@ def over_budget_advice(cost: Cost) -> str:
     what, knob = CAUSES.get(name, (name, ""))
     advice = f"{budget}: mostly {what} ({ms:.1f} ms/step)"
     return advice + (f"; to lower it: {knob}" if knob else "")
+
+
+def budget_verdict(cost: Cost) -> str:
+    """The whole run against the budget, for the end line: `over_budget_advice` when over it;
+    within it, said so only where a warning may have said otherwise earlier (the judged share
+    came within a third of the budget), so the end line never leaves that warning standing."""
+    if cost.budget is None:
+        return ""
+    if cost.over_budget:
+        return over_budget_advice(cost)
+    if cost.judged_share > cost.budget * 2 / 3:
+        return f"within its {cost.budget:.0%} budget over the whole run"
+    return ""

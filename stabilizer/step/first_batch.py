@@ -1,15 +1,17 @@
 """The first batch's checks: the configuration (``config_risk``) and the causal self-check.
 
 Both read what they need from the host and hand plain tensors and modules to the torch-only
-`stabilizer.live.preflight`; each runs the model in a sandbox, with the optimizers inert and the
-monitor's hooks quiet. They run once, at the first batch of a run (not a resumed one).
+`stabilizer.live.preflight`; each runs the model in a sandbox, with the monitor `quiet` (its
+hooks ignore the forward, no optimizer steps). They run once, at the first batch of a run (not
+a resumed one). What the host does not tell, the checks derive: whether the LR warms up comes
+from the optimizer and its schedulers (`warmup`), the same rule whatever the host.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -26,7 +28,6 @@ from stabilizer.live.preflight import (
 )
 from stabilizer.live.sandbox import sandbox
 
-from .guard import StepGuard
 from .host import Host
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "first_token_batch",
     "preflight",
     "target_batch",
+    "warmup",
 ]
 
 log = logging.getLogger("stabilizer")
@@ -60,7 +62,7 @@ def config_checks(
     risky = optimizer_risks(host.optimizers, step) if on["optimizer_eps"] else []
     return risky + config_risks(
         host.module,
-        warmup_steps=host.warmup,
+        warmup_steps=warmup(host.optimizers, host.schedulers),
         precision=host.facts.precision,
         gradient_clip_val=host.clip,
         seq_len=None if ids is None else ids.size(1),
@@ -83,24 +85,34 @@ def causal_check(
     return causal_self_check(host.module, ids[:2], step=host.step, bidirectional=bidirectional)
 
 
+def warmup(optimizers: Sequence[torch.optim.Optimizer], schedulers: Sequence[Any]) -> int | None:
+    """0: the LR starts at its peak (or is constant: no scheduler); 1: it warms up; None: it
+    cannot be told (a scheduler that keeps no ``initial_lr``)."""
+    if not schedulers or not optimizers:
+        return 0
+    group = optimizers[0].param_groups[0]
+    peak, lr = group.get("initial_lr"), group.get("lr")
+    if not isinstance(peak, int | float) or not peak or not isinstance(lr, int | float):
+        return None
+    return 0 if lr >= 0.5 * peak else 1
+
+
 def preflight(
     host: Host,
     batch: Any,
     switches: Mapping[str, bool],
     quiet: Callable[[], AbstractContextManager[None]],
-    guard: StepGuard | None,
     strict: bool,
 ) -> list[Finding]:
     """The preflight at the first batch: the configuration checks, the causal self-check.
 
-    Each runs the model in a sandbox (nothing stays) with the optimizers inert and the monitor's
-    hooks `quiet`; a model a check cannot run on (a forward that wants more than token ids) loses
-    that check, not the others, nor the monitor.
+    Each runs the model in a sandbox (nothing stays) with the monitor `quiet` (no optimizer
+    steps, its hooks ignore it); a model a check cannot run on (a forward that wants more than
+    token ids) loses that check, not the others, nor the monitor.
     """
     found: list[Finding] = []
     for check, what in ((config_checks, "config checks"), (causal_check, "causal self-check")):
-        inert = guard.inert() if guard else nullcontext()
-        with Isolated(strict) as part, quiet(), sandbox(host.module), inert:
+        with Isolated(strict) as part, quiet(), sandbox(host.module):
             found += check(host, batch, switches)
         if part.error is not None and host.facts.is_global_zero:
             log.warning("stabilizer: preflight %s skipped: %r", what, part.error)
@@ -121,17 +133,13 @@ class Preflight:
         self.done = not any(switches.values())
 
     def __call__(
-        self,
-        host: Host,
-        batch: Any,
-        quiet: Callable[[], AbstractContextManager[None]],
-        guard: StepGuard | None,
+        self, host: Host, batch: Any, quiet: Callable[[], AbstractContextManager[None]]
     ) -> list[Finding]:
         """`preflight`'s findings the first time; nothing after."""
         if self.done:
             return []
         self.done = True
-        return preflight(host, batch, self.switches, quiet, guard, self.strict)
+        return preflight(host, batch, self.switches, quiet, self.strict)
 
 
 def first_token_batch(batch: Any) -> torch.Tensor | None:

@@ -4,9 +4,12 @@ Zeroing the gradients is not skipping: AdamW would still apply momentum and weig
 move every parameter. The guard replaces each optimizer's ``step`` by a bound method of its own
 (the shape torch's LR schedulers and SWA wrap in turn) that, after the closure has run — the
 training step, the backward, every ``on_before_optimizer_step`` hook, the clipping — asks its
-judge (the monitor) whether the step may go ahead, on the gradients and the LR as the optimizer
-will use them. A condemned step returns before the optimizer runs: parameters and optimizer
-state (moments, step counters) stay exactly as they were.
+judge (`Judge`: the run, `stabilizer.step.monitor.RunMonitor`) whether the step may go ahead,
+on the gradients and the LR as the optimizer will use them, and tells it how the step ended. A
+condemned step returns before the optimizer runs: parameters and optimizer state (moments, step
+counters) stay exactly as they were. Under ``observe`` nothing is wrapped: the optimizer's own
+step hooks tell the judge that a step is under way (it is measured there, if nothing measured it
+before) and that it ran, and the step runs exactly as written.
 
 Optimizers that evaluate their closure themselves, several times (LBFGS), cannot be judged
 before they step: the guard copies their parameters and state, lets them step, and puts the copy
@@ -27,7 +30,7 @@ import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -40,9 +43,11 @@ __all__ = [
     "BAD_LR",
     "BAD_WEIGHTS",
     "HUGE_GRAD_NORM",
+    "OVERFLOW",
     "STEPPING_PAST",
     "UNCHECKED",
     "Decision",
+    "Judge",
     "StepGuard",
     "decide",
     "held_tensors",
@@ -58,6 +63,7 @@ BAD_LR = "non-finite or negative learning rate"
 BAD_WEIGHTS = "the weights are already non-finite"
 UNCHECKED = "the step could not be measured"
 STEPPING_PAST = "stepping past bad data after a rollback"
+OVERFLOW = "the fp16 grad scaler's overflow (it skips the step and lowers its scale)"
 
 HUGE_GRAD_NORM = 1e18
 """A gradient norm from which an Adam-style second moment (the gradient squared) can overflow
@@ -67,9 +73,10 @@ fp32 (its largest value is 3.4e38): such a step is verified, not assumed finite.
 def decide(
     values: Mapping[str, float],
     *,
-    lrs: Sequence[float] = (),
+    lrs: Sequence[float | None] = (),
     weights_bad: bool = False,
     stepping_past: bool = False,
+    scaled: bool = False,
 ) -> tuple[bool, str]:
     """Skip the coming optimizer step or not, and why: a pure function of the step's numbers.
 
@@ -77,10 +84,14 @@ def decide(
         values: The step's ``grad_norm`` and ``nonfinite_grads`` (an exact count) as the step
             will apply them, and its ``loss`` when a backward ran; empty when they could not be
             measured (then the step is skipped: nothing unchecked gets through).
-        lrs: Each param group's learning rate as the step will use it.
+        lrs: Each param group's learning rate as the step will use it; None where the
+            optimizer computes its own (not checked).
         weights_bad: The check of the parameters, optimizer state and buffers before this step
             found a NaN/Inf (an earlier update, or something else, put it there).
-        stepping_past: Policy ``auto`` is stepping past the bad data after a rollback.
+        stepping_past: Policy ``auto`` is stepping past the bad data after a rollback (its own
+            skip, whatever the step's numbers: they are reported, not counted as bad).
+        scaled: An fp16 grad scaler runs: non-finite gradients of a finite loss are its
+            overflow, which it skips and answers by lowering its scale.
 
     Returns:
         ``(skip, reason)``: the reason is empty when the step goes ahead.
@@ -89,14 +100,14 @@ def decide(
         return True, UNCHECKED
     if weights_bad:
         return True, BAD_WEIGHTS
+    if stepping_past:
+        return True, STEPPING_PAST
     if LOSS in values and not math.isfinite(values[LOSS]):
         return True, BAD_LOSS
     if values[NONFINITE_GRADS] > 0:
-        return True, BAD_GRADS
-    if any(not (math.isfinite(lr) and lr >= 0) for lr in lrs):
+        return True, OVERFLOW if scaled else BAD_GRADS
+    if any(lr is not None and not (math.isfinite(lr) and lr >= 0) for lr in lrs):
         return True, BAD_LR
-    if stepping_past:
-        return True, STEPPING_PAST
     return False, ""
 
 
@@ -128,39 +139,50 @@ class Decision:
     verify: bool = False
 
 
-Judge = Callable[[torch.optim.Optimizer], Decision]
+class Judge(Protocol):
+    """What the guard asks, and tells, inside each guarded optimizer step."""
+
+    def judge(self, optimizer: torch.optim.Optimizer) -> Decision:
+        """After the closure: skip, verify or go (the step is measured first, if no moment
+        before measured it)."""
+        ...
+
+    def ran(self, optimizer: torch.optim.Optimizer, outcome: str) -> None:
+        """What became of the step: ``"stepped"``, ``"skipped"`` or ``"reverted"``."""
+        ...
+
+    def first_evaluation(self, optimizer: torch.optim.Optimizer) -> None:
+        """An evaluating optimizer (LBFGS) evaluated its closure once: the step as it started,
+        measured there by a host without a moment before the step."""
+        ...
 
 
 class StepGuard:
     """Guards the ``step`` of optimizers; the judge decides each step.
 
     Args:
-        judge: Called inside each guarded step, after the closure: skip, verify or go.
-        on_reverted: Called when a verified step's result was non-finite and was put back.
-        on_first_evaluation: Called after an evaluating optimizer's (LBFGS) first closure
-            evaluation: where a host without a hook before the step measures it.
+        judge: Decides each guarded step and hears how it ended.
+        protects: Whether it may skip and undo (``protect``, ``auto``: ``step`` is wrapped);
+            without, each step is watched through the optimizer's step hooks and runs as
+            written (``observe``).
     """
 
-    def __init__(
-        self,
-        judge: Judge,
-        on_reverted: Callable[[torch.optim.Optimizer], None],
-        on_first_evaluation: Callable[[torch.optim.Optimizer], None] | None = None,
-    ) -> None:
-        self._judge, self._on_reverted = judge, on_reverted
-        self._first_evaluation = on_first_evaluation
+    def __init__(self, judge: Judge, protects: bool = True) -> None:
+        self._judge, self.protects = judge, protects
         self.skipped = 0  # steps the guard skipped
         self.reverted = 0  # steps whose non-finite result the guard put back
         self.evaluating: torch.optim.Optimizer | None = None  # LBFGS-style step in progress
         self._inert = False
         self._generation = 0  # wrappers of an earlier fit (left inside others') pass through
         self._guarded: dict[int, tuple[torch.optim.Optimizer, Any]] = {}
+        self._hooks: list[Any] = []  # the step hooks of optimizers watched (`observe`)
+        self._decided: set[int] = set()  # watched optimizers decided before their step ran
 
     def cover(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Guard each optimizer not guarded yet (new, or replaced mid-run): cheap when none is."""
         for opt in optimizers:
             if id(opt) not in self._guarded:
-                self._wrap(opt)
+                self._wrap(opt) if self.protects else self._watch(opt)
 
     def covers(self, optimizer: torch.optim.Optimizer) -> bool:
         return id(optimizer) in self._guarded
@@ -182,6 +204,32 @@ class StepGuard:
         for opt, _ in self._guarded.values():
             _unwind(opt)
         self._guarded.clear()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _watch(self, opt: torch.optim.Optimizer) -> None:
+        """Under ``observe``: no wrapper (the step runs exactly as written, closure and all);
+        the optimizer's own step hooks tell the judge the step is under way and that it ran.
+        A step with a closure is measured after it ran (its gradients come from the closure)."""
+        judge, guard = self._judge, self
+
+        def before(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: itself)
+            if not guard._inert and closure is None:
+                judge.judge(optimizer)
+                guard._decided.add(id(optimizer))
+
+        def after(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if guard._inert:
+                return
+            if id(optimizer) not in guard._decided:
+                judge.judge(optimizer)
+            guard._decided.discard(id(optimizer))
+            judge.ran(optimizer, "stepped")
+
+        self._hooks += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
+        self._guarded[id(opt)] = (opt, None)
 
     def _wrap(self, opt: torch.optim.Optimizer) -> None:
         previous = opt.__dict__.get("step")
@@ -198,8 +246,12 @@ class StepGuard:
                 return guard._evaluating_step(self, inner, closure, kwargs)
             return guard._step(self, inner, closure, kwargs)
 
-        # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks.
-        step.__dict__.update(getattr(getattr(inner, "__func__", inner), "__dict__", {}))
+        # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks. The
+        # signature stays the optimizer's own: a grad scaler passes `grad_scaler=` to a step
+        # that takes it (`inspect.signature` follows `__wrapped__`).
+        func = getattr(inner, "__func__", inner)
+        step.__dict__.update(getattr(func, "__dict__", {}))
+        step.__wrapped__ = func  # type: ignore[attr-defined]
         step._stabilizer_guard = self  # type: ignore[attr-defined]
         step._stabilizer_generation = generation  # type: ignore[attr-defined]
         step._stabilizer_previous = previous  # type: ignore[attr-defined]
@@ -217,17 +269,20 @@ class StepGuard:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()  # the monitor measures inside (on_before_optimizer_step)
-        decision = self._judge(opt)
+        judge = self._judge
+        decision = judge.judge(opt)
         if decision.skip:
+            _scaler_whole(opt, kwargs)
             self.skipped += 1
+            judge.ran(opt, "skipped")
             return loss
-        if not decision.verify:
-            inner(**kwargs)
-            return loss
-        saved = _snapshot(opt)
+        saved = _snapshot(opt) if decision.verify else None
         inner(**kwargs)
-        if not all_finite(held_tensors(opt)):
-            self._revert(opt, saved)
+        judge.ran(opt, "stepped")
+        if saved is not None and not all_finite(held_tensors(opt)):
+            _restore(opt, saved)
+            self.reverted += 1
+            judge.ran(opt, "reverted")
         return loss
 
     def _evaluating_step(
@@ -243,38 +298,52 @@ class StepGuard:
         while the judge decides (a root-cause replay must see the weights the step started
         from), and the step's result is put in again only when it may stand."""
         losses: list[Any] = []
+        judge = self._judge
 
         def evaluate() -> Any:
             with torch.enable_grad():
                 out = closure() if closure is not None else None
             losses.append(out)
-            if len(losses) == 1 and self._first_evaluation is not None:
-                self._first_evaluation(opt)  # the step as it started: measured once, here
+            if len(losses) == 1:
+                judge.first_evaluation(opt)  # the step as it started: measured once, here
             return out
 
-        saved = _snapshot(opt)
+        saved = _snapshot(opt) if self.protects else None
         self.evaluating = opt
         try:
             result = inner(evaluate, **kwargs)
         finally:
             self.evaluating = None
-        finite = all_finite(held_tensors(opt) + [x for x in losses if isinstance(x, torch.Tensor)])
-        after = _snapshot(opt) if finite else None
+        if saved is None:  # (watched only: the step stands as it ran)
+            judge.judge(opt)
+            judge.ran(opt, "stepped")
+            return result
+        tensors = [x for x in losses if isinstance(x, torch.Tensor) and x.numel() == 1]
+        after = _snapshot(opt) if all_finite(held_tensors(opt) + tensors) else None
         _restore(opt, saved)
-        decision = self._judge(opt)  # on the first evaluation's numbers
+        decision = judge.judge(opt)  # on the first evaluation's numbers
         if decision.skip:
             self.skipped += 1
-        elif after is None:
+            judge.ran(opt, "skipped")
+            return result
+        judge.ran(opt, "stepped")
+        if after is None:
             self.reverted += 1
-            self._on_reverted(opt)
+            judge.ran(opt, "reverted")
         else:
             _restore(opt, after)
         return result
 
-    def _revert(self, opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
-        _restore(opt, saved)
-        self.reverted += 1
-        self._on_reverted(opt)
+
+def _scaler_whole(opt: torch.optim.Optimizer, kwargs: Mapping[str, Any]) -> None:
+    """A skipped step of an optimizer that takes the grad scaler itself (torch's older
+    contract: its step unscales and records the inf check): the check is made here, or the
+    scaler's ``update`` finds none and raises."""
+    scaler = kwargs.get("grad_scaler")
+    states = getattr(scaler, "_per_optimizer_states", None)
+    state = states.get(id(opt)) if isinstance(states, dict) else None
+    if scaler is not None and getattr(state and state.get("stage"), "name", "READY") == "READY":
+        scaler.unscale_(opt)
 
 
 def _unwind(opt: torch.optim.Optimizer) -> None:

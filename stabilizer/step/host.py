@@ -1,11 +1,15 @@
-"""`Host`: what the step needs from the training loop that runs it.
+"""`Host`: what only the training loop that runs the step can tell it.
 
-The step — measure, decide inside ``optimizer.step``, check, account, report — is the same code
-under every host: Lightning's ``Trainer`` (`stabilizer.callbacks`), a plain PyTorch loop or
-Fabric (`stabilizer.hosts.loop`), the Hugging Face ``Trainer`` (`stabilizer.hosts.hf`). A host
-hands over the step number, its rank and a way to reduce across ranks, the optimizers, the
-model, a way to stop, how to run a micro-batch again (for the root cause), and where outputs go.
-Everything else is the step's.
+The step — measure, decide inside ``optimizer.step``, check, account, report, resume — is the
+same code under every host: Lightning's ``Trainer`` (`stabilizer.callbacks`), a plain PyTorch
+loop or Fabric (`stabilizer.hosts.loop`), the Hugging Face ``Trainer`` (`stabilizer.hosts.hf`).
+As Lightning's ``SpikeDetection`` asks its trainer for four things, the step asks its host only
+for what the host alone knows: the run's facts, the step number, the model, the optimizers and
+schedulers, the fp16 grad scaler, the clipping, whether its own code runs between the gradients
+and the step, the last checkpoint and how to run a micro-batch again. Everything that can be
+derived from those (the warmup, the loss scale, the reductions across ranks) the step derives,
+once; when to stop is the step's answer (`stabilizer.step.monitor.RunMonitor.end`), which the
+host acts on.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from stabilizer.live.rootcause import RngState
+from stabilizer.live.rng import RngState
 
 __all__ = ["Host", "HostFacts", "MicroBatch"]
 
@@ -39,6 +43,8 @@ class HostFacts:
         log_dir: Where the run's logs go (``stability.jsonl`` beside them); None: the host's
             default root, a new ``stability_logs/version_N`` each run.
         root_dir: The default root for logs when there is no `log_dir`.
+        sharded: Each rank holds a shard of every parameter (FSDP): gradient norms are partial.
+        is_global_zero: Rank 0: the one that writes the outputs (from `rank`).
     """
 
     precision: str = "32-true"
@@ -49,11 +55,11 @@ class HostFacts:
     rank: int = 0
     log_dir: Path | None = None
     root_dir: Path = field(default_factory=Path.cwd)
+    sharded: bool = False
+    is_global_zero: bool = field(init=False)
 
-    @property
-    def is_global_zero(self) -> bool:
-        """Rank 0: the one that writes the outputs."""
-        return self.rank == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_global_zero", self.rank == 0)
 
 
 @dataclass
@@ -62,7 +68,7 @@ class MicroBatch:
 
     Args:
         batch: What the host needs to run it again (Lightning: the batch and its index; a plain
-            loop: the model's recorded call), kept for a root-cause replay only.
+            loop: the model's recorded calls), kept for a root-cause replay only.
         index: Its index (Lightning's ``batch_idx``).
         rng: The torch random state before it (dropout masks), or None.
         losses: The losses it backpropagated (device tensors: read only on a failing step).
@@ -110,8 +116,9 @@ class Host(Protocol):
         ...
 
     @property
-    def loss_scale(self) -> torch.Tensor | float | None:
-        """The fp16 grad scaler's scale, the loss's factor before backward; None: no scaler."""
+    def scaler(self) -> Any:
+        """The fp16 grad scaler that scales the loss before backward (a ``torch.amp.
+        GradScaler``), or None."""
         ...
 
     @property
@@ -124,31 +131,10 @@ class Host(Protocol):
         ...
 
     @property
-    def warmup(self) -> int | None:
-        """0: the LR starts at its peak; 1: it warms up; None: unknown (the preflight's)."""
-        ...
-
-    @property
     def recount(self) -> bool:
-        """Whether code the step cannot see may write the gradients between their measurement
-        and the optimizer step (then the guard counts them again before it decides)."""
-        ...
-
-    def reduce(self, vec: torch.Tensor, norms: int) -> torch.Tensor:
-        """The step's numbers over all ranks: the mean (its first `norms` entries are gradient
-        norms, which sharded parameters sum as squares); `vec` as is on one process."""
-        ...
-
-    def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """The sum over all ranks (every rank calls it, or none)."""
-        ...
-
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order (``[obj]`` on one process)."""
-        ...
-
-    def stop(self) -> None:
-        """End the training gracefully after this step."""
+        """Whether code the step cannot see may write the gradients between the moment they
+        are ready and the optimizer step (then the guard counts them again before it decides,
+        when they were measured before the step)."""
         ...
 
     @property

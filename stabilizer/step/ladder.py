@@ -33,20 +33,24 @@ from stabilizer.core.kinds import (
     DIVERGENCE,
     LOSS_SPIKE,
     NONFINITE_LOSS,
+    REMEDY_APPLIED,
     REMEDY_RESULT,
     TABLE,
 )
 from stabilizer.core.records import Finding, Severity
-from stabilizer.core.remedies import remedy
+from stabilizer.core.remedies import SWAP_TO_PRE_LN, remedy
 
 __all__ = [
     "CHECK_STEPS",
     "FAILS",
     "IN_LOSS",
     "LEVEL",
+    "Applied",
     "Ladder",
     "Result",
     "Trial",
+    "applied_finding",
+    "cause_of",
     "result_finding",
     "stop_advice",
 ]
@@ -151,7 +155,7 @@ class Ladder:
         if w.open_bands:
             return Result(w, False, loss, why="the band of starved blocks is still there")
         level = self._level()
-        if w.remedy == "swap_to_pre_ln" and level >= w.level:  # (NaN: no level to compare)
+        if w.remedy == SWAP_TO_PRE_LN and level >= w.level:  # (NaN: no level to compare)
             why = f"the loss did not fall (median of the last {LEVEL}: "
             return Result(w, False, loss, why=f"{why}{_num(w.level)} -> {_num(level)})")
         if not math.isfinite(loss):
@@ -173,7 +177,7 @@ class Ladder:
 
 
 def _track_bands(w: Trial, found: Sequence[Finding]) -> None:
-    if w.remedy != "swap_to_pre_ln":
+    if w.remedy != SWAP_TO_PRE_LN:
         return
     for f in found:
         if f.kind == DEPTH_IMBALANCE:
@@ -190,6 +194,33 @@ def _fails(w: Trial, f: Finding) -> bool:
         return False  # judged at the window's end: the band must have closed
     # (a divergence is an ERROR, and INFO once the loss is back: only the ERROR counts)
     return f.severity >= Severity.WARNING
+
+
+@dataclass
+class Applied:
+    """A remedy `auto` applied: its name, what it did in words, the numbers before and after."""
+
+    name: str
+    message: str
+    evidence: dict[str, float]
+
+
+def applied_finding(step: int, cause: Finding, applied: Applied) -> Finding:
+    """The ``remedy_applied`` finding of `applied`, answering `cause`."""
+    return Finding(
+        kind=REMEDY_APPLIED, step=step, end_step=step, severity=Severity.INFO,
+        seen=f"{applied.name} after {cause.kind} (step {cause.step}): {applied.message}",
+        evidence=applied.evidence, location=cause.location, remedies=(applied.name,),
+    )  # fmt: skip
+
+
+def cause_of(verdict: Result) -> Finding:
+    """A stand-in for the finding a failed remedy answered, when none came back."""
+    w = verdict.watch
+    return Finding(
+        kind=w.cause, step=w.step, end_step=w.step, severity=Severity.WARNING,
+        seen=f"{w.remedy} did not work",
+    )  # fmt: skip
 
 
 def result_finding(

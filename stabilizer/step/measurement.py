@@ -1,15 +1,17 @@
 """One optimizer step as measured: numbers on the device, one copy to the host.
 
-`measure` runs after the backward, before the optimizer step (Lightning's
-``on_before_optimizer_step``; under a host without that hook, inside the guarded step): it
-stacks the gradient norms, the loss, the loss scale, the protection's check of the weights (a
-fast test for values that turned non-finite among the parameters, optimizer state and buffers:
-`stabilizer.step.protect.Protection.weights_check`) and (on sampled steps) the activation maxima
-into one tensor on the device, in float64 where the device has it (a finite 1e300 loss of a
-``64-true`` run stays finite), reduces it across ranks, and starts its copy to the host
-(`HostCopy`): nothing in it waits for the device. The result is a `Measurement`, frozen: what
-the guard then decides is a `stabilizer.step.guard.Decision` of its own. `Probes` are the run's
-probes; `Measurer` measures each step with them, a step it cannot measure being a failed one.
+`measure` runs when the gradients are ready and before the optimizer steps (Lightning's
+``on_before_optimizer_step``; a scaler's ``unscale_``; else inside the guarded step): it stacks
+the gradient norms, the loss, the loss scale, the protection's fast check of the weights (a test
+for values that turned non-finite among the parameters, optimizer state and buffers) and (on
+sampled steps) the activation maxima into one tensor on the device, in float64 where the device
+has it (a finite 1e300 loss of a ``64-true`` run stays finite), reduces it across ranks, and
+starts its copy to the host (`HostCopy`): nothing in it waits for the device. The result is a
+frozen `Measurement`; `Measurement.read` is the step's one host read (`Numbers`).
+
+Unscaled, always: gradients an fp16 grad scaler has not unscaled yet still carry its scale — a
+fused optimizer unscales inside its own step, so the scaler never unscales them before it
+(`carried_scale`). Their norms are divided by that scale here, whatever the optimizer.
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ import numpy as np
 import torch
 
 from stabilizer.core.isolated import Isolated
-from stabilizer.core.signals import GRAD_NORM, LOSS, LR, NONFINITE_GRADS
+from stabilizer.core.signals import LR
 from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
 from stabilizer.live.tensors import wide_dtype
 
-from .host import Host
+from .ranks import Ranks
 
-__all__ = ["Measurement", "Measurer", "Probes", "WeightsCheck", "lr_key", "measure"]
+__all__ = [
+    "Measurement",
+    "Measurer",
+    "Numbers",
+    "Probes",
+    "WeightsCheck",
+    "carried_scale",
+    "lr_key",
+    "measure",
+]
 
 log = logging.getLogger("stabilizer")
 
@@ -43,6 +54,50 @@ def lr_key(group: int) -> str:
     Numbered from 1 as Lightning's ``LearningRateMonitor`` numbers them (its ``pg1`` is ``lr``).
     """
     return LR if group == 0 else f"{LR}/pg{group + 1}"
+
+
+def carried_scale(scaler: object, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """The scale `optimizer`'s gradients still carry: the enabled scaler's, unless it unscaled
+    them this step (torch's ``GradScaler`` keeps each optimizer's stage; a fused optimizer gets
+    the scale as ``optimizer.grad_scale`` and unscales inside its step). None: unscaled."""
+    if scaler is None or not scaler.is_enabled():  # type: ignore[attr-defined]
+        return None
+    states = getattr(scaler, "_per_optimizer_states", {})
+    state = states.get(id(optimizer)) if isinstance(states, dict) else None
+    if state is not None and getattr(state.get("stage"), "name", "") == "UNSCALED":
+        return None
+    given = getattr(optimizer, "grad_scale", None)  # (set by `scaler.step` for a fused one)
+    scale = given if given is not None else getattr(scaler, "_scale", None)
+    return scale if isinstance(scale, torch.Tensor) else None
+
+
+@dataclass(frozen=True)
+class Numbers:
+    """A step's numbers on the host: what the guard decides on and the record holds.
+
+    Args:
+        grads: The gradient probe's values, ordered as its keys (``grad_norm``,
+            ``nonfinite_grads``, then each depth group's norm).
+        loss: The step's loss (as the host handed it: scaled under a scaler), or None when no
+            backward ran.
+        scale: The grad scaler's scale (1 without one).
+        weights: The fast check of the weights: above 0 when a value may have turned non-finite.
+        acts: The activation maxima of a sampled step.
+    """
+
+    grads: tuple[float, ...]
+    loss: float | None
+    scale: float
+    weights: float
+    acts: tuple[float, ...]
+
+    @property
+    def grad_norm(self) -> float:
+        return self.grads[0]
+
+    @property
+    def nonfinite_grads(self) -> float:
+        return self.grads[1]
 
 
 @dataclass(frozen=True)
@@ -60,8 +115,8 @@ class Measurement:
         has_loss: A backward ran since the last step (a training step that returned None has
             none: a skipped batch, not a NaN).
         probe: The probe that measured it (whether its gradients changed since).
-        optimizer_index: Its optimizer's place among the host's (each its own stream).
-        lrs: Each param group's LR as the step uses it (times `auto`'s factor).
+        lrs: Each param group's LR as the step uses it (times `auto`'s factor); None for a
+            group whose LR is no number (``Adafactor(lr=None)`` computes its own).
         clip: The gradient clipping threshold in force.
         error: Why measuring failed.
     """
@@ -74,44 +129,25 @@ class Measurement:
     scaled: bool = False
     has_loss: bool = True
     probe: GradProbe | None = None
-    optimizer_index: int = 0
-    lrs: tuple[float, ...] = ()
+    lrs: tuple[float | None, ...] = ()
     clip: float | None = None
     error: str = ""
 
     @classmethod
-    def failed(cls, step: int, error: Exception, optimizer_index: int = 0) -> Measurement:
+    def failed(cls, step: int, error: Exception) -> Measurement:
         """A step that could not be measured, and why (one line)."""
         lines = str(error).strip().splitlines()
         why = type(error).__name__ + (f": {lines[0][:200]}" if lines else "")
-        return cls(step, None, optimizer_index=optimizer_index, error=why)
+        return cls(step, None, error=why)
 
-    def host(self) -> list[float]:
-        """The numbers as Python floats (waits for the copy: the step's one host read)."""
-        return self.numbers.read() if self.numbers is not None else []
-
-    def guard_values(self) -> dict[str, float]:
-        """Total gradient norm, non-finite count and (when a backward ran) the loss: what the
-        guard decides on. Empty when the step could not be measured."""
+    def read(self) -> Numbers | None:
+        """The numbers on the host (waits for the copy: the step's one host read); None when
+        the step could not be measured."""
         if self.numbers is None:
-            return {}
-        host = self.host()
-        values = {GRAD_NORM: host[0], NONFINITE_GRADS: host[1]}
-        if self.has_loss:
-            values[LOSS] = host[len(self.grad_keys)]
-        return values
-
-    @property
-    def loss_scale(self) -> float:
-        """The grad scaler's scale at the step (1 without one)."""
-        if not self.scaled or self.numbers is None:
-            return 1.0
-        return self.host()[len(self.grad_keys) + 1]
-
-    @property
-    def weights_suspect(self) -> bool:
-        """The fast test of the weights found something (to be counted exactly)."""
-        return self.numbers is not None and self.host()[len(self.grad_keys) + 2] > 0
+            return None
+        host, n = self.numbers.read(), len(self.grad_keys)
+        loss = host[n] if self.has_loss else None
+        return Numbers(tuple(host[:n]), loss, host[n + 1], host[n + 2], tuple(host[n + 3 :]))
 
 
 class Probes:
@@ -150,15 +186,38 @@ class Probes:
         seconds, self.acts.seconds = self.acts.seconds, 0.0
         return seconds
 
-    def grads_of(self, host: Host, optimizer: torch.optim.Optimizer) -> GradProbe:
-        """The gradient probe of `optimizer`'s step."""
-        if len(host.optimizers) <= 1:
+    def grads_of(self, optimizer: torch.optim.Optimizer, alone: bool) -> GradProbe:
+        """The gradient probe of `optimizer`'s step (`alone`: the run's only optimizer)."""
+        if alone:
             return self.grads
         probe = self._each.get(id(optimizer))
         if probe is None:
             probe = GradProbe(self.module, [optimizer], self.grouping)
             self._each[id(optimizer)] = probe
         return probe
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the step needs of the run at a measurement, besides the gradients.
+
+    Args:
+        step: The global step.
+        scaler: The fp16 grad scaler (None: none).
+        clip: The clipping threshold in force.
+        ranks: The processes of the run (their reduction).
+        sharded: Parameters are sharded across ranks (their norms' squares are summed).
+        lr_factor: `auto`'s LR multiplier.
+        alone: The run has one optimizer.
+    """
+
+    step: int
+    scaler: object
+    clip: float | None
+    ranks: Ranks
+    sharded: bool = False
+    lr_factor: float = 1.0
+    alone: bool = True
 
 
 class Measurer:
@@ -174,38 +233,40 @@ class Measurer:
         self.strict = strict
         self.probes: Probes | None = None
         self._warned = False
+        self._unread: set[int] = set()  # optimizers whose LR is no number: said once each
 
     def __call__(
         self,
-        host: Host,
         optimizer: torch.optim.Optimizer,
         loss: torch.Tensor | None,
         weights: WeightsCheck | None,
-        lr_factor: float,
+        setting: Setting,
     ) -> Measurement:
         """`measure` with the run's probes, or the failed step."""
-        index = next((i for i, opt in enumerate(host.optimizers) if opt is optimizer), 0)
         with Isolated(self.strict) as measuring:
             if self.probes is None:
                 raise RuntimeError("the gradient probe could not be built at the start")
-            grads = self.probes.grads_of(host, optimizer)
-            return measure(host, grads, self.probes.acts, loss, optimizer, weights, lr_factor)
+            grads = self.probes.grads_of(optimizer, setting.alone)
+            measured = measure(grads, self.probes.acts, loss, optimizer, weights, setting)
+            if None in measured.lrs and id(optimizer) not in self._unread:
+                self._unread.add(id(optimizer))
+                _said_lr(optimizer, setting.ranks.rank == 0)
+            return measured
         error = measuring.error
         assert error is not None  # (the block returns unless it failed)
         if not self._warned:
             self._warned = True
             log.warning("stabilizer cannot measure the steps: %r", error, exc_info=error)
-        return Measurement.failed(host.step, error, index)
+        return Measurement.failed(setting.step, error)
 
 
 def measure(
-    host: Host,
     grads: GradProbe,
     acts: ActivationProbe | None,
     loss: torch.Tensor | None,
     optimizer: torch.optim.Optimizer,
-    weights: WeightsCheck | None = None,
-    lr_factor: float = 1.0,
+    weights: WeightsCheck | None,
+    setting: Setting,
 ) -> Measurement:
     """The step's numbers, stacked on the device and sent to the host without waiting.
 
@@ -214,10 +275,14 @@ def measure(
     reduction in the same copy).
     """
     norms = grads()
-    scale = host.loss_scale
-    step = host.step
+    carried = carried_scale(setting.scaler, optimizer)
+    if carried is not None:  # (the count of non-finite gradients stays as it is)
+        factor = carried.to(norms).reshape(1)
+        norms = torch.cat((norms[:1] / factor, norms[1:2], norms[2:] / factor))
+    scaler = setting.scaler
+    scale = _scale_of(scaler)
     if weights is not None:
-        checked = weights(optimizer, step, norms.device).reshape(1)
+        checked = weights(optimizer, setting.step, norms.device).reshape(1)
     else:
         checked = torch.zeros(1, device=norms.device)
     parts = [norms, _scalar(loss, norms, math.nan), _scalar(scale, norms, 1.0), checked]
@@ -226,11 +291,12 @@ def measure(
         parts.append(sampled if sampled.device == norms.device else sampled.to(norms.device))
     wide = wide_dtype(norms.device)
     vec = torch.cat([part.to(wide) for part in parts])
-    if host.facts.world_size > 1:  # every rank must feed the engine the same numbers
-        vec = host.reduce(vec, len(norms))
-    clip = host.clip
+    ranks = setting.ranks
+    if ranks.world_size > 1:  # every rank must feed the engine the same numbers
+        vec = ranks.reduce(vec, len(norms), setting.sharded)
+    clip = setting.clip
     return Measurement(
-        step,
+        setting.step,
         HostCopy(vec),
         tuple(grads.keys),
         frozenset(grads.gradless),
@@ -238,10 +304,29 @@ def measure(
         scale is not None,
         has_loss=loss is not None,
         probe=grads,
-        optimizer_index=next((i for i, o in enumerate(host.optimizers) if o is optimizer), 0),
-        lrs=tuple(_lr(g["lr"]) * lr_factor for g in optimizer.param_groups),
+        lrs=tuple(_lr(g.get("lr"), setting.lr_factor) for g in optimizer.param_groups),
         clip=float(np.float32(clip)) if clip else None,
     )
+
+
+def _said_lr(optimizer: torch.optim.Optimizer, speaks: bool) -> None:
+    """Once per optimizer: its LR is no number (it computes its own): not checked, not
+    logged; the step goes on as the user wrote it."""
+    if speaks:
+        lr = next(g.get("lr") for g in optimizer.param_groups if _lr(g.get("lr"), 1.0) is None)
+        log.info(
+            "stabilizer: %s sets no learning rate the step can read (lr=%r: it computes its "
+            "own): its LR cannot be checked or logged; every other check is made (said once)",
+            type(optimizer).__name__, lr,
+        )  # fmt: skip
+
+
+def _scale_of(scaler: object) -> torch.Tensor | float | None:
+    """The enabled fp16 scaler's scale (a tensor: read without a sync), or None."""
+    if scaler is None or not scaler.is_enabled():  # type: ignore[attr-defined]
+        return None
+    scale = getattr(scaler, "_scale", None)
+    return scale if scale is not None else float(scaler.get_scale())  # type: ignore[attr-defined]
 
 
 def _scalar(value: torch.Tensor | float | None, like: torch.Tensor, default: float) -> torch.Tensor:
@@ -253,7 +338,14 @@ def _scalar(value: torch.Tensor | float | None, like: torch.Tensor, default: flo
     return value if value.device == like.device else value.to(like.device)
 
 
-def _lr(lr: object) -> float:
-    """An LR as a float32-rounded Python float (a tensor LR is read once: host side)."""
-    value = float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)  # type: ignore[arg-type]
+def _lr(lr: object, factor: float) -> float | None:
+    """An LR as a float32-rounded Python float (a tensor LR is read once: host side), times
+    `factor`; None when it is no number (an optimizer that computes its own)."""
+    if isinstance(lr, torch.Tensor):
+        value = float(lr.item())
+    elif isinstance(lr, int | float):
+        value = float(lr)
+    else:
+        return None
+    value *= factor
     return float(np.float32(value)) if math.isfinite(value) else value

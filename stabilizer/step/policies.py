@@ -56,10 +56,16 @@ class Protect:
     max_root_causes: int = 10
 
     def __post_init__(self) -> None:
-        if self.stop_after is not None and self.stop_after < 1:
-            raise ValueError(f"`stop_after` must be >= 1 or None, got {self.stop_after!r}")
-        if self.max_root_causes < 0:
-            raise ValueError(f"`max_root_causes` must be >= 0, got {self.max_root_causes!r}")
+        stop = self.stop_after
+        if stop is not None and not (_whole(stop) and stop >= 1):
+            raise _kind(stop)(f"`stop_after` must be an int >= 1 or None, got {stop!r}")
+        _at_least(self, "max_root_causes", 0)
+        if self.guard_optimizer not in (True, False, None):
+            raise TypeError(
+                f"`guard_optimizer` must be True, False or None, got {self.guard_optimizer!r}"
+            )
+        if not isinstance(self.root_cause, bool):
+            raise TypeError(f"`root_cause` must be True or False, got {self.root_cause!r}")
 
 
 @dataclass(frozen=True)
@@ -101,12 +107,19 @@ class Auto(Protect):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.allow, str) or not isinstance(self.allow, Collection | None):
+            raise TypeError(
+                f"`allow` must be a collection of remedy names or None, got {self.allow!r}"
+            )
         unknown = set(self.allow or ()) - set(AUTO_REMEDIES)
         if unknown:
             names = ", ".join(AUTO_REMEDIES)
             raise ValueError(f"`allow` must name remedies among {names}, got {sorted(unknown)}")
-        if self.check_steps < 1:
-            raise ValueError(f"`check_steps` must be >= 1, got {self.check_steps}")
+        for name in ("max_rollbacks", "swap_before", "warmup_steps"):
+            _at_least(self, name, 0)
+        for name in ("snapshot_every", "keep_snapshots", "check_steps"):
+            _at_least(self, name, 1)
+        _at_least(self, "skip_batches", 0)
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -117,6 +130,21 @@ class Auto(Protect):
     def explicit(self) -> frozenset[str]:
         """The remedies the user named (rewrites among them apply to any model)."""
         return frozenset(self.allow or ())
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: object) -> type[Exception]:
+    """ValueError for an int out of range, TypeError for anything else."""
+    return ValueError if _whole(value) else TypeError
+
+
+def _at_least(policy: object, name: str, least: int) -> None:
+    value = getattr(policy, name)
+    if not (_whole(value) and value >= least):
+        raise _kind(value)(f"`{name}` must be an int >= {least}, got {value!r}")
 
 
 Policy = Observe | Protect | Auto

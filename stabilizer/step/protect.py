@@ -1,16 +1,21 @@
-"""``Protection``: the rules of policies `Protect` and `Auto`, each with one home.
+"""What each policy does with a step beyond reporting it: `Watching` (``observe``) and
+`Protection` (``protect``, ``auto``), one class each with the same methods, so the run calls
+them without asking which policy it has (`stabilizer.step.monitor.RUNTIMES`).
 
-- The guard (`StepGuard`) calls the judge inside every optimizer step, after every hook and the
-  clipping: the decision (`decide`) is taken on the gradients and the LR as the step will use
-  them. The measurement is reused when nothing can have touched the gradients since (the host
-  runs no user code after it, their tensors and torch's version counters are unchanged, or only
-  the host's own clipping of finite gradients ran); otherwise the gradients are counted again,
-  once. A host without a hook before the step (a plain loop) is measured by the judge itself.
-- Every measurement also checks the weights (`stabilizer.step.weights.WeightsWatch`): a step
-  that finds a value turned non-finite is skipped and reported as critical: the weights are not
-  intact, and the run stops (`Auto` rolls back instead).
-- A skipped step's buffers are put back; the first bad step of an episode is replayed to name
-  its cause (`root_cause`), with no optimizer able to step inside.
+`Protection`, each rule with one home:
+
+- the decision (`decide`), inside every optimizer step, after every hook and the clipping, on
+  the gradients and the LR as the step will use them. The measurement is reused when nothing
+  can have touched the gradients since (the host runs no code of its own between, their tensors
+  and torch's version counters are unchanged, or only the host's finite clipping ran);
+  otherwise the gradients are counted again, once;
+- the weights' check (`stabilizer.step.weights.WeightsWatch`), folded into each measurement: a
+  step that finds a value turned non-finite is skipped and reported as critical, the weights
+  are not intact, and the run stops (`Auto` rolls back instead);
+- a skipped step's buffers put back; the first bad step of an episode replayed to name its
+  cause (`stabilizer.step.replay.root_cause`), with no optimizer able to step inside;
+- the counting: each step's end (`after`) answers ``(should_stop, reason)``, as Lightning's
+  ``EarlyStopping`` does; the run acts on it in one place.
 """
 
 from __future__ import annotations
@@ -18,204 +23,176 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from stabilizer.core.records import Finding, Severity
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import GRAD_NORM, NONFINITE_GRADS
-from stabilizer.live.rootcause import capture_rng
 from stabilizer.live.tensors import count_nonfinite
 
-from .batch import Batch, InFlight
-from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, Decision, StepGuard, decide, risky_arithmetic
+from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, Decision, decide, risky_arithmetic
 from .host import Host
-from .policies import Protect
-from .root_cause import root_cause
+from .measurement import WeightsCheck
+from .own_findings import first_bad, weights_not_intact
+from .policies import Observe, Protect
+from .ranks import Ranks
+from .replay import root_cause
+from .step import InFlight, OptimizerStep, Stage
 from .weights import WeightsWatch
 
-__all__ = ["Protection"]
+__all__ = ["GO", "Protection", "Remedies", "Watching"]
 
 log = logging.getLogger("stabilizer")
 
-Measure = Callable[[torch.optim.Optimizer], InFlight]
+GO = Decision(False)
+Quiet = Callable[[], AbstractContextManager[None]]
 
 
-class Protection:
-    """The guard, its judge, the weights' check, the counting and the stop of a protected run.
+class Watching:
+    """``observe``: every step measured (at the latest inside its optimizer step) and let
+    through as written; nothing checked, skipped or stopped.
 
     Args:
         host: The training loop.
-        batch: The batch in flight (shared with the monitor).
-        policy: The policy's knobs (`Protect` or `Auto`).
-        measure: Measures an optimizer's coming step now (the judge's, where the host has no
-            hook before the step).
-        lr_factor: The LR multiplier in force (`Auto`), read at each step.
-        stepping_past: Whether `Auto` is stepping past bad data at a step.
+        block: The block in flight (the run's).
+        policy: The policy's knobs.
+        ranks: The run's processes.
         quiet: The monitor's context in which its own hooks ignore what runs (a replay).
         strict: Raise on an internal error instead of warning.
-        part: The cost meter's ``part``.
     """
+
+    protects = False
 
     def __init__(
         self,
         host: Host,
-        batch: Batch,
-        policy: Protect,
-        *,
-        measure: Measure,
-        lr_factor: Callable[[], float],
-        stepping_past: Callable[[int], bool],
-        quiet: Callable[[], AbstractContextManager[None]],
+        block: InFlight,
+        policy: Observe | Protect,
+        ranks: Ranks,
+        quiet: Quiet,
         strict: bool,
-        part: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
-        self.host, self.batch, self.policy, self.strict = host, batch, policy, strict
-        self._measure, self._lr_factor, self._stepping_past = measure, lr_factor, stepping_past
-        self._quiet = quiet
-        self._part = part or (lambda name: nullcontext())
-        self.guard = StepGuard(self._timed_judge, self._reverted, self._first_evaluation)
-        self.weights = WeightsWatch(host.module)
-        self.bad_runs: dict[int, int] = {}  # optimizer index -> its consecutive bad steps
-        self.skipped_steps = 0  # optimizer steps skipped, by the guard or by a grad scaler
+        self.host, self.block, self.ranks, self.quiet, self.strict = (
+            host, block, ranks, quiet, strict,
+        )  # fmt: skip
         self.root_causes = 0
-        self.intact: bool | None = None  # the last check of the weights: None before any
-        self._reported_bad_weights = False
-        self._notes: list[Finding] = []  # tensors holding NaN/Inf by design: said with a step
-        self.guard.cover(host.optimizers)
+        self.intact: bool | None = None  # the last check of the weights (None: none)
+        # The fast check of the weights folded into each measurement (None: none).
+        self.check: WeightsCheck | None = None
+        self._set_up(policy)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The counters a checkpoint keeps (in the monitor's state)."""
-        return {
-            "bad_in_a_row": self.bad_in_a_row, "bad_runs": dict(self.bad_runs),
-            "skipped_steps": self.skipped_steps, "root_causes": self.root_causes,
-            "skipped": self.guard.skipped, "reverted": self.guard.reverted,
-        }  # fmt: skip
+    def _set_up(self, policy: Observe | Protect) -> None:
+        """What the runtime of `policy` holds beside the run's parts."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        runs = state.get("bad_runs") or {0: state.get("bad_in_a_row", 0)}
-        self.bad_runs = {int(k): int(v) for k, v in runs.items()}
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.root_causes = int(state.get("root_causes", 0))
-        self.guard.skipped = int(state.get("skipped", 0))
-        self.guard.reverted = int(state.get("reverted", 0))
+    def begin(self, step: int) -> list[Finding]:
+        """A block's first micro-batch starts (before its forward); its notes."""
+        return []
 
-    # --- batch boundaries ------------------------------------------------------------------
+    def measured(self, step: OptimizerStep) -> None:
+        """A step was measured (before its optimizer runs)."""
 
-    def begin(self, batch: object, index: int) -> None:
-        """A micro-batch starts: guard any optimizer created or replaced since; at a step's
-        first, copy the buffers and learn what is new (before the forward)."""
-        host = self.host
-        self.guard.cover(host.optimizers)
-        self.batch.keep_batches = (
-            self.policy.root_cause and self.root_causes < self.policy.max_root_causes
-        )
-        rng = capture_rng() if self.batch.keep_batches else None
-        if self.batch.begin(batch, index, rng):
-            self._notes += self.weights.begin(host.optimizers, host.step)
+    def decide(
+        self, step: OptimizerStep, optimizer: torch.optim.Optimizer, stepping_past: bool
+    ) -> Decision:
+        """The decision on a measured step (its numbers read)."""
+        return GO
 
-    def evaluating_again(self, optimizer: torch.optim.Optimizer) -> bool:
-        """A closure evaluated again inside one step (LBFGS): that step was measured once; the
-        evaluation's loss is dropped."""
-        step = self.batch.current(optimizer)
-        if self.guard.evaluating is not optimizer or step is None or step.decision is not None:
-            return False
-        self.batch.step_loss()
-        return True
+    def skipped(self, step: OptimizerStep) -> None:
+        """The guard withheld the step."""
 
-    def measured(self, optimizer: torch.optim.Optimizer, step: InFlight) -> None:
-        """A step was measured before it ran. An optimizer that is not guarded yet (replaced
-        inside this batch) is guarded from its next step on; this one is judged here, the latest
-        point left, and a skip drops its gradients (torch optimizers pass over parameters
-        without one)."""
-        buffers = self.weights.buffers_nonfinite
-        step.guarded = True
-        step.recount = lambda: self.weights.count(optimizer, buffers)
-        step.found += self._notes  # tensors found holding NaN/Inf by design: said once
-        self._notes = []
-        if step.measurement.scaled and step.bad:
-            # Under a grad scaler a NaN loss makes NaN gradients: the scaler, not the guard,
-            # skips the step, so the replay runs here, before it (this reads the numbers now).
-            self._replay(step)
-        if self.guard.covers(optimizer):
-            return
-        self.guard.cover([optimizer])
-        if self._judge(optimizer).skip:
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    p.grad = None
+    def end(self, steps: Sequence[OptimizerStep]) -> tuple[bool, str]:
+        """The block's steps ended (none abandoned): ``(should_stop, reason)``."""
+        return False, ""
 
-    def end(self, steps: Sequence[InFlight]) -> None:
-        """After the batch's steps: buffers back if one was skipped (a scaler's skip), the
-        weights' check, the monitor's own findings of a first bad step, counting and stop."""
-        self.weights.buffers.end(restore=any(s.skipped for s in steps))
-        for step in steps:
-            if step.skipped and step.measurement.numbers is not None:
-                step.check_all()  # after any restore: what "weights intact" beside it says
-            self._weights_checked(step)
-            if step.bad and self._bad_before(step) == 0:
-                self._first_bad(step)
-            self._count(step)
+    def restart(self) -> None:
+        """Training restarted from a snapshot (``auto``): what came before is no run of bad
+        steps of this one."""
 
     def finish(self) -> list[Finding]:
-        """The last check of the weights, after the last step (one host sync, once)."""
-        self.intact = not self.weights.changed(self.host.optimizers)
-        if self.intact or self._reported_bad_weights:
-            return []
-        self._reported_bad_weights = True
-        return [self._bad_weights_finding(self.host.step, after=True)]
+        """After the last step: the last check's findings."""
+        return []
 
-    # --- the judge: inside the optimizer step ----------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {}
 
-    def _first_evaluation(self, optimizer: torch.optim.Optimizer) -> None:
-        """An evaluating optimizer (LBFGS) evaluated its closure once: a step that no hook
-        measured yet is measured now, as it started (its later evaluations are not the step)."""
-        step = self.batch.current(optimizer)
-        if step is None or step.decision is not None:
-            self._measure(optimizer)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Back to a checkpoint's counters."""
 
-    def evaluating(self) -> bool:
-        """An evaluating optimizer's step is under way and measured: what its closure does
-        now (another forward, another loss) is not a new micro-batch or loss of the step."""
-        opt = self.guard.evaluating
-        step = self.batch.current(opt) if opt is not None else None
-        return step is not None and step.decision is None
 
-    def _timed_judge(self, optimizer: torch.optim.Optimizer) -> Decision:
-        with self._part("guard"):  # the monitor's cost
-            return self._judge(optimizer)
+class Protection(Watching):
+    """``protect`` and ``auto``: skip what is not finite, check what is let through, name the
+    cause, stop a run that stays broken (the module)."""
 
-    def _judge(self, optimizer: torch.optim.Optimizer) -> Decision:
-        step = self.batch.current(optimizer)
-        if step is None or step.decision is not None:
-            step = self._measure(optimizer)  # no hook measured it: measured now, at the step
-        values = step.measurement.guard_values()  # the step's one host read
+    protects = True
+    policy: Protect
+
+    def _set_up(self, policy: Observe | Protect) -> None:
+        assert isinstance(policy, Protect)
+        self.policy = policy
+        self.weights = WeightsWatch(self.host.module)
+        self.check = self.weights.check
+        self.bad_runs: dict[int, int] = {}  # optimizer index -> its consecutive bad steps
+        self._reported_bad_weights = False
+        self._replayed: object = None  # the first micro-batch of the last replay
+
+    def begin(self, step: int) -> list[Finding]:
+        """Copy the buffers, learn what is new; whether to keep the inputs for a replay."""
+        self.block.keep_batches = (
+            self.policy.root_cause and self.root_causes < self.policy.max_root_causes
+        )
+        return self.weights.begin(self.host.optimizers, step)
+
+    def measured(self, step: OptimizerStep) -> None:
+        """Under a grad scaler a NaN loss makes NaN gradients: the scaler, not the guard, skips
+        that step, so its replay runs here, before the scaler (this reads the numbers now)."""
+        m = step.measurement
+        if m is not None and m.scaled and step.read() is not None and step.bad:
+            self._replay(step)
+
+    def decide(
+        self, step: OptimizerStep, optimizer: torch.optim.Optimizer, stepping_past: bool
+    ) -> Decision:
+        """`decide` on the step's numbers (counted again where they may have changed), the
+        weights' check, and whether the optimizer's own arithmetic is to be verified."""
+        values = step.guard_values()  # (its numbers: read at the decision)
+        if values and step.weights_nonfinite == 0 and self._suspect(step):
+            step.count_weights(self.weights.count(optimizer, self.weights.buffers_nonfinite))
         if values and self._recount(step):
             values[NONFINITE_GRADS] = self._count_grads(optimizer)
+        m = step.measurement
+        assert m is not None  # (measured before it is decided)
         skip, reason = decide(
-            values, lrs=self._lrs(optimizer), weights_bad=step.weights_bad,
-            stepping_past=self._stepping_past(step.step),
+            values, lrs=m.lrs, weights_bad=step.weights_bad, stepping_past=stepping_past,
+            scaled=m.scaled,
         )  # fmt: skip
         verify = self.policy.guard_optimizer
         if verify is None:
             verify = bool(risky_arithmetic(optimizer, values.get(GRAD_NORM, math.inf)))
-        step.decision = Decision(skip, reason, verify)
-        if skip:
-            self.weights.buffers.end(restore=True)  # at once: before any other callback looks
-        if skip and step.bad:
-            self._replay(step)  # before the step, as the user's code saw it
-        return step.decision
+        return Decision(skip, reason, verify)
 
-    def _recount(self, step: InFlight) -> bool:
-        """Whether the gradients may have changed since they were measured (see the module)."""
-        host = self.host
+    def _suspect(self, step: OptimizerStep) -> bool:
+        numbers = step.numbers
+        return numbers is not None and numbers.weights > 0
+
+    def skipped(self, step: OptimizerStep) -> None:
+        """The buffers back at once (before any other callback looks); a first bad step
+        replayed, before the step, as the user's code saw it."""
+        self.weights.buffers.end(restore=True)
+        if step.bad:
+            self._replay(step)
+
+    def _recount(self, step: OptimizerStep) -> bool:
+        """Whether the gradients may have changed since they were measured (the module)."""
+        host, m = self.host, step.measurement
+        if m is None or not step.measured_before:
+            return False  # measured inside the step: nothing ran in between
         if host.recount:
             return True
-        if host.facts.world_size > 1:
+        if self.ranks.world_size > 1:
             return False  # version counters are per rank; every rank must decide alike
-        probe = step.measurement.probe
-        if probe is None or probe.untouched():
+        if m.probe is None or m.probe.untouched():
             return False
         clip = host.clip
         return not (clip is not None and 0 < clip < math.inf)  # the host's clipping is finite
@@ -223,129 +200,154 @@ class Protection:
     def _count_grads(self, optimizer: torch.optim.Optimizer) -> float:
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         device = grads[0].device if grads else torch.device("cpu")
-        count = count_nonfinite(grads, device)
-        if self.host.facts.world_size > 1:  # every rank counts, so every rank decides alike
-            count = self.host.reduce_sum(count)
-        return float(count)
+        return float(self.ranks.sum(count_nonfinite(grads, device)))  # every rank alike
 
-    def _lrs(self, optimizer: torch.optim.Optimizer) -> list[float]:
-        factor = self._lr_factor()
-        return [_float(g["lr"]) * factor for g in optimizer.param_groups]
+    # --- after the step ----------------------------------------------------------------------
 
-    def _reverted(self, optimizer: torch.optim.Optimizer) -> None:
-        step = self.batch.current(optimizer)
-        if step is not None:
-            step.reverted = True
+    def end(self, steps: Sequence[OptimizerStep]) -> tuple[bool, str]:
+        """The block's steps ended: the buffers back if one was skipped (a scaler's skip), each
+        step's check of the weights, the findings of a first bad step that only the monitor
+        knows, the bad steps in a row; ``(should_stop, reason)``, the first that says stop."""
+        self.weights.buffers.end(restore=any(step.skipped for step in steps))
+        answer = False, ""
+        for step in steps:
+            stop, why = self._after(step)
+            if stop and not answer[0]:
+                answer = stop, why
+        return answer
 
-    # --- after the step --------------------------------------------------------------------
-
-    def _weights_checked(self, step: InFlight) -> None:
-        if step.measurement.numbers is None:
-            return
-        self.intact = not step.weights_bad
-        if step.weights_bad and not self._reported_bad_weights:
-            self._reported_bad_weights = True
-            step.found.append(self._bad_weights_finding(step.step, after=False))
-        elif not step.weights_bad:
-            self._reported_bad_weights = False
-
-    def _bad_weights_finding(self, step: int, *, after: bool) -> Finding:
-        first = self.weights.first_changed(self.host.optimizers)
-        when = "after the last step" if after else f"before step {step}"
-        message = (
-            f"non-finite values in the weights {when} ({first}): an update that was let through, "
-            "or code outside the optimizer, made them so; the weights are NOT intact. Resume "
-            "from the last good checkpoint, and see docs/protection.md for what the guard "
-            "cannot see"
-        )
-        return Finding(
-            "nonfinite_update", step, step, Severity.CRITICAL, message,
-            {"checked_step": float(step)}, ("optimizer",), ("rollback",),
-        )  # fmt: skip
-
-    def _first_bad(self, step: InFlight) -> None:
-        """The findings of a first bad step that only the monitor knows (no replay needed)."""
-        if step.reason == UNCHECKED or step.measurement.numbers is None:
-            step.found.append(step.unchecked())
-        elif step.reason == BAD_LR:  # the cause is known: no replay of the batch
-            step.found.append(_bad_lr_finding(step))
-
-    def _replay(self, step: InFlight) -> None:
-        """Name the cause of the first bad step of an episode: replay its micro-batches."""
-        micro = self.batch.micro
-        if (
-            step.replayed
-            or self._bad_before(step)
-            or step.reason in (UNCHECKED, BAD_LR, BAD_WEIGHTS)
-            or step.weights_bad
-            or not self.batch.keep_batches
-            or not micro
-            or micro[0].batch is None
-        ):
-            return
-        step.replayed = True
-        self.root_causes += 1  # every rank replays: the answers are gathered from all of them
-        with self._part("replay"):
-            found = root_cause(
-                self.host, micro, step.measurement.loss_scale, self.guard, step.step,
-                strict=self.strict, quiet=self._quiet, held=self.weights.held,
-            )  # fmt: skip
-        if found is not None:
-            step.found.append(found)
-
-    def _count(self, step: InFlight) -> None:
-        """Skips and bad steps in a row: every rank counts the same, so every rank stops."""
-        self.skipped_steps += int(step.skipped)
-        index = step.measurement.optimizer_index
-        bad = self._bad_before(step) + 1 if step.bad or step.reverted else 0
+    def _after(self, step: OptimizerStep) -> tuple[bool, str]:
+        if step.skipped and step.checked:
+            # after any restore: what "weights intact" beside it says, counted in full
+            step.count_weights(self.weights.count(*self._counted(step)))
+        self._weights_checked(step)
+        index, failed = step.optimizer_index, step.bad
+        before = self.bad_runs.get(index, 0)
+        if failed and before == 0:
+            step.found.extend(first_bad(step))
+        bad = before + 1 if failed or step.ended is Stage.REVERTED else 0
         self.bad_runs[index] = bad
-        stop_after = self.policy.stop_after
         if step.weights_bad:
-            self.stop(step, "the weights are not finite")
-        elif stop_after is not None and bad >= stop_after:
-            why = "unchecked" if step.measurement.numbers is None else "non-finite"
+            return True, "the weights are not finite"
+        stop_after = self.policy.stop_after
+        if stop_after is not None and bad >= stop_after:
+            why = "unchecked" if not step.checked else "non-finite"
             of = f" of optimizer {index + 1}" if index else ""
-            self.stop(step, f"{bad} {why} steps{of} in a row")
+            return True, f"{bad} {why} steps{of} in a row"
+        return False, ""
+
+    def _counted(self, step: OptimizerStep) -> tuple[torch.optim.Optimizer, torch.Tensor | None]:
+        optimizers = self.host.optimizers
+        index = step.optimizer_index if step.optimizer_index < len(optimizers) else 0
+        return optimizers[index], self.weights.buffers_nonfinite
+
+    def restart(self) -> None:
+        self.bad_runs = {}
 
     @property
     def bad_in_a_row(self) -> int:
         """The longest current run of bad steps (each optimizer counts its own steps)."""
         return max(self.bad_runs.values(), default=0)
 
-    def _bad_before(self, step: InFlight) -> int:
-        """Bad steps in a row of `step`'s optimizer before it."""
-        return self.bad_runs.get(step.measurement.optimizer_index, 0)
+    def _weights_checked(self, step: OptimizerStep) -> None:
+        if not step.checked:
+            return
+        self.intact = not step.weights_bad
+        if step.weights_bad and not self._reported_bad_weights:
+            self._reported_bad_weights = True
+            step.found.append(self._bad_weights(step.step, after=False))
+        elif not step.weights_bad:
+            self._reported_bad_weights = False
 
-    def stop(self, step: InFlight | None, why: str) -> None:
-        """Stop gracefully, saying what was checked of the weights."""
-        host = self.host
-        host.stop()
-        path = host.checkpoint
-        where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
-        where = where if path is not None else ""  # the host cannot tell
-        if step is not None and not step.weights_bad and step.measurement.numbers is not None:
-            state = f"weights checked finite before step {step.step}"
-            state += ", its update skipped" if step.skipped else ""
-        else:
-            state = "the weights are NOT intact"
-        if host.facts.is_global_zero:
-            at = step.step if step is not None else host.step
-            log.error("stabilizer: stopping at step %d: %s (%s)%s", at, why, state, where)
+    def finish(self) -> list[Finding]:
+        """The last check of the weights, after the last step (one host sync, once)."""
+        self.intact = not self.weights.changed(self.host.optimizers)
+        if self.intact or self._reported_bad_weights:
+            return []
+        self._reported_bad_weights = True
+        return [self._bad_weights(self.host.step, after=True)]
+
+    def _bad_weights(self, step: int, *, after: bool) -> Finding:
+        return weights_not_intact(step, self.weights.first_changed(self.host.optimizers), after)
+
+    def _replay(self, step: OptimizerStep) -> None:
+        """Name the cause of the first bad step of an episode: replay its micro-batches."""
+        micro = step.micro
+        if (
+            step.replayed
+            or (micro and micro[0] is self._replayed)  # (two optimizers of one block: once)
+            or self.bad_runs.get(step.optimizer_index, 0)
+            or step.reason in (UNCHECKED, BAD_LR, BAD_WEIGHTS)
+            or step.weights_bad
+            or not self.block.keep_batches
+            or not micro
+            or micro[0].batch is None
+        ):
+            return
+        step.replayed, self._replayed = True, micro[0]
+        self.root_causes += 1  # every rank replays: the answers are gathered from all of them
+        m = step.measurement
+        scale = step.numbers.scale if step.numbers is not None and m and m.scaled else 1.0
+        found = root_cause(
+            self.host, micro, scale, self.ranks, step.step, strict=self.strict, quiet=self.quiet,
+            held=self.weights.held,
+        )  # fmt: skip
+        if found is not None:
+            step.found.append(found)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters a checkpoint keeps (in the monitor's state)."""
+        return {
+            "bad_in_a_row": self.bad_in_a_row, "bad_runs": dict(self.bad_runs),
+            "root_causes": self.root_causes,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        runs = state.get("bad_runs") or {0: state.get("bad_in_a_row", 0)}
+        self.bad_runs = {int(k): int(v) for k, v in runs.items()}
+        self.root_causes = int(state.get("root_causes", 0))
 
 
-def _bad_lr_finding(step: InFlight) -> Finding:
-    lrs = ", ".join(f"{lr:g}" for lr in step.measurement.lrs)
-    message = (
-        f"the learning rate is non-finite or negative at step {step.step} (param groups: {lrs}):"
-        " the update would be too; step skipped before the optimizer ran. Check the LR "
-        "scheduler (a division by a zero step count, a NaN read from a config)"
-    )
-    evidence = {f"lr_{i}": lr for i, lr in enumerate(step.measurement.lrs)}
-    return Finding(
-        "nonfinite_update", step.step, step.step, Severity.ERROR, message, evidence,
-        ("optimizer",), ("skip_step",),
-    )  # fmt: skip
+class Remedies:
+    """The remedies of a policy that applies none (``observe``, ``protect``): every answer is
+    "nothing", so the run asks without asking which policy it has.
 
+    Args:
+        host: The training loop.
+        policy: The policy's knobs.
+    """
 
-def _float(lr: object) -> float:
-    return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)  # type: ignore[arg-type]
+    def __init__(self, host: Host, policy: object) -> None:
+        self.host = host
+        self.applied: dict[str, int] = {}  # remedy name -> times applied
+
+    @property
+    def lr_factor(self) -> float:
+        """The LR multiplier in force."""
+        return 1.0
+
+    def stepping_past(self, step: int) -> bool:
+        """Whether `step`'s update is skipped to step past bad data after a rollback."""
+        return False
+
+    def start(self, resumed: bool) -> None:
+        """The run starts (`resumed`: from a checkpoint's state, its remedies put back)."""
+
+    def stop(self) -> None:
+        """The run is over: the remedies' hooks removed."""
+
+    def after_step(
+        self, step: int, found: Sequence[Finding], record: StepRecord | None = None
+    ) -> list[Finding]:
+        """What the step's findings call for: the findings of what was done."""
+        return []
+
+    def should_stop(self) -> tuple[bool, str]:
+        """``(should_stop, reason)`` after the last `after_step`."""
+        return False, ""
+
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Back to a checkpoint's state."""

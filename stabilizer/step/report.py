@@ -1,4 +1,4 @@
-"""`Reporter`: a measured step becomes a record, the engine's findings and the outputs' lines.
+"""`Reporter`: an ended step becomes a record, the engine's findings and the outputs' lines.
 
 Each optimizer is its own stream: with several (manual optimization: a GAN's two losses), the
 steps of the first feed the engine and the outputs under the usual keys, and those of optimizer
@@ -6,9 +6,11 @@ k (from 2) feed an engine of their own, their record's keys prefixed ``opt<k>/``
 findings' text ``optimizer k: ...`` (two losses of different levels in one stream would be a
 "spike" at every other step).
 
-On the CPU a step is reported at its own batch end. From an accelerator its numbers are read a
+On the CPU a step is reported at its own block end. From an accelerator its numbers are read a
 step later, once the device has later work queued (`defer`), so that no step waits for Python.
-An error in reporting stops the reports, with one warning, never the training or the protection.
+The remedies answer each reported step; what they did is reported with it, and their answer
+to "stop?" goes back to the run. An error in reporting stops the reports, with one warning,
+never the training or the protection.
 """
 
 from __future__ import annotations
@@ -19,20 +21,21 @@ from dataclasses import replace
 from typing import Any
 
 from stabilizer.core.engine import Engine, is_restart
-from stabilizer.core.isolated import Isolated
+from stabilizer.core.isolated import isolated
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 
-from .auto import AutoRemedies
-from .batch import InFlight
 from .cost import CostMeter, over_budget_advice
 from .host import Host
-from .outputs import LiveOutputs
-from .protect import Protection
+from .live_outputs import LiveOutputs, stream_record
+from .protect import Remedies
+from .step import OptimizerStep
 
 __all__ = ["Reporter"]
 
 log = logging.getLogger("stabilizer")
+
+_GO = (False, "")
 
 
 def _of_optimizer(i: int, found: list[Finding]) -> list[Finding]:
@@ -41,16 +44,16 @@ def _of_optimizer(i: int, found: list[Finding]) -> list[Finding]:
 
 
 class Reporter:
-    """Reports the monitor's steps, now or one step late.
+    """Reports the run's steps, now or one step late.
 
     Args:
         host: The training loop.
         make_engine: Makes a fresh detection engine (one per optimizer).
         outputs: Where records and findings go.
         cost: The monitor's cost meter (reporting is a part of it; it warns over budget).
-        auto: The remedies of policy ``auto`` (they answer each step's findings), or None.
-        protection: The protection (it stops the run when ``auto`` has no rollback left).
+        remedies: The policy's remedies (they answer each step's findings).
         strict: Raise an internal error instead of stopping the reports.
+        on_restart: Called when a remedy restarted training from a snapshot.
     """
 
     def __init__(
@@ -59,42 +62,52 @@ class Reporter:
         make_engine: Callable[[], Engine],
         outputs: LiveOutputs,
         cost: CostMeter,
-        auto: AutoRemedies | None,
-        protection: Protection | None,
+        remedies: Remedies,
         strict: bool,
+        on_restart: Callable[[], None] = lambda: None,
     ) -> None:
         self.host, self.make_engine, self.outputs, self.cost = host, make_engine, outputs, cost
         self.engines = [make_engine()]  # one per optimizer, by its index in the host's
-        self.auto, self.protection, self.strict = auto, protection, strict
+        self.remedies, self.strict, self._on_restart = remedies, strict, on_restart
         self.findings: list[Finding] = []
         self.defer: bool | None = None  # None: by the device (CUDA: yes); tests force it
-        self._pending: InFlight | None = None  # stepped, its report deferred to the next step
+        self.last: OptimizerStep | None = None  # the last step reported
+        self._pending: OptimizerStep | None = None  # ended, its report deferred to the next
         self._working = True  # False after an internal error in reporting
 
-    def steps(self, steps: Sequence[InFlight]) -> None:
-        """The batch's optimizer steps: each reported now, or held until the next step."""
+    def steps(self, steps: Sequence[OptimizerStep]) -> tuple[bool, str]:
+        """The block's ended steps: each reported now, or held until the next step; the
+        remedies' ``(should_stop, reason)`` after those reported."""
+        answer = _GO
         for step in steps:
             defer = self.defer
             if defer is None:
-                numbers = step.measurement.numbers
-                defer = numbers is not None and numbers.on_device
+                m = step.measurement
+                defer = m is not None and m.numbers is not None and m.numbers.on_device
             if defer:
-                self.pending()
+                answer = self.pending() if not answer[0] else answer
                 self._pending = step
             else:
-                self.safely(self._report, step)
+                answer = self._safely_report(step) if not answer[0] else answer
+        return answer
 
-    def pending(self) -> None:
-        """Report the step held back, if any."""
+    def pending(self) -> tuple[bool, str]:
+        """Report the step held back, if any: the remedies' ``(should_stop, reason)``."""
         pending, self._pending = self._pending, None
-        if pending is not None:
-            self.safely(self._report, pending)
+        return self._safely_report(pending) if pending is not None else _GO
 
-    def emit(self, record: StepRecord | None, found: list[Finding]) -> None:
-        """Keep the findings (every rank); rank 0 writes them, and the record, out."""
+    def _safely_report(self, step: OptimizerStep) -> tuple[bool, str]:
+        self.safely(self._report, step)
+        step.report()
+        self.last = step
+        return self.remedies.should_stop()
+
+    def emit(self, record: StepRecord | None, found: list[Finding], stream: int = 0) -> None:
+        """Keep the findings (every rank); rank 0 writes them, and the record (of optimizer
+        `stream` + 1), out."""
         self.findings.extend(found)
         if self.host.facts.is_global_zero:
-            self.outputs.write(record, found)
+            self.outputs.write(record, found, stream)
 
     def finish(self, skipped: int, intact: bool | None) -> None:
         """The engine's last findings, then the run's end to every output."""
@@ -103,14 +116,13 @@ class Reporter:
         self.outputs.close(RunEnd(self.host.step, skipped, intact, self.cost.cost()))
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the engine, the findings, the remedies, the protection."""
-        state: dict[str, Any] = {
+        """What a checkpoint keeps: the engines, the findings, the remedies."""
+        return {
             "engine": self.engines[0].state_dict(),
             "engines": [engine.state_dict() for engine in self.engines[1:]],
             "findings": [f.to_dict() for f in self.findings],
-            "auto": self.auto.state_dict() if self.auto is not None else None,
+            "auto": self.remedies.state_dict() or None,
         }
-        return state | (self.protection.state_dict() if self.protection is not None else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Back to a checkpoint's `state_dict`."""
@@ -119,10 +131,8 @@ class Reporter:
             self.engines.append(self.make_engine())
             self.engines[-1].load_state_dict(engine_state)
         self.findings = [Finding.from_dict(f) for f in state["findings"]]
-        if self.auto is not None and state.get("auto"):
-            self.auto.load_state_dict(state["auto"])
-        if self.protection is not None:
-            self.protection.load_state_dict(state)
+        if state.get("auto"):
+            self.remedies.load_state_dict(state["auto"])
 
     @property
     def engine(self) -> Engine:
@@ -138,38 +148,34 @@ class Reporter:
         """Run one piece of reporting; an error stops the reports (one warning), not the run."""
         if not self._working:
             return
-        with Isolated(self.strict) as part:
-            fn(*args)
-        if part.error is not None:
+        error = isolated(self.strict, fn, *args)
+        if error is not None:
             self._working = False
             log.warning(
                 "stabilizer stopped reporting after an internal error (the protection "
                 "stays on): %r",
-                part.error,
-                exc_info=part.error,
+                error,
+                exc_info=error,
             )
 
-    def _report(self, step: InFlight) -> None:
+    def _report(self, step: OptimizerStep) -> None:
         with self.cost.part("report"):
-            outcome = step.outcome()
-            values, i = outcome.values, outcome.measurement.optimizer_index
+            step.read()
+            values, i = step.values(), step.optimizer_index
             record = StepRecord(step.step, values) if values is not None else None
             found = _of_optimizer(i, self._engine(i).observe(record) if record else [])
-            found += outcome.found
-            if record is not None and i:
-                prefixed = {f"opt{i + 1}/{k}": v for k, v in record.values.items()}
-                record = StepRecord(record.step, prefixed)
-            self.emit(record, found)
-            auto = self.auto
-            if auto is not None and record is not None:
-                done = auto.after_step(step.step, found, record)
+            found += step.found
+            self.emit(record, found, i)
+            if record is not None:  # (the remedies act on the first optimizer's stream)
+                done = self.remedies.after_step(step.step, found, stream_record(record, i))
                 if any(map(is_restart, done)):
                     for engine in self.engines:
                         engine.restart()
-                self.emit(None, done)
-                if auto.exhausted() and self.protection is not None:
-                    self.protection.stop(step, auto.stop_reason)
-        numbers = step.measurement.numbers
+                    self._on_restart()
+                if done:
+                    self.emit(None, done)
+        m = step.measurement
+        numbers = m.numbers if m is not None else None
         self.cost.waited += numbers.waited if numbers is not None else 0.0
         cost = self.cost.check()
         if cost is not None and self.host.facts.is_global_zero:

@@ -32,6 +32,7 @@ from typing import Any
 
 from torch import nn
 
+from stabilizer.core.remedies import SWAP_TO_PRE_LN
 from stabilizer.live.remedies import swap_to_pre_ln
 from stabilizer.live.remedies.swap_to_pre_ln import SwapReport
 
@@ -86,7 +87,7 @@ def swapped_in(checkpoint: Mapping[str, Any]) -> bool:
         auto = state.get("auto")
         applied = auto.get("applied") if isinstance(auto, Mapping) else None
         if state.get(SWAPPED) or (
-            isinstance(applied, Mapping) and float(applied.get("swap_to_pre_ln", 0)) > 0
+            isinstance(applied, Mapping) and float(applied.get(SWAP_TO_PRE_LN, 0)) > 0
         ):
             return True
     return False

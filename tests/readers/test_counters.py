@@ -10,10 +10,10 @@ import pytest
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers import detect_format, read_log
 from stabilizer.replay.readers._lines import text_lines
-from stabilizer.replay.readers._shapes import overflow_of
 from stabilizer.replay.readers.universal import UniversalReader
 from stabilizer.replay.readers.universal.steps import COUNTERS, STEP_NAMES, Counter, Steps
 from stabilizer.replay.readers.universal.values import key_of
+from stabilizer.replay.readers.words import overflow_of
 
 EXAMPLES = {"s": "s:7 trl:2.5", "up.": "Up. 7 cost 2.5"}  # (counters that need more than a blank)
 

@@ -92,7 +92,7 @@ def test_stdin_is_never_closed(monkeypatch: pytest.MonkeyPatch, data: bytes) -> 
     try:
         list(read_log("-"))
     except LogReadError as exc:
-        assert str(exc) == "-: empty file"
+        assert str(exc) == "standard input: empty (nothing was written to it)"
     gc.collect()
     assert not stdin.buffer.closed
 

@@ -40,8 +40,8 @@ def test_detect_format_from_lines(name: str) -> None:
 
 def test_every_format_is_registered_once() -> None:
     assert list(READERS) == [
-        "jsonl", "lightning_csv", "csv", "tensorboard", "megatron", "deepspeed", "hf_trainer",
-        "hf_trainer_state", "fairseq", "generic",
+        "jsonl", "lightning_csv", "csv", "tensorboard", "tensorboard_csv", "wandb", "wandb_csv",
+        "megatron", "deepspeed", "hf_trainer", "hf_trainer_state", "fairseq", "generic",
     ]  # fmt: skip
     assert all(cls.format == name for name, cls in READERS.items())
 

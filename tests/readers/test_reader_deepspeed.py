@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from reader_cases import findings, kinds, parse, records, serious
+from reader_cases import findings, kinds, parse, parse_items, records, serious
 
 from stabilizer.core.engine import Engine
-from stabilizer.core.records import StepRecord
+from stabilizer.core.records import Finding, Severity, StepRecord
 
 LOG = """\
 [2024-05-01 12:00:00,100] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 \
@@ -52,3 +52,29 @@ def test_failing_fixture_is_an_overflow_cascade() -> None:
     recs = records("deepspeed_failing.log")
     assert recs[-1].values == {"skipped": 1.0, "loss_scale": 1.0}
     assert kinds(findings(recs)) == {"fp16_overflow"}
+
+
+def test_the_first_rank_that_reports_is_read_once_per_overflow() -> None:
+    """One overflow line per rank, and no rank 0 among them (a pipeline's last stage prints
+    them): one skipped step per overflow, not none (the unchanged code read rank 0's only) and
+    not one per rank."""
+    lines = [
+        f"[2023-05-01 10:00:0{k},000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] "
+        f"OVERFLOW! Rank {rank} Skipping step. Attempted loss scale: {2 ** (16 - k)}, reducing "
+        f"to {2 ** (15 - k)}"
+        for k in range(3)
+        for rank in (3, 1, 2)
+    ]
+    recs = parse("deepspeed", "\n".join(lines) + "\n")
+    assert [r.values["loss_scale"] for r in recs] == [65536.0, 32768.0, 16384.0]
+
+
+def test_the_scale_at_its_floor_is_said() -> None:
+    text = (
+        "[2023-06-07 22:24:46,260] [INFO] [loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! "
+        "Rank 0 Skipping step. Attempted loss scale: 1, reducing to 1\n"
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.\n"
+    )
+    found = [item for item in parse_items("deepspeed", text) if isinstance(item, Finding)]
+    assert [(f.kind, f.severity, f.step) for f in found] == [("trainer_said", Severity.ERROR, 1)]

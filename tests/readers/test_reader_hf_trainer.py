@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from reader_cases import findings, kinds, parse, records, serious
+from reader_cases import findings, kinds, parse, parse_items, records, serious
 
-from stabilizer.core.records import StepRecord
+from stabilizer.core.records import Finding, StepRecord
 from stabilizer.replay.readers import Note
 
 CONSOLE = """\
@@ -98,10 +98,11 @@ def test_healthy_console_fixture() -> None:
 def test_failing_console_fixture_notes_hidden_nan() -> None:
     notes: list[Note] = []
     recs = records("hf_trainer_failing.log", notes)
-    assert recs[210].values["loss"] == 0.0 and math.isnan(recs[210].values["grad_norm"])
-    assert kinds(findings(recs)) == {"nonfinite_grad"}
+    # The Trainer logged 0.0 beside a NaN norm: a window of NaN losses, read as the NaN it was.
+    assert math.isnan(recs[210].values["loss"]) and math.isnan(recs[210].values["grad_norm"])
+    assert kinds(findings(recs)) == {"nonfinite_loss"}
     hidden = [n.message for n in notes if n.kind == "hidden_nan"]
-    assert len(hidden) == 2 and all("logging_nan_inf_filter" in m for m in hidden)
+    assert len(hidden) == 1 and all("logging_nan_inf_filter" in m for m in hidden)
 
 
 def test_repeated_losses_are_noted() -> None:
@@ -181,3 +182,32 @@ def test_what_is_no_start_up_probing() -> None:
     ]
     for text in cases:
         assert kinds(findings(parse("hf_trainer_state", text))) == {"nonfinite_grad"}, text[:80]
+
+
+def test_a_window_of_nan_losses_logged_as_zero_is_read_as_nan() -> None:
+    """QwenLM/Qwen-VL#352: the loss 3.8462, then exactly 0.0 on every later record: the Trainer's
+    NaN filter adds nothing for a NaN step, so a window of them logs 0. A real 0.0 beside a
+    finite gradient norm (TRL GRPO's) stays."""
+    hidden = (
+        "{'loss': 3.8462, 'learning_rate': 3.4482758620689656e-07, 'epoch': 0.0}\n"
+        "{'loss': 0.0, 'learning_rate': 6.896551724137931e-07, 'epoch': 0.01}\n"
+    )
+    first, second = parse("hf_trainer", hidden)
+    assert first.values["loss"] == 3.8462 and math.isnan(second.values["loss"])
+    real = (
+        "{'loss': 0.0153, 'grad_norm': 0.0865, 'learning_rate': 6.9e-06, 'epoch': 0.31}\n"
+        "{'loss': 0.0, 'grad_norm': 0.0966, 'learning_rate': 6.7e-06, 'epoch': 0.33}\n"
+    )
+    assert [r.values["loss"] for r in parse("hf_trainer", real)] == [0.0153, 0.0]
+
+
+def test_a_message_that_reports_trouble_among_the_dicts_is_said() -> None:
+    """DeepSpeed's exit at the floor of its loss scale, printed into the Trainer's console
+    (ymcui/Chinese-LLaMA-Alpaca#534's title): a finding that the trainer said it."""
+    text = (
+        "{'loss': 2.0491, 'learning_rate': 0.0001961913563176343, 'epoch': 0.28}\n"
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.\n"
+    )
+    said = [item for item in parse_items("hf_trainer", text) if isinstance(item, Finding)]
+    assert [(f.kind, f.step) for f in said] == [("trainer_said", 1)]

@@ -239,6 +239,16 @@ SEEN = {
     "vmamba_issue273_gradnorm_avg_inf_healthy": seen(
         4, (28 * 2859 + 2670, 28 * 2859 + 2700), LOSS, GNORM, LR, SCALE
     ),
+    # issue #39, reading half: structure and the trainers' words (unread or misread on 21ea598)
+    "tf_estimator_icme_issue14_diverged_words": seen(1, (1, 1), LOSS, nan=(1, LOSS)),
+    "t2t_issue106_transformer_big_diverged_words": seen(2, (31601, 31602), LOSS, nan=(31602, LOSS)),
+    "t2t_vit_issue26_timm_summary_rows_nan": seen(12, (201, 212), LOSS, nan=(209, LOSS)),
+    "tinygrad_pr13803_llama3_lr_warmup_flat_healthy": seen(10, (1, 10), LOSS, LR),
+    "pleak_issue2_tensor_prints_nan": seen(17, (1, 17), LOSS, nan=(1, LOSS)),
+    "objectgs_issue28_tensor_dict_healthy": seen(11, (86, 96), LOSS),
+    "sid_issue117_bare_counts_nan": seen(11, (1, 11), LOSS, nan=(1, LOSS)),
+    "dpo_issue42_string_dict_garbled_nan": seen(2, (1, 2), LOSS, GNORM, nan=(1, GNORM)),
+    "efficientdet_issue328_plateau_lr_val_lines_healthy": seen(6, (121505, 122429), LOSS, LR, VAL),
 }
 
 # Read wrong for a reason no general rule settles yet (strict: a fix shows).

@@ -92,7 +92,7 @@ def test_a_failure_that_comes_back_is_answered_by_the_next_remedy() -> None:
         "clip_gradients",
         "scale_lr",
     ]
-    assert auto.lr.factor == 0.5 and not auto.exhausted()
+    assert auto.lr.factor == 0.5 and not auto.should_stop()[0]
 
 
 def test_an_episode_from_before_the_remedy_does_not_count_against_it() -> None:
@@ -112,14 +112,14 @@ def test_nothing_left_to_try_is_a_critical_result_and_a_clean_stop() -> None:
     (result,) = _results(out)
     assert result.severity == Severity.CRITICAL
     assert "nothing left: stopping the run (tried clip_gradients; lower the LR" in result.message
-    assert auto.exhausted()
+    assert auto.should_stop()[0]
     assert auto.stop_reason == "clip_gradients did not work and nothing is left to try"
 
 
 def test_a_rollback_after_an_lr_surge_cuts_the_lr_as_much() -> None:
     trainer, module = _trainer()
     auto = AutoRemedies(trainer, Auto(allow=["rollback"], snapshot_every=10, check_steps=30))
-    auto.start()
+    auto.start(resumed=False)
     _run(auto, trainer, module, range(0, 31), {}, lr=1e-3)  # snapshots at 10, 20, 30
     out = _run(auto, trainer, module, range(31, 41), {40: [_diverged(35, 40)]}, lr=3.0)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -136,7 +136,7 @@ def test_a_rollback_after_an_lr_surge_cuts_the_lr_as_much() -> None:
 def test_a_rollback_without_a_surge_keeps_the_lr() -> None:
     trainer, module = _trainer()
     auto = AutoRemedies(trainer, Auto(allow=["rollback"], snapshot_every=10))
-    auto.start()
+    auto.start(resumed=False)
     _run(auto, trainer, module, range(0, 21), {}, lr=1e-3)
     out = _run(auto, trainer, module, range(21, 26), {25: [_diverged(23, 25)]}, lr=1.5e-3)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -198,7 +198,7 @@ def test_the_end_of_a_warmup_is_no_surge(scheduled: bool) -> None:
     if scheduled:
         trainer.optimizers[0].param_groups[0]["initial_lr"] = 0.3
     auto = AutoRemedies(trainer, Auto(allow=["rollback"], snapshot_every=10, check_steps=30))
-    auto.start()
+    auto.start(resumed=False)
     _run(auto, trainer, module, range(0, 11), {}, lr=1e-3)  # a snapshot at 10
     out = _run(auto, trainer, module, range(11, 41), {40: [_diverged(12, 40)]}, lr=0.3)
     (rollback,) = [f for f in out if f.kind == "remedy_applied"]
@@ -222,7 +222,7 @@ def test_a_remedy_after_which_the_loss_stays_above_its_level_is_not_better() -> 
     assert result.evidence["worked"] == 0.0 and result.severity == Severity.WARNING
     assert result.evidence["level_before_trouble"] == 1.6
     assert "not better" in result.message and "2.9" in result.message and "1.6" in result.message
-    assert result.remedies == ("clip_gradients",) and not auto.exhausted()
+    assert result.remedies == ("clip_gradients",) and not auto.should_stop()[0]
     assert [f.remedies[0] for f in out if f.kind == "remedy_applied"] == ["clip_gradients"]
 
 

@@ -6,10 +6,11 @@ from typing import Any
 
 from stabilizer.core.kinds import DIVERGENCE, LOSS_SPIKE, kind_of
 from stabilizer.core.records import Finding, Severity
+from stabilizer.core.remedies import CLIP_GRADIENTS, SCALE_LR
 
 __all__ = ["back", "divergence", "never_learned", "spike"]
 
-_LOST = ("scale_lr", "clip_gradients")  # a run that sat far above its start: its LR, not a batch
+_LOST = (SCALE_LR, CLIP_GRADIENTS)  # a run that sat far above its start: its LR, not a batch
 
 
 def spike(episode: dict[str, Any], back_after: int | None) -> Finding:

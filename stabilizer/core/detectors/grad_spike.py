@@ -244,8 +244,8 @@ class GradSpike:
             step=episode["start"],
             end_step=episode["last"],
             severity=Severity.WARNING,
-            seen=f"gradient norm spiked to {peak:.3g} ({ratio:.0f}x {_before(base, records)}) at "
-            f"step {peak_step}, {outcome}",
+            seen=f"gradient norm spiked to {peak:.3g} ({_times(ratio)} "
+            f"{_before(base, records)}) at step {peak_step}, {outcome}",
             evidence=evidence,
             remedies=kind_of(GRAD_SPIKE).remedies,
             advice="clip the gradient norm near its usual level",
@@ -273,6 +273,11 @@ class GradSpike:
 def _with_new_level(episode: dict[str, Any]) -> bool:
     """Whether a gradient-norm episode went with a new level of the loss (`_level.new_level`)."""
     return new_level(float(episode.get("loss_before", 0.0)), episode.get("losses", []))
+
+
+def _times(ratio: float) -> str:
+    """``"11x"``; past a million, in three digits (``"3.2e+20x"``, never 21 of them)."""
+    return f"{ratio:.0f}x" if ratio < 1e6 else f"{ratio:.3g}x"
 
 
 def _before(base: float, records: int) -> str:

@@ -260,6 +260,12 @@ class NonFinite:
             advice=advice,
         )
 
+    def restart(self) -> None:
+        """Training restarted from a snapshot (`Engine.restart`): the weights that went
+        non-finite are gone, so the open episode ends there, its findings standing; a NaN after
+        the restart is a new episode (which ``auto`` answers again)."""
+        self._start, self._length, self._loss_seen, self._optimizer_only = None, 0, False, False
+
     def finish(self) -> list[Finding]:
         found = [] if self._probe.held is None else [self._probe.held]  # no next record to judge
         self._probe.held = None

@@ -22,6 +22,7 @@ DEPTH = 4  # directory levels looked into below the given one
 KINDS = (  # what a directory may hold, most complete first: (format, file name pattern)
     ("jsonl", "stability.jsonl"),
     ("tensorboard", "events.out.tfevents.*"),
+    ("wandb", "run-*.wandb"),  # a W&B run folder: wandb/run-*, wandb/offline-run-*
     ("lightning_csv", "metrics.csv"),
     ("hf_trainer_state", "trainer_state.json"),
 )
@@ -102,13 +103,15 @@ class _Walk:
                 return
             self._seen.add((info.st_dev, info.st_ino))
             with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda entry: entry.name)
+                # a link is a second name: the real one first (wandb/latest-run is a run's)
+                entries = sorted(listing, key=lambda entry: (entry.is_symlink(), entry.name))
         except OSError:  # unreadable, or gone: nothing to find there
             return
         for entry in entries:
             path = Path(entry.path)
             if entry.is_symlink() and not self._inside(path):
-                self.outside += 1
+                if self._wanted(entry.name) or _is_dir(entry):  # (W&B's debug-core.log: no log)
+                    self.outside += 1
             elif _is_dir(entry):
                 if depth > 0 and not entry.name.startswith("."):
                     self._visit(path, depth - 1)

@@ -123,11 +123,17 @@ def open_source(path: str | Path, notes: list[Note] | None = None) -> Source:
             head, stream = _gunzip(stream, notes)
     except (OSError, EOFError, zlib.error) as exc:
         _drop(raw, owns)
-        raise LogReadError(f"{name}: cannot read ({exc})") from None
+        raise LogReadError(f"{_shown(name)}: cannot read ({exc})") from None
     if not head:
         _drop(raw, owns)
-        raise LogReadError(f"{name}: empty file")
+        empty = "empty (nothing was written to it)" if name == "-" else "empty file"
+        raise LogReadError(f"{_shown(name)}: {empty}")
     return Source(name, head, stream, counter, _size(raw))
+
+
+def _shown(name: str) -> str:
+    """A path as messages name it: ``-`` is standard input."""
+    return "standard input" if name == "-" else name
 
 
 def _open_file(name: str) -> IO[bytes]:

@@ -34,9 +34,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-NOTE_KINDS = ("format", "skipped", "truncated", "hidden_nan", "source")
+NOTE_KINDS = ("format", "skipped", "truncated", "hidden_nan", "source", "no_fp16_scaler")
 """`Note.kind` values: a quirk of the format, input skipped, input cut short, signs of hidden NaN
-losses, and which files were read."""
+losses, which files were read, and a log that shows no fp16 loss scaler (bf16 or fp32: the
+reports then advise no switch to bf16)."""
 
 
 class LogReadError(ValueError):
@@ -152,12 +153,22 @@ class BaseReader:
     (a time, a level): then `read_log` leaves a logger's prefix on; for the others it takes
     one that every line has off (see `_paste`)."""
 
+    binary: ClassVar[bool] = False
+    """Whether it reads a binary format, told by its first bytes (`sniff_bytes`), not by lines."""
+
     def __init__(self, notes: list[Note] | None = None) -> None:
         self.notes: list[Note] = [] if notes is None else notes
+        self.name = ""  # the file read, where `read_log` knows it (a download's tag is in it)
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
         """Confidence (0..1) that ``head`` is this format; 0 unless a subclass says otherwise."""
+        return 0.0
+
+    @classmethod
+    def sniff_bytes(cls, head: bytes, name: str = "") -> float:
+        """Confidence (0..1) that a file of a `binary` format starts with ``head`` (``name``:
+        the file's name); 0 unless a subclass says otherwise."""
         return 0.0
 
     def read(

@@ -9,8 +9,10 @@ Lines read (with or without the ``[date] [INFO] [file:line:func]`` logging prefi
 
 An overflow is a skipped step at the attempted scale (the scale in force). Overflow lines carry
 no step: the k-th after step P is placed at P + k (``Grad overflow on iteration: I`` gives it
-exactly, I + 1). Progress lines give ``lr``, ``skipped`` 0 and the last known scale. Other ranks'
-overflow lines are ignored. Why: docs/readers.md.
+exactly, I + 1). Progress lines give ``lr``, ``skipped`` 0 and the last known scale. The first
+rank that prints an overflow is read, the others' copies not. A message of the trainers'
+catalogue that reports trouble (``Current loss scale already at minimum``) is said in a finding
+(`words`). Why: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from stabilizer.core.signals import LOSS, LOSS_SCALE, LR, SKIPPED
 
 from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
+from .words import Told
 
 __all__ = ["DeepSpeedReader"]
 
@@ -53,7 +56,7 @@ class DeepSpeedReader(BaseReader):
         return 0.3 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        segments, skips = Segments(), _Skips()
+        segments, skips, told = Segments(), _Skips(), Told()
         for lineno, line in numbered_lines(stream, self.notes):
             found = skips.read(line)
             if found is not None:
@@ -63,6 +66,7 @@ class DeepSpeedReader(BaseReader):
             progress = _PROGRESS.search(line) or _LOSS.search(line)
             if progress is None:
                 segments.other(line)
+                yield from told.said(line, skips.placed)
                 continue
             step = int(progress[1])
             restart = segments.restart(step, lineno)
@@ -81,11 +85,14 @@ class _Skips:
         self.placed = 0  # the last step placed (an overflow, or a progress line)
         self.exact: int | None = None  # the step of the next overflow, when a line told it
         self.scale: float | None = None  # the loss scale in force
+        self.rank: str | None = None  # the rank whose overflow lines are read: the first
 
     def read(self, line: str) -> StepRecord | bool | None:
         """A record for an overflow line, True for a line that tells the next one's step."""
         overflow = _OVERFLOW.search(line) if "verflow" in line or "VERFLOW" in line else None
-        if overflow is not None and overflow.group(1) in (None, "0"):
+        if overflow is not None and self.rank is None:
+            self.rank = overflow.group(1)  # (a pipeline's last stage may print them, not rank 0)
+        if overflow is not None and overflow.group(1) in (None, self.rank):
             exact, placed = self.exact, self.placed
             self.placed = exact if exact is not None and exact > placed else placed + 1
             self.exact, attempted, reduced = None, overflow.group(2), overflow.group(3)

@@ -29,6 +29,7 @@ from stabilizer.core.signals import CLIPPED, GRAD_NORM, LOSS, LOSS_SCALE, LR, SK
 
 from ._lines import Segments, numbered_lines
 from .base import BaseReader, Item
+from .words import Told
 
 __all__ = ["FairseqReader"]
 
@@ -69,15 +70,17 @@ class FairseqReader(BaseReader):
         return 0.6 if any(_WEAK.search(line) for line in head) else 0.0
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
-        segments, noted, inner = Segments(), False, False
+        segments, noted, inner, told = Segments(), False, False, Told()
         for lineno, line in numbered_lines(stream, self.notes):
             step, values = _parsed(line, summaries=not inner)
             inner = inner or (step is not None and _INNER.search(line) is not None)
             if step is None:
                 if values:  # an overflow: the update that was tried is the next one
                     yield self._overflow(max(segments.last or 0, 0) + 1, values, lineno)
+                    yield from told.said(line, max(segments.last or 0, 0) + 1)  # (the minimum)
                 else:
                     segments.other(line)
+                    yield from told.said(line, segments.last or 0)
                 continue
             restart = segments.restart(step, lineno)
             if restart is not None:

@@ -8,8 +8,10 @@ The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. The
 step: a record takes the count of the training bar printed since the record before (``4711/12000
 [``), else counts on; a dict's own ``step`` wins; eval dicts land on the current step; the final
 summary is skipped. The Trainer hides NaN losses by default (``logging_nan_inf_filter``):
-`HiddenNan` notes the traces. Overflow lines of DeepSpeed or apex among the dicts are skipped
-steps (`_shapes`); so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
+`HiddenNan` notes the traces, and reads a window of NaN steps, which it logs as a loss of
+exactly 0, as the NaN it was. Overflow lines of DeepSpeed or apex among the dicts are skipped
+steps (`words`), and a message of the trainers' catalogue that reports trouble is said in a
+finding; so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
 at the first steps (`Probing`). The rules in full: docs/readers.md.
 """
 
@@ -26,8 +28,8 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 from ._keys import KeyMap
 from ._lines import Segments, numbered_lines
 from ._probing import Probing
-from ._shapes import Overflow, overflow_of, printed_again
 from .base import BaseReader, Item
+from .words import Overflow, Told, overflow_of, printed_again
 
 __all__ = ["HfTrainerReader", "HiddenNan"]
 
@@ -51,6 +53,23 @@ class HiddenNan:
         self._seen: set[str] = set()
         self._last, self._repeats = math.nan, 0  # the last loss; how often it came again
         self._positive = False  # a positive loss has been seen
+        self._before = 0.0  # the loss of the training record before (`unhide`)
+
+    def unhide(self, values: dict[str, float], line: int | None) -> dict[str, float]:
+        """``values`` with a hidden NaN loss read as NaN: a loss of exactly 0 right after one of
+        0.01 or more, with no finite gradient norm beside it, is a window whose every step was
+        NaN or Inf (the filter adds nothing for them, and the window's sum stays 0; the Trainer
+        rounds a loss to 4 decimals, so a real one falls to 0.0 from below 0.0001, and a real
+        0.0 (GRPO's) has its finite gradient norm)."""
+        loss, norm = values.get(LOSS), values.get(GRAD_NORM)
+        if loss is None:
+            return values
+        before, self._before = self._before, loss
+        if loss == 0.0 and before >= 0.01 and (norm is None or not math.isfinite(norm)):
+            values[LOSS], self._before = math.nan, before  # (the next window of 0: NaN too)
+            what = f"the loss fell from {before} to exactly 0, read as NaN (a window of NaN steps)"
+            self._say("window", what, line)
+        return values
 
     def check(self, step: int, values: Mapping[str, float], line: int | None) -> None:
         """Look at one record's ``loss`` and ``grad_norm``."""
@@ -91,7 +110,7 @@ class HfTrainerReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         keys, hidden, segments, steps = KeyMap(), HiddenNan(self), Segments(), _BarSteps()
-        probing = Probing(self)
+        probing, told = Probing(self), Told()
         overflow: tuple[str, Overflow] | None = None  # the last since a dict, and its line
         for lineno, line in numbered_lines(stream, self.notes):
             if " [" in line and "/" in line:
@@ -101,6 +120,7 @@ class HfTrainerReader(BaseReader):
                 found = overflow_of(line)
                 if found is None:
                     segments.other(line)
+                    yield from told.said(line, steps.last)
                     continue
                 if overflow is not None and printed_again(line, found, *overflow):
                     continue
@@ -110,6 +130,8 @@ class HfTrainerReader(BaseReader):
             if not parsed:
                 continue
             values, counted, logged = parsed
+            if counted:  # (an eval dict has no training loss)
+                values = hidden.unhide(values, lineno)
             step = steps.of(counted, logged)
             if steps.counting and step == 1:
                 self.note("format", "HF console dicts carry no step: records count log lines")

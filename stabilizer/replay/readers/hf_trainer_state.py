@@ -56,14 +56,14 @@ class HfTrainerStateReader(BaseReader):
                 raw.update(numbers)
                 continue
             if step is not None:
-                yield from _checked(probing.take(StepRecord(step, keys.values(raw))), hidden)
+                yield from _checked(probing.take(_record(step, keys.values(raw), hidden)), hidden)
             restart = segments.restart(new, None)
             if restart is not None:
                 yield from _checked(probing.flush(), hidden)
                 yield restart
             step, raw = new, numbers
         if step is not None:
-            yield from _checked(probing.take(StepRecord(step, keys.values(raw))), hidden)
+            yield from _checked(probing.take(_record(step, keys.values(raw), hidden)), hidden)
         yield from _checked(probing.flush(), hidden)
 
     def _entries(self, stream: IO[bytes]) -> Iterator[dict[str, Any]]:
@@ -109,6 +109,11 @@ class HfTrainerStateReader(BaseReader):
                 return entries, buf, False
             entries.append(entry)
             buf = buf[end:]
+
+
+def _record(step: int, values: dict[str, float], hidden: HiddenNan) -> StepRecord:
+    """The record of a step's entries, a window of NaN losses logged as 0 read as NaN."""
+    return StepRecord(step, hidden.unhide(values, None))
 
 
 def _checked(records: list[StepRecord], hidden: HiddenNan) -> list[StepRecord]:

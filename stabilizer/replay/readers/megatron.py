@@ -25,6 +25,7 @@ from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED, VO
 from ._lines import IDLE, Segments, numbered_lines
 from ._shapes import vocab_of
 from .base import BaseReader, Item
+from .words import Told
 
 __all__ = ["MegatronReader"]
 
@@ -110,6 +111,7 @@ class MegatronReader(BaseReader):
         segments, self._interval, self._scaled, self._fixed = Segments(), 0, False, False
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
         stated: float | None = None  # the vocabulary a line stated, for the next record
+        told = Told()  # the trainer's words that report trouble ("Spiky loss"), said once
         for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
                 yield self._record(step, fields)
@@ -123,6 +125,7 @@ class MegatronReader(BaseReader):
                     yield self._record(step, fields)
                     fields = {}
                 segments.other(line)
+                yield from told.said(line, step)
                 continue
             if fields:
                 yield self._record(step, fields)
@@ -150,7 +153,8 @@ class MegatronReader(BaseReader):
             del values[LOSS_SCALE]
             if not self._fixed:
                 self._fixed = True
-                self.note("format", "loss scale 1.0 on every line: no fp16 scaler (bf16 or fp32)")
+                why = "loss scale 1.0 on every line: no fp16 scaler (bf16 or fp32)"
+                self.note("no_fp16_scaler", why)
         return StepRecord(step, values)
 
     def _note_interval(self, last: int | None, step: int, lineno: int) -> None:

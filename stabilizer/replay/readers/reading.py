@@ -32,6 +32,13 @@ from .jsonl import JsonlReader
 from .lightning_csv import LightningCsvReader
 from .megatron import MegatronReader
 from .tensorboard import TensorBoardReader, merge_steps
+from .trackers import (
+    TensorBoardCsvReader,
+    WandbCsvReader,
+    WandbRunReader,
+    find_tracker,
+    open_tracker,
+)
 from .universal import UniversalReader
 
 __all__ = ["FORMAT_ALIASES", "READERS", "LogStream", "detect_format", "detect_head", "read_log"]
@@ -43,6 +50,9 @@ READERS: dict[str, type[BaseReader]] = {
         LightningCsvReader,
         CsvTableReader,
         TensorBoardReader,
+        TensorBoardCsvReader,
+        WandbRunReader,
+        WandbCsvReader,
         MegatronReader,
         DeepSpeedReader,
         HfTrainerReader,
@@ -65,12 +75,17 @@ _THRESHOLD = 0.1  # below this confidence a format is not detected
 def detect_format(source: str | Path | Iterable[str]) -> str:
     """The format of a log file or run directory (``str`` or `Path`), or of a log's first lines.
 
-    A text log that no dedicated reader recognises is ``generic``, read by `UniversalReader`.
+    A text log that no dedicated reader recognises is ``generic``, read by `UniversalReader`; a
+    tracker's store is its store's format (``mlflow``, ``trackio``, ``wandb_csv``).
 
     Raises:
         LogReadError: The path cannot be read, or holds binary data that is no event file.
     """
     if isinstance(source, (str, Path)):
+        tracked = find_tracker(str(source)) if str(source) != "-" else None
+        if tracked is not None:  # a tracker's store, or a run of one
+            tracked[0].close()
+            return tracked[0].format
         if Path(source).is_dir():
             return find_logs(Path(source), "auto", [])[0]
         opened = open_source(source)
@@ -111,10 +126,11 @@ def detect_head(
     Raises:
         LogReadError: Binary data that is no event file.
     """
-    if format == TensorBoardReader.format or (
-        format == "auto" and TensorBoardReader.sniff_bytes(head, name) > 0.5
-    ):
-        return TensorBoardReader.format, None
+    for fmt, cls in READERS.items():  # event files, W&B run files: told by their bytes
+        if cls.binary and (
+            format == fmt or (format == "auto" and cls.sniff_bytes(head, name) > 0.5)
+        ):
+            return fmt, None
     if is_binary(head):
         what = "neither a text log nor an event file" if format == "auto" else f"not a {format} log"
         raise LogReadError(f"{name}: binary data, {what}")
@@ -179,6 +195,9 @@ def read_log(
     if format != "auto" and format not in READERS:
         raise LogReadError(f"`format` must be auto or one of {', '.join(READERS)}, got {format!r}")
     notes = [] if notes is None else notes
+    tracked = open_tracker(str(path), format, notes) if str(path) != "-" else None
+    if tracked is not None:  # a run of a tracker's store (MLflow, trackio, a W&B export)
+        return LogStream.of_items(path, *tracked, notes)
     files: list[str | Path] = [path]
     if str(path) != "-" and Path(path).is_dir():
         format, found = find_logs(Path(path), format, notes)
@@ -239,6 +258,8 @@ class LogStream(Iterator[Item]):
         self.path, self.format, self.notes = str(path), format, notes
         self._sources = sources
         self._readers = [cls(notes) for _ in sources]
+        for reader, source in zip(self._readers, sources, strict=True):
+            reader.name = source.name
         if len(sources) == 1:
             close = functools.partial(_close, sources)
             self._items = self._readers[0].read(sources[0].stream, close=close)
@@ -247,6 +268,18 @@ class LogStream(Iterator[Item]):
             self._items = _merged(self._readers, sources)
         # Tied to the generator, which a ``for`` loop holds once the stream itself is gone.
         self._finalizer = weakref.finalize(self._items, _close, sources)  # even if never run
+
+    @classmethod
+    def of_items(
+        cls, path: str | Path, format: str, items: Generator[Item, None, None], notes: list[Note]
+    ) -> LogStream:
+        """The stream of items that no file reader makes (a run of a tracker's store): no
+        files, ``items`` closes what it holds when it is closed."""
+        stream = cls.__new__(cls)
+        stream.path, stream.format, stream.notes = str(path), format, notes
+        stream._sources, stream._readers, stream._items = [], [], items
+        stream._finalizer = weakref.finalize(items, _close, [])
+        return stream
 
     def __iter__(self) -> Iterator[Item]:
         return self._items
@@ -258,7 +291,7 @@ class LogStream(Iterator[Item]):
     def total_bytes(self) -> int | None:
         """The size of the input in bytes (compressed, for gzip), or None for a pipe."""
         sizes = [source.size for source in self._sources]
-        return None if None in sizes else sum(size or 0 for size in sizes)
+        return None if None in sizes or not sizes else sum(size or 0 for size in sizes)
 
     @property
     def bytes_read(self) -> int:
@@ -268,8 +301,8 @@ class LogStream(Iterator[Item]):
 
     def head_lines(self) -> list[str]:
         """The first lines of the log (of its first 64 KiB), for a message that shows them;
-        none for TensorBoard event files, which are no text."""
-        if self.format == TensorBoardReader.format:
+        none for a binary format (event files, W&B run files), which is no text."""
+        if not self._sources or READERS[self.format].binary:
             return []
         return list(text_lines(io.BytesIO(self._sources[0].head), []))
 

@@ -41,6 +41,7 @@ class TensorBoardReader(BaseReader):
     """
 
     format: ClassVar[str] = "tensorboard"
+    binary: ClassVar[bool] = True
 
     def __init__(self, notes: list[Note] | None = None, verify: bool = False) -> None:
         super().__init__(notes)

@@ -13,7 +13,7 @@ import re
 from functools import cache
 from typing import NamedTuple
 
-__all__ = ["COUNTERS", "STEP_NAMES", "Counter", "Steps"]
+__all__ = ["COUNTERS", "STEP_NAMES", "Counter", "Steps", "counted_by"]
 
 
 class Counter(NamedTuple):
@@ -48,6 +48,14 @@ STEP_NAMES = frozenset((*(counter.name for counter in COUNTERS), "steps", "epoch
 """Names that say where a record is and are none of its values (the plural ``Steps`` and the
 epoch too): a table of these first, a ``| name | value |`` row of them, is the step."""
 
+_KEYED = frozenset(
+    name + plural
+    for name in (counter.name for counter in COUNTERS if len(counter.name) > 2)
+    if name != "batch"  # ("time/batch" is a duration)
+    for plural in ("", "s")
+)
+"""The last part of a key's path that names a counter (``counters/updates``: the updates)."""
+
 _NEEDS = [counter.needs or counter.name for counter in COUNTERS]
 _NEEDED = tuple(dict.fromkeys(t for t in _NEEDS if not any(o != t and o in t for o in _NEEDS)))
 """The texts a line must hold one of to print a counter (``step`` covers ``global_step``)."""
@@ -58,8 +66,8 @@ _STEP = re.compile(  # each name starts a word: a lookbehind after its first let
         rf"{p[0]}(?<![\w./-]{p[0]}){p[1:]}"
         for p in (counter.pattern or re.escape(counter.name) for counter in COUNTERS)
     )
-    + r")(?:\(train\))?\]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w.%])"  # "1%" is none
-)
+    + r")(?:\(train\))?['\"\]]?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?\]?(?![\w%]|\.\w)"  # "1%"
+)  # and "1.5" are none; "{'step': 5}" (a dict's key) and "Step: 121505. Epoch: 262" are one
 _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
 _EPOCH = re.compile(
     r"(?<![\w./-])epoch(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
@@ -166,3 +174,15 @@ class Steps:
         if not (total and in_epoch and self.epoch is not None and self.first is not None):
             return count
         return (self.epoch - self.first) * int(total) + count
+
+
+def counted_by(values: dict[str, float]) -> int | None:
+    """The step that a key of a line's values names, popped off them: a path whose last part is
+    a counter (`_KEYED`), a count (``'counters/updates': 5024`` in a dict of train stats that
+    also counts examples), else None."""
+    for key, value in values.items():
+        counter = "/" in key and key.rpartition("/")[2].lower() in _KEYED
+        if counter and value >= 0 and value == int(value):  # (NaN and 1.5 are no count)
+            del values[key]
+            return int(value)
+    return None

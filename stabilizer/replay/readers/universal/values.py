@@ -18,18 +18,32 @@ from .._shapes import NUM
 from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
 from .steps import STEP_NAMES
 
-__all__ = ["key_of", "known", "total", "values_of"]
+__all__ = ["EVALUATING", "held_out", "key_of", "known", "named_after", "total", "values_of"]
 
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
-    # lets the regex scan for letters fast); possessive: giving characters back finds nothing
-    r"([A-Za-z_](?<![\w./-][A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)['\"\]]?"  # one word or two
-    r"(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)(?:tensor\()?"  # "loss: [2.3]" (Paddle)
-    r"(" + NUM + r")(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)"  # "nanms", "12:30", "1/2", "6%", "0'" are
-)  # no values; "**LOSS : nan**" (markdown bold) holds one
+    # lets the regex scan for letters fast), after CJK text too ("整体测试集上的Loss: 262.6") and
+    # after a rule of dashes ("-----loss-----:"); possessive: giving characters back finds nothing
+    r"([A-Za-z_](?<![A-Za-z0-9_./][A-Za-z_])(?<![^-]-[A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)"
+    r"['\"\]]?(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)"  # one word or two; "loss: [2.3]" (Paddle)
+    r"(?:tensor\(|(?<=[:=] )(['\"])|(?<=[:=])(['\"]))?"  # "tensor(2.3, ...)"; "'loss': 'nan'" (a
+    r"(" + NUM + r")(?(3)['\"]|(?(4)['\"]|(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)))"  # dict of strings,
+)  # quoted both sides); "nanms", "12:30", "1/2", "6%", "0'" are no values; "**LOSS : nan**"
+# (markdown bold) holds one
+_AFTER = re.compile(  # a field of a list, its value before its name: "11.8750 loss, 1e-12 LR"
+    r"(?:^|[,;|])\s*(" + NUM + r")\s+([A-Za-z_][\w/]*+(?: [A-Za-z]++)?)\s*(?=[,;|]|$)"
+)
 _JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
 _PREFIXES = ("train/", "train_", "training/")
 _FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
 _HELD_OUT = ("val", "valid", "test", "eval", "dev")  # a CamelCase loss of these is no training loss
+_TRAINING = frozenset(("train", "training"))
+EVALUATING = re.compile(  # a word that says a line reports an evaluation, not a training step
+    r"(?<![a-z0-9/._-])(?:val|valid|validation|validating|eval|evaluation|evaluating|evaluate"
+    r"|test|testing)(?![a-z0-9_/-]|\.\w)|测试|验证|评估"  # "Val. Epoch: 262" (not "test.py")
+)
+"""A word before a line's first ``loss`` that says the line reports an evaluation (searched in
+the lower-cased line up to it): its values are `held_out`; its counts number the evaluation's
+batches, not training steps."""  # "loss/train" (a tag: the metric, then its split)
 
 
 @lru_cache(maxsize=4096)
@@ -39,7 +53,7 @@ def key_of(printed: str) -> str | None:
     Returns an alias's signal key, None for a counter (`STEP_NAMES`), else the name as printed
     (two words joined by ``_``).
     """
-    before, _, name = printed.rpartition(" ")
+    before, _, name = printed.rstrip("-").rpartition(" ")  # "loss------" (a rule after it)
     low = name.lower()
     if low == "is" and before:  # "reg_loss is 0.08": the name is the word before "is"
         return key_of(before)
@@ -57,19 +71,29 @@ def key_of(printed: str) -> str | None:
     if name.endswith("Loss") and len(name) > 4 and name[-5].isalnum():  # CrossEntropyLoss, CTCLoss
         path, _, word = base[:-4].rpartition("/")
         return VAL_LOSS if (path or word).startswith(_HELD_OUT) else LOSS
-    if base not in ALIASES and "/" in base:  # "optim/total_grad_norm": the alias after a path
-        path, _, last = base.rpartition("/")
-        key = ALIASES.get(last)
-        if key is not None:
-            return VAL_LOSS if key == LOSS and path.startswith(_HELD_OUT) else key
+    if base not in ALIASES and "/" in base:
+        return _on_path(base) or name
     return ALIASES.get(base, name)
+
+
+def _on_path(base: str) -> str | None:
+    """The key of a name with a path: the alias after it (``optim/total_grad_norm``, a held-out
+    loss after ``val/``), or before the split it names (``Loss/train``, ``loss/valid``)."""
+    path, _, last = base.rpartition("/")
+    key = ALIASES.get(last)
+    if key is not None:
+        return VAL_LOSS if key == LOSS and path.startswith(_HELD_OUT) else key
+    key = ALIASES.get(path)
+    if key is not None and (last in _TRAINING or last.startswith(_HELD_OUT)):
+        return VAL_LOSS if key == LOSS and last not in _TRAINING else key
+    return None
 
 
 def values_of(line: str) -> dict[str, float]:
     """The metrics of a line by key; of two names for one key the first wins (``Loss: 0.31,
     ..., LM Loss: 1.08`` in StyleTTS2 is its loss, then a part of it)."""
     values: dict[str, float] = {}
-    for name, sep, text in _PAIR.findall(line):
+    for name, sep, _, _, text in _PAIR.findall(line):
         key = key_of(name)
         if key is None or key in values:
             continue
@@ -86,16 +110,44 @@ def values_of(line: str) -> dict[str, float]:
     return values
 
 
+def named_after(line: str) -> dict[str, float]:
+    """The metrics of a list of fields that each print a value before its name (tinygrad's
+    ``   3 7.34 s run, 11.8750 loss, 0.000000000002 LR, 1454.57 GB used``): what `values_of`
+    reads for ``loss: 11.875``; for a line in which it read nothing."""
+    values: dict[str, float] = {}
+    for text, name in _AFTER.findall(line):
+        key = key_of(name)
+        if key is not None and key not in values:
+            values[key] = float(text.replace(",", "") if "," in text else text)
+    return values
+
+
 def _held_out(key: str) -> bool:
     """Whether a loss part is a held-out set's (fairseq's ``valid_nll_loss``, YOLO's
     ``val/box_loss``): no part of the training loss."""
     return key.lower().replace("/", "_").split("_", 1)[0] in _HELD_OUT
 
 
+def _part(key: str) -> bool:
+    """Whether a key is a part of the training loss (``loss_cls``, ``box_loss``)."""
+    return (
+        (key.startswith("loss_") or key.endswith("_loss"))
+        and key not in SIGNALS
+        and not _held_out(key)
+    )
+
+
 def known(values: dict[str, float]) -> set[str]:
     """The keys of ``values`` that make a line a record without a step: signals but the
-    learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), loss parts."""
-    return {key for key in values if (key in SIGNALS and key != LR) or key.startswith("loss_")}
+    learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), the parts of
+    the training loss (``loss_cls``, ObjectGS's ``image_loss``)."""
+    return {
+        key
+        for key in values
+        if (key in SIGNALS and key != LR)
+        or key.startswith("loss_")
+        or (key.endswith("_loss") and _part(key))
+    }
 
 
 def total(values: dict[str, float]) -> dict[str, float]:
@@ -108,13 +160,20 @@ def total(values: dict[str, float]) -> dict[str, float]:
             return values  # (a perplexity of 0 or below is no exp of anything; NaN stays NaN)
         values[LOSS] = math.log(ppl)
     if LOSS not in values:
-        parts = [
-            v
-            for key, v in values.items()
-            if (key.startswith("loss_") or key.endswith("_loss"))
-            and key not in SIGNALS
-            and not _held_out(key)
-        ]
+        parts = [v for key, v in values.items() if _part(key)]
         if parts:
             values[LOSS] = sum(parts)
     return values
+
+
+def held_out(values: dict[str, float]) -> None:
+    """The values of an evaluation's line (`EVALUATING`: ``| epoch 010 | valid on 'valid'
+    subset 1000 / 1311 loss=1.60``, ``Test: [ 0/50] loss: 0.52``, ``整体测试集上的Loss: 262.6``)
+    made held out, in place: its loss is `VAL_LOSS`, its perplexity ``val_ppl``, its parts
+    ``val_<part>``: kept for the reports, never the training loss."""
+    if LOSS in values:
+        values.setdefault(VAL_LOSS, values.pop(LOSS))
+    if PPL in values:
+        values["val_ppl"] = values.pop(PPL)
+    for key in [key for key in values if _part(key)]:  # "Classification loss: 0.277" too
+        values[f"val_{key}"] = values.pop(key)
