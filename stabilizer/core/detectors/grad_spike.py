@@ -192,7 +192,7 @@ class GradSpike:
         loss = values.get(LOSS)
         if episode is None:
             if loss is not None and math.isfinite(loss):
-                self._loss = loss  # (the loss before a bump: `_level.with_new_level`)
+                self._loss = loss  # (the loss before a bump: `_with_new_level`)
         else:
             self._follow_loss(episode, opened is None, loss)
         if episode is not None and opened is None:
@@ -214,7 +214,7 @@ class GradSpike:
 
     def _follow_loss(self, episode: dict[str, Any], fresh: bool, loss: float | None) -> None:
         """Keep the losses of an open episode, and the one before it, to tell a bump that went
-        with a new level of the loss (`_level.with_new_level`)."""
+        with a new level of the loss (`_with_new_level`)."""
         if fresh:
             episode["loss_before"], episode["losses"] = self._loss, []
         if loss is not None and math.isfinite(loss):
