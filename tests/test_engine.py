@@ -249,10 +249,11 @@ def _curve(values: list[float], start: int = 0) -> list[StepRecord]:
     return [StepRecord(start + i, {"loss": v, "grad_norm": 1.0}) for i, v in enumerate(values)]
 
 
-# 100 steps at a 3.3 plateau, then the loss of earlier weights: 5.5, falling back to 3.0 over
-# 40 steps (a restart from the step-0 snapshot, as `auto`'s swap to pre-LN does).
+# 100 steps at a 3.3 plateau, then the loss of earlier weights: 5.5 for 41 steps (a restart from
+# the step-0 snapshot, as `auto`'s swap to pre-LN does; held there, not learnt down: a loss learnt
+# down from a jump is a new level anyway, #39, and the test is about the baselines starting over).
 _PLATEAU = [3.3 + 0.02 * math.sin(i) for i in range(100)]
-_RESTARTED = [5.5 - 2.5 * i / 40 for i in range(41)]
+_RESTARTED = [5.5 + 0.02 * math.sin(i) for i in range(41)]
 
 
 def test_a_restart_starts_the_loss_baseline_over() -> None:

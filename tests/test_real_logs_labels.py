@@ -66,10 +66,8 @@ MISSES = {
     "every 2000 updates): no baseline to call it a spike, and it recovers",
     # issue #39: the round-5 logs' first-sight misses (docs/benchmarks.md, "First sight, round 5")
     # that the readers do not read right yet (#39's reading half read the others: words, bare
-    # rows, values before names, the HF Trainer's window of NaN logged as 0)
-    "llm_shearing_issue24_composer_ce_at_ln_vocab": "first sight, round 5: the cross-entropy "
-    "10.375 = ln(32000) with perplexity 32048 at batch 366 is read but not judged against the "
-    "chance level of the vocabulary; no stall",
+    # rows, values before names, the HF Trainer's window of NaN logged as 0; its judging half
+    # judged the chance levels of llm_shearing#24 and dpo_llms_tool#46)
     "gpt_neox_issue947_llama_bf16_loss_jumps_to_11": "first sight, round 5: lm_loss 2.28 -> "
     "11.05 (above ln 32000) after the first update is missed: two records, no baseline, and no "
     "chance level to compare the jump with",
@@ -80,9 +78,6 @@ MISSES = {
     "'RuntimeError: Loss is diverging!' were ignored; read now (words.WORDS) as what ODTK's "
     "source raises them for, a non-finite loss (odtk/train.py: `not isfinite(cls_loss + "
     "box_loss)`): nonfinite_loss and trainer_said, which the label 'divergence' does not take",
-    "dpo_llms_tool_issue46_loss_ln2_flat": "first sight, round 5: a DPO loss flat at 0.6931 = "
-    "ln 2 with every reward exactly 0.0 (the policy never moved) is not seen as a preference "
-    "loss at its chance level",
 }
 
 

@@ -35,6 +35,8 @@ _ORDER = (
     "gaussian-nll", "sgdr",
     # more of the same families
     "aux-term", "label-smoothing", "grad-accum", "lora",
+    # round 5 (#39): a second stage that is a new task, on a new loader and inside one
+    "new-task", "new-task-internal",
 )  # fmt: skip
 _ALL = {r.name: r for r in (*TABULAR_REGIMES, *TEXT_REGIMES)}
 REGIMES: dict[str, Regime] = {name: _ALL[name] for name in _ORDER}

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import ConcatDataset, DataLoader
 
-from .base import Regime, Setup, loader, regime
+from .base import Batches, Regime, Setup, loader, regime
 from .parts import warmup_cosine
 
 __all__ = ["TABULAR_REGIMES"]
@@ -233,6 +234,46 @@ def sgdr(seed: int, steps: int) -> Setup:
     return Setup(_mlp(32, 256, 256, 10), _ce, optimizer, data, _held_eval(make, seed, _ce))
 
 
+def _two_tasks(seed: int) -> tuple[Any, Any]:
+    """Task A: 10 blob classes; task B: the same inputs, the classes relabelled (a new task
+    that the first one's answers get wrong with confidence)."""
+    make_a = _blobs(seed, 20, 1.0)
+    relabel = torch.from_numpy(np.random.default_rng(seed + 7).permutation(10))
+
+    def make_b(rng: np.random.Generator, i: int) -> Any:
+        x, y = make_a(rng, i)
+        return x, relabel[y]
+
+    return make_a, make_b
+
+
+def new_task(seed: int, steps: int) -> Setup:
+    """Blob classification, then a new task on a new loader halfway (the classes relabelled,
+    epoch 1): the loss jumps far above its chance level (the first task's answers are wrong
+    with confidence), then falls at the run's usual rate to the new task's level."""
+    make_a, make_b = _two_tasks(seed)
+    half = max(1, steps // 2)
+
+    def data(epoch: int) -> Any:
+        return loader(make_a if epoch == 0 else make_b, half, seed + 1000 * epoch)
+
+    setup = Setup(_mlp(20, 128, 10), _ce, _adam(3e-3, steps), data, _held_eval(make_b, seed, _ce))
+    return Setup(**{**vars(setup), "trainer_args": {"reload_dataloaders_every_n_epochs": 1}})
+
+
+def new_task_internal(seed: int, steps: int) -> Setup:
+    """The same two tasks in one loader (an unshuffled concatenation: the run does not say
+    where the second task begins)."""
+    make_a, make_b = _two_tasks(seed)
+    half = max(1, steps // 2)
+    stages = [Batches(make_a, half, seed), Batches(make_b, steps - half, seed + 1)]
+
+    def data(epoch: int) -> Any:
+        return DataLoader(ConcatDataset(stages), batch_size=None, shuffle=False)
+
+    return Setup(_mlp(20, 128, 10), _ce, _adam(3e-3, steps), data, _held_eval(make_b, seed, _ce))
+
+
 TABULAR_REGIMES: tuple[Regime, ...] = (
     regime("moe-idle", moe_idle, 400, "held-out MSE"),
     regime("memorise", memorise, 400, "cross-entropy on the memorised set"),
@@ -242,4 +283,6 @@ TABULAR_REGIMES: tuple[Regime, ...] = (
     regime("frozen-constant", frozen_constant, 300, "the batch's cross-entropy"),
     regime("gaussian-nll", gaussian_nll, 400, "exp(held-out Gaussian NLL)"),
     regime("sgdr", sgdr, 400, "held-out cross-entropy"),
+    regime("new-task", new_task, 240, "held-out cross-entropy on the second task"),
+    regime("new-task-internal", new_task_internal, 240, "held-out cross-entropy, second task"),
 )

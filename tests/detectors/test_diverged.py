@@ -92,6 +92,15 @@ def test_an_excerpt_of_a_dollar_regression_is_judged_by_its_levels() -> None:
     assert [f.kind for f in _run(DOLLARS)] == ["diverged", "diverged"]
 
 
+def test_an_excerpt_out_of_all_proportion_on_each_of_its_two_records() -> None:
+    """mmdetection#3446: DetectoRS from its first logged iteration, grad_norm 3.8e12 beside a
+    loss of 59,308, then 4.1e10 beside 21,082, and the excerpt ends: broken as a whole."""
+    [found] = _run([(3801898445783.2651, 59307.8674), (40558643632.8485, 21082.308)], 50, 50)
+    assert (found.kind, found.step, found.end_step) == ("diverged", 50, 100)
+    assert found.evidence["records"] == 2.0
+    assert _run([(3.8e12, 5.9e4)], 50, 50) == []  # one record alone: maybe one outlier
+
+
 def test_a_stretch_that_ends_says_so() -> None:
     found = _run([*OPENPI[:4], (2.0, 1.5), (7e5, 4e8), (8e5, 5e8), (9e5, 4e8)])
     assert [(f.step, f.end_step) for f in found] == [(5900, 6100), (5900, 6200)]

@@ -303,3 +303,14 @@ def test_a_gradient_explosion_with_a_loss_spike_is_reported_as_both() -> None:
     losses = [2.5, 2.45, 2.5, 2.4, 2.42, 2.41, 7.5, 2.4, 2.38, 2.39]
     found = _warnings(_stream(list(range(10, 110, 10)), loss=losses, grad_norm=norms))
     assert {(f.kind, f.step) for f in found} == {("grad_spike", 70), ("loss_spike", 70)}
+
+
+def test_an_excerpt_that_ends_orders_of_magnitude_up_diverged() -> None:
+    # zsd_sc_resolver_issue24_mmdet_loss_explodes: loss 0.85, 2.44, 63,119, 1.08e13 at 50-200.
+    stream = _stream([50, 100, 150, 200], loss=[0.8474, 2.4435, 63118.5509, 10791241863295.703])
+    [found] = _warnings(stream)
+    assert (found.kind, found.step, found.end_step) == ("divergence", 100, 200)
+    assert "never got back to where it started" in found.message
+    # One record up there at the end is no settled level: a spike up until the end of the log.
+    [one] = _warnings(_stream([50, 100, 150], loss=[0.8474, 0.8511, 63118.5509]))
+    assert (one.kind, one.step) == ("loss_spike", 150)

@@ -207,3 +207,33 @@ def test_clip_saturation_of_a_sparse_log_counts_records() -> None:
     stream = [StepRecord(10 * i, {"clipped": 1.0}) for i in range(120)]
     [finding] = feed(GradSpike(), stream)
     assert finding.seen == "100% of the last 100 records were clipped"
+
+
+def _bump(losses_after: list[float]) -> list[StepRecord]:
+    """100 quiet records (norm ~0.35, loss ~0.09), then the norm 12x for 40 records beside
+    ``losses_after`` (40 of them), then quiet again."""
+    rng = random.Random(3)
+    stream = []
+    for step in range(180):
+        bumped = 100 <= step < 140
+        norm = (4.2 if bumped else 0.35) * math.exp(rng.gauss(0.0, 0.05))
+        loss = losses_after[step - 100] if bumped else (0.09 if step < 100 else losses_after[-1])
+        stream.append(StepRecord(step, {"grad_norm": norm, "loss": loss}))
+    return stream
+
+
+def test_a_norm_bump_that_goes_with_a_new_level_of_the_loss_is_no_spike() -> None:
+    """The harm benchmark's new-task (a classifier relabelled halfway): the loss 0.09 -> 7.35,
+    learnt down over the next 40 steps, the gradient norm 12x while it is (issue #39)."""
+    learnt = [7.35 * math.exp(-i / 15) + 0.3 for i in range(40)]
+    assert [f.kind for f in feed(GradSpike(), _bump(learnt))] == []
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [[0.09] * 40, [7.7] + [0.09 + 3.0 * math.exp(-i / 2) for i in range(39)]],
+    ids=["loss-unmoved", "loss-spike-that-came-back"],
+)
+def test_a_norm_bump_without_a_new_level_is_still_a_spike(losses: list[float]) -> None:
+    [spike] = feed(GradSpike(), _bump(losses))
+    assert (spike.kind, spike.step) == ("grad_spike", 100)

@@ -196,18 +196,30 @@ def test_a_second_stage_without_its_mark_that_falls_as_usual_is_a_new_level() ->
     assert feed(LossSpike(), _two_stages(marked=False)) == []
 
 
-@pytest.mark.parametrize(
-    ("falls", "height"),
-    [(False, 0.7), (True, 12.0)],
-    ids=["holds", "blows-up"],
-)
-def test_an_unmarked_jump_that_holds_or_blows_up_is_a_divergence(
-    falls: bool, height: float
-) -> None:
-    """Unmarked, a jump is a failure when the loss holds at its new level, or when it went past
-    four times its old level (the ``diverge`` scenario's 80x), however fast it then falls."""
-    found = feed(LossSpike(), _two_stages(marked=False, falls=falls, height=height))
+def test_an_unmarked_jump_whose_loss_holds_is_a_divergence() -> None:
+    """Unmarked, a jump is a failure when the loss holds at its new level: it neither came
+    back nor learns."""
+    found = feed(LossSpike(), _two_stages(marked=False, falls=False))
     assert found and found[0].kind == "divergence" and found[0].step == 300
+
+
+def test_a_loss_thrown_about_far_above_is_a_divergence_however_it_swings() -> None:
+    """The ``diverge`` scenario's shape (an LR surged 3000x for good, seed 0): 2.4, then
+    288-970 with no trend. Swings that large fall and rise by hundreds between records; a fall
+    from one to the next is no learning."""
+    rng = random.Random(0)
+    stream = _two_stages(marked=False)[:300]
+    stream += [StepRecord(300 + i, {"loss": rng.uniform(190.0, 970.0)}) for i in range(60)]
+    found = feed(LossSpike(), stream)
+    assert found and found[0].kind == "divergence" and found[0].step == 300
+
+
+def test_a_new_task_far_above_its_old_level_learnt_at_the_usual_rate_is_a_new_level() -> None:
+    """Issue #39: a jump the loss then falls from at the run's usual rate is a new level (a
+    stage, a task), whatever its size: 1.6 -> 14.2 (8.9x), learnt down from there record after
+    record (the harm benchmark's new-task-internal: a classifier relabelled, 0.09 -> 7.35). It
+    was a divergence past 4x before #39."""
+    assert feed(LossSpike(), _two_stages(marked=False, height=12.0)) == []
 
 
 def test_a_new_stage_whose_loss_does_not_fall_is_still_a_divergence() -> None:

@@ -228,6 +228,17 @@ SEEN = {
     "fairseq_issue506_epoch_summaries_healthy": seen(
         4, (17604, 18705), LOSS, GNORM, LR, SCALE, VAL
     ),
+    # round 5 (issue #39, judging): a norm inf on every record; runs broken from the start; a
+    # running average of the norm that holds an inf while the norm itself is finite
+    "llm_degerlendirme_neftune_gradnorm_inf_every_step": seen(
+        25, (3, 99), LOSS, GNORM, LR, nan=(3, GNORM)
+    ),
+    "zsd_sc_resolver_issue24_mmdet_loss_explodes": seen(4, (50, 200), LOSS, LR),
+    "mmdet_issue3446_detectors_gradnorm_1e12_from_start": seen(2, (50, 100), LOSS, GNORM, LR),
+    # epoch 29 of 300, 2859 iterations an epoch: iterations counted on across epochs
+    "vmamba_issue273_gradnorm_avg_inf_healthy": seen(
+        4, (28 * 2859 + 2670, 28 * 2859 + 2700), LOSS, GNORM, LR, SCALE
+    ),
     # issue #39, reading half: structure and the trainers' words (unread or misread on 21ea598)
     "tf_estimator_icme_issue14_diverged_words": seen(1, (1, 1), LOSS, nan=(1, LOSS)),
     "t2t_issue106_transformer_big_diverged_words": seen(2, (31601, 31602), LOSS, nan=(31602, LOSS)),

@@ -1,9 +1,10 @@
 """Chance level: the loss of a model that guesses uniformly over N outputs is ln(N).
 
 A cross-entropy loss that sits at ln(N) for a vocabulary or class count a person recognises
-(`VOCABULARIES`, `CLASSES`, or the vocabulary the log states) is the loss of a model that has
-learnt nothing: it gives every token or class the same probability, whatever the input. `Stall`
-uses `ChanceWatch` to say so on any stretch of the run, an excerpt from mid-run included.
+(`VOCABULARIES`, `CLASSES`, a few outputs `FEW` — ln 2 for a pairwise preference — or the
+vocabulary the log states) is the loss of a model that has learnt nothing: it gives every token
+or class the same probability, whatever the input. `Stall` uses `ChanceWatch` to say so on any
+stretch of the run, an excerpt from mid-run included.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ from typing import Any, NamedTuple
 from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity
 
-__all__ = ["CLASSES", "RECORDS", "VOCABULARIES", "Chance", "ChanceWatch", "chance_of", "near_some"]
+__all__ = [
+    "CLASSES",
+    "FEW",
+    "RECORDS",
+    "UNIFORM_RECORDS",
+    "VOCABULARIES",
+    "Chance",
+    "ChanceWatch",
+    "chance_of",
+    "near_some",
+]
 
 VOCABULARIES = (
     30522,  # BERT (uncased)
@@ -45,11 +56,23 @@ CLASSES = (10, 100, 1000)
 healthy language models pass or plateau, so the loss must sit within `NEAR_CLASSES`: a uniform
 guess gives ln(N) to the fourth digit, a healthy plateau wanders more than that."""
 
+FEW = tuple(range(2, 21))
+"""Small output counts: ln 2 = 0.6931 is the chance level of a pairwise preference loss (DPO,
+a reward model's Bradley-Terry loss: chosen and rejected scored alike) and of a binary label;
+ln 3 ... ln 20 those of a few classes or a multiple choice (QuALITY's four options: ln 4 =
+1.3863). Healthy runs pass and plateau here (an LM's 2.3-3.0 holds ln 10 ... ln 20), so the
+loss must sit within `NEAR_UNIFORM` of ln N and be the same number record after record (within
+`SAME`): a model that gives every output the same probability prints ln N to the last digit,
+while a plateau, however smooth, moves in it. Past 20 the levels crowd closer than that band."""
+
 NEAR_VOCABULARY = 0.01  # of ln(N): within 1% (and the vocabulary the log states)
 NEAR_CLASSES = 0.002  # of ln(N): within 0.2%
 NEAR_UNIFORM = 0.0005  # of ln(N): within 0.05%, a uniform guess to the fourth digit
+SAME = 0.0001  # of ln(N): losses no further apart are the same number (to the printed digit)
 RECORDS = 8  # losses in a row at chance level that make a stall
+UNIFORM_RECORDS = 4  # ... on a uniform guess to the fourth digit, the LR steady
 _FALL = 0.002  # of ln(N): a fall from the first half of the stretch to the second is learning
+_FEW_WHAT = {2: "outputs (the two of a pairwise preference loss, or of a binary label)"}
 
 
 class Chance(NamedTuple):
@@ -60,6 +83,7 @@ class Chance(NamedTuple):
     level: float
     near: float
     what: str = "tokens"
+    same: bool = False  # the losses at it must be the same number (`SAME`), not only near it
 
     def holds(self, loss: float) -> bool:
         """Whether ``loss`` sits at this level."""
@@ -70,6 +94,8 @@ def _levels(stated: float | None, near: float | None) -> list[Chance]:
     """Every chance level: the tokenizers', the class counts', the one the log states."""
     levels = [Chance(n, math.log(n), near or NEAR_VOCABULARY) for n in VOCABULARIES]
     levels += [Chance(n, math.log(n), near or NEAR_CLASSES, "classes") for n in CLASSES]
+    few = _FEW_WHAT
+    levels += [Chance(n, math.log(n), NEAR_UNIFORM, few.get(n, "classes"), True) for n in FEW]
     if stated is not None and stated >= 2:
         what = "tokens or classes (as the log states)"
         levels.append(Chance(round(stated), math.log(stated), near or NEAR_VOCABULARY, what))
@@ -77,19 +103,29 @@ def _levels(stated: float | None, near: float | None) -> list[Chance]:
 
 
 def chance_of(
-    losses: Iterable[float], stated: float | None = None, near: float | None = None
+    losses: Iterable[float],
+    stated: float | None = None,
+    near: float | None = None,
+    same: bool = False,
 ) -> Chance | None:
     """The chance level at which ``losses`` (in log order) sit, or None.
 
     Every loss within the band of one ln(N) (`NEAR_VOCABULARY` for a vocabulary or the one the
-    log states, `NEAR_CLASSES` for a class count; ``near`` for all, when given) and no fall: the
-    median of the second half no lower than that of the first by `_FALL` of ln(N) (a run that
-    learns slowly falls steadily, within any band). Of two levels, the nearest to the median.
+    log states, `NEAR_CLASSES` for a class count; ``near`` for all, when given), the same number
+    throughout where the level asks it (`FEW`) or ``same`` does, and no fall: the median of the
+    second half no lower than that of the first by `_FALL` of ln(N) (a run that learns slowly
+    falls steadily, within any band). Of two levels, the nearest to the median.
     """
     values = list(losses)
     if not values or min(values) <= 0.0:
         return None
-    found = [chance for chance in _levels(stated, near) if all(map(chance.holds, values))]
+    spread = max(values) - min(values)
+    found = [
+        chance
+        for chance in _levels(stated, near)
+        if all(map(chance.holds, values))
+        and (spread <= SAME * chance.level or not (same or chance.same))
+    ]
     middle = _median(values)
     best = min(found, key=lambda chance: abs(middle - chance.level), default=None)
     if best is None or len(values) < 2:
@@ -139,8 +175,11 @@ class ChanceWatch:
         self.level = 0.0  # the median loss of its first records
         self.silenced = False  # the run's stall is reported already (`Stall`'s start rule)
 
-    def update(self, step: int, loss: float, stated: float | None, start: bool) -> list[Finding]:
-        """Take a finite loss (at a non-zero LR); the findings it settles."""
+    def update(
+        self, step: int, loss: float, stated: float | None, start: bool, steady: bool = False
+    ) -> list[Finding]:
+        """Take a finite loss (at a non-zero LR; ``steady``: logged, not rising); the findings
+        it settles."""
         if self.open is not None:
             if self.open.holds(loss):
                 self.end, self.count = step, self.count + 1
@@ -151,15 +190,50 @@ class ChanceWatch:
                 self.recent.clear()
             return []
         self.recent.append((step, loss))
-        if len(self.recent) < RECORDS:
+        settled = self._settled(stated, start, steady)
+        if settled is None:
+            return []
+        found, first = settled
+        losses = [value for _, value in self.recent][first:]
+        self.open, self.start, self.end = found, self.recent[first][0], step
+        self.reported, self.count, self.level = step, len(losses), _median(losses)
+        return [self._finding(found, "")]
+
+    def _settled(
+        self, stated: float | None, start: bool, steady: bool
+    ) -> tuple[Chance, int] | None:
+        """The level the recent losses sit at and where their stretch begins, once it is
+        evidence: `RECORDS` losses in the level's band (the uniform band at the start of
+        training), or, with the LR steady (logged, not warming up), `UNIFORM_RECORDS` in the
+        uniform band, the same number each: a loss printed on a uniform guess to the last digit
+        while the optimizer steps at its full LR has nothing more to show, at the start as
+        later (a DPO loss at 0.6931 at steps 7-10 of a run at LR 1e-5: it leaves ln 2 within a
+        step or two when it learns)."""
+        losses = [value for _, value in self.recent]
+        last = losses[-UNIFORM_RECORDS:]
+        if steady and len(last) == UNIFORM_RECORDS and max(last) - min(last) <= SAME * last[0]:
+            found = chance_of(last, stated, NEAR_UNIFORM, same=True)
+            if found is not None:
+                return found, len(losses) - UNIFORM_RECORDS
+        if len(losses) < RECORDS:
+            return None
+        found = chance_of(losses, stated, NEAR_UNIFORM if start else None)
+        return None if found is None else (found, 0)
+
+    def whole_log(self, stated: float | None) -> list[Finding]:
+        """End of a log too short for a stretch, past the start of its run, whose every loss is
+        in ``recent``: at chance level if they are all one number on a uniform guess
+        (llm-shearing#24: one record at batch 366, CE 10.3750 = ln 32000, perplexity 32048)."""
+        if self.open is not None or not self.recent:
             return []
         losses = [value for _, value in self.recent]
-        found = chance_of(losses, stated, NEAR_UNIFORM if start else None)
+        found = chance_of(losses, stated, NEAR_UNIFORM, same=True)
         if found is None:
             return []
-        self.open, self.start, self.end = found, self.recent[0][0], step
-        self.reported, self.count, self.level = step, RECORDS, _median(losses)
-        return [self._finding(found, "")]
+        self.open, self.start, self.end = found, self.recent[0][0], self.recent[-1][0]
+        self.reported, self.count, self.level = self.end, len(losses), _median(losses)
+        self.open = None
+        return [self._finding(found, ", the whole log")]
 
     def finish(self, until: str = ", to the end of the log") -> list[Finding]:
         """The end of the stretch (``until``: of the log): its final span, if it grew after it
@@ -205,8 +279,8 @@ class ChanceWatch:
         opened = state["open"]
         self.open = None
         if opened is not None:
-            outputs, level, near, what = opened
-            self.open = Chance(int(outputs), float(level), float(near), str(what))
+            outputs, level, near, what, *same = opened  # (no `same` in earlier checkpoints)
+            self.open = Chance(int(outputs), float(level), float(near), str(what), bool(same))
         self.start, self.end, self.reported, self.count = (int(v) for v in state["span"])
         self.level = float(state["level"])
         self.silenced = bool(state["silenced"])

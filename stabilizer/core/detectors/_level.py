@@ -16,10 +16,14 @@ from typing import Any
 
 from stabilizer.core.signals import LR, NEW_DATA
 
-__all__ = ["RunChanges", "fall_rate", "falls"]
+from ._trend import Trend
+
+__all__ = ["RunChanges", "fall_rate", "falls", "learns", "new_level"]
 
 _RESTART = 1.5  # an LR at least this multiple of the record before's has restarted...
 _KNOWN = 1.05  # ...when it is at most this multiple of the highest LR the run used before
+_LEARNS = 3.0  # standard errors below flat that make the slope of a new level's losses a fall
+_NEW, _JUMP, _STILL = 10, 1.5, 1.2  # `new_level`: records, the jump, where it still is
 
 
 class RunChanges:
@@ -89,3 +93,27 @@ def falls(values: Sequence[float], usual: float, rel: float = 0.02) -> bool:
         return False
     rate = fall_rate(values)
     return rate > 0.0 and rate >= 0.5 * usual and rate * len(values) > rel * abs(values[0])
+
+
+def learns(values: Sequence[float]) -> bool:
+    """Whether a loss learns over ``values`` (in order): the least-squares line through them
+    falls `_LEARNS` standard errors below flat (`Trend`), so that the swings of a loss thrown
+    about at a high level are no fall, however large."""
+    trend = Trend()
+    for value in values:
+        trend.add(value)
+    return trend.falling(0.0, t=_LEARNS)
+
+
+def new_level(before: float, losses: Sequence[float]) -> bool:
+    """Whether the loss went to a new level and learns it, over ``losses`` (in order) against
+    the loss ``before`` them: it jumped (its first loss `_JUMP` times ``before`` or more), it
+    learns since (`learns`, over `_NEW` records or more), and it is still above where it was
+    (`_STILL` times): a new task or stage, not one bad batch whose loss came back. `GradSpike`
+    asks it of a gradient-norm bump: the gradient of a new task is larger while it is learnt
+    (the harm benchmark's staged-internal, new-task: 12x for ~40 steps), and the loss's new
+    level is `LossSpike`'s to judge."""
+    if before <= 0.0 or len(losses) < _NEW or losses[0] < _JUMP * before:
+        return False
+    last = sorted(losses[-3:])[len(losses[-3:]) // 2]
+    return last > _STILL * before and learns(losses)

@@ -13,6 +13,8 @@ from .base import check_at_least
 
 __all__ = ["GRAD_ALONE", "GRAD_WITH_LOSS", "LOSS_WITH_GRAD", "OUT_OF_PROPORTION", "Diverged"]
 
+_WHOLE = 2  # a log this long or longer, out of range on every record, is broken as a whole
+
 GRAD_ALONE = 1e8
 """A gradient norm that, out of all proportion to its loss (`OUT_OF_PROPORTION`), no healthy run
 shows: four orders of magnitude above the largest we know of a language model that still
@@ -44,7 +46,8 @@ class Diverged:
     """A run broken before its log begins: the first records are already far out of range.
 
     Requires: ``grad_norm``; ``loss`` when logged.
-    Rule: from the first record of the stream on, `records` records or more in a row with a
+    Rule: from the first record of the stream on, `records` records or more in a row (or, out of
+    all proportion, every record of a log of 2 or more that ends before `records`) with a
     gradient norm of `GRAD_ALONE` or more and `OUT_OF_PROPORTION` times its loss or more (or no
     loss logged), or, in a log that begins after its run's start, of `GRAD_WITH_LOSS` or more
     beside a loss of `LOSS_WITH_GRAD` or more (openpi#814: from step 5900, gradient norms
@@ -141,6 +144,12 @@ class Diverged:
         if not self._judging:
             return []
         self._judging = False
+        if not self._reported and self._count >= _WHOLE and not self._by_level:
+            # An excerpt whose every record has a gradient norm out of all proportion, fewer than
+            # `records` of them: nothing in it says the run was ever in range (mmdetection#3446:
+            # 3.8e12, 4.1e10 beside losses of 6e4, 2e4). The bounds by level are nearer healthy
+            # runs (a regression's excerpt): they keep waiting for `records`.
+            return [self._finding(", to the end of the log")]
         grew = self._reported and self._count > self._reported
         return [self._finding(", to the end of the log")] if grew else []
 

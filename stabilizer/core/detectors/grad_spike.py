@@ -8,14 +8,17 @@ from typing import Any, ClassVar
 
 from stabilizer.core.kinds import GRAD_SPIKE, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import CLIP_VAL, CLIPPED, GRAD_NORM
+from stabilizer.core.signals import CLIP_VAL, CLIPPED, GRAD_NORM, LOSS
 
 from ._clipping import ClipWindow
+from ._level import new_level
 from ._regime import Regime
 from ._robust import RobustWindow, SpikeTracker, exp10
 from .base import check_at_least, check_fraction
 
 __all__ = ["GradSpike"]
+
+_KEEP = 64  # losses of an open episode kept (to tell a bump that went with a new level)
 
 
 class GradSpike:
@@ -139,6 +142,7 @@ class GradSpike:
         self._clips = ClipWindow(clip_window, clip_fraction)
         self._regime = Regime(memory)  # the run's recent rises over its median, in decades
         self._rise = 0.0  # the rise of the norm `_classify` saw last
+        self._loss = 0.0  # the last finite loss outside an episode
 
     def _classify(self, x: float, window: RobustWindow) -> tuple[float, float] | None:
         count = len(window.values)  # (the deque's own len: one Python call less a norm)
@@ -185,6 +189,12 @@ class GradSpike:
         self._rise = 0.0
         ended = tracker.observe(record.step, level)
         episode = tracker.episode
+        loss = values.get(LOSS)
+        if episode is None:
+            if loss is not None and math.isfinite(loss):
+                self._loss = loss  # (the loss before a bump: `_with_new_level`)
+        else:
+            self._follow_loss(episode, opened is None, loss)
         if episode is not None and opened is None:
             episode["tail"] = regime.bumps.largest()  # the run's bumps before this one
         # Every record's rise joins the run's bumps: over its median, or in a spike over the
@@ -197,11 +207,24 @@ class GradSpike:
         if episode is not None and record.step - episode["start"] > self.recovery_window:
             tracker.rebaseline([level])  # a lasting shift: re-baseline on the new level
             regime.new()
-            findings.append(self._spike(episode, f"still up after {self.recovery_window} steps"))
+            if not _with_new_level(episode):
+                outcome = f"still up after {self.recovery_window} steps"
+                findings.append(self._spike(episode, outcome))
         return findings
 
+    def _follow_loss(self, episode: dict[str, Any], fresh: bool, loss: float | None) -> None:
+        """Keep the losses of an open episode, and the one before it, to tell a bump that went
+        with a new level of the loss (`_with_new_level`)."""
+        if fresh:
+            episode["loss_before"], episode["losses"] = self._loss, []
+        if loss is not None and math.isfinite(loss):
+            episode["losses"] = [*episode["losses"][-(_KEEP - 1) :], loss]
+
     def _ended(self, episode: dict[str, Any]) -> list[Finding]:
-        """A spike that came back: reported if outsized for this run, else folded (`Regime`)."""
+        """A spike that came back: reported if outsized for this run, else folded (`Regime`);
+        none where it went with a new level of the loss (`_with_new_level`)."""
+        if _with_new_level(episode):
+            return []
         rise = episode["peak"] - episode["baseline"]
         if (
             episode["baseline_records"] >= self.min_history
@@ -245,6 +268,11 @@ class GradSpike:
         self._tracker.load(state)
         self._clips.load(state)
         self._regime.load(state.get("regime"))  # absent in checkpoints of earlier rounds
+
+
+def _with_new_level(episode: dict[str, Any]) -> bool:
+    """Whether a gradient-norm episode went with a new level of the loss (`_level.new_level`)."""
+    return new_level(float(episode.get("loss_before", 0.0)), episode.get("losses", []))
 
 
 def _times(ratio: float) -> str:

@@ -9,8 +9,9 @@ from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
 from . import _loss_words as words
+from ._early import Early, never_back
 from ._excerpt import short_spike
-from ._level import RunChanges, fall_rate, falls
+from ._level import RunChanges, fall_rate, falls, learns
 from ._regime import Regime
 from ._robust import RobustWindow, SpikeTracker
 from .base import check_at_least
@@ -20,9 +21,9 @@ __all__ = ["LossSpike"]
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
 _KEEP = 64  # losses of an open episode kept (to tell whether a new level falls)
 _UNMARKED = 10  # records from which a new level the log says nothing of can show its fall
-_NEW_LEVEL = 4.0  # ...and the most times its old level it may jump to
 _LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
 _FROM_START = 2  # a jump with at most this many records before it blew up where the log starts
+_FAR = 10.0  # a log that ends with its last two losses this multiple of the baseline diverged
 
 
 class LossSpike:
@@ -125,6 +126,8 @@ class LossSpike:
         self._glitch_bar = 1.0 + glitch
         self.settle_steps, self.settle_records = settle_steps, settle_records
         self._regime = Regime(memory)  # the run's recent rises over its median
+        self._early = Early(min_history, tail_ratio)  # spikes of the first records, held
+        self._first_records = True  # (`not self._early.done`, read every record)
         self._changes = RunChanges()
         self._records, self._last = 0, 0.0  # finite losses, the last one
         self._first: float | None = None  # the first finite loss
@@ -161,6 +164,8 @@ class LossSpike:
 
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         """`_classify` on a short excerpt (`_excerpt.short_spike`)."""
+        if not self._early.done:
+            self._rise = loss - window.median()  # (the first records' bumps: `_early`)
         spike = short_spike(loss, window, self)
         if spike is None:
             return None
@@ -187,17 +192,39 @@ class LossSpike:
         ended = tracker.observe(record.step, loss)
         if opened is None and tracker.episode is not None:
             tracker.episode["tail"] = self._regime.bumps.largest()  # the rises before it
-        self._regime.bumps.rises.append(  # (`Bumps.push`, without its call: every record)
-            loss - opened["baseline"] if opened is not None else self._rise
-        )
-        if ended is not None:
-            return self._ended(ended, record.step)
+        rise = loss - opened["baseline"] if opened is not None else self._rise
+        self._regime.bumps.rises.append(rise)  # (`Bumps.push`, without its call: every record)
+        if ended is not None or self._first_records:
+            return self._settle(record.step, loss, rise, ended, opened is None)
         episode = tracker.episode
         if episode is None:
             return []
         if opened is None:
             self._open(episode, window)
         return self._follow(episode, loss, record.step)
+
+    def _settle(
+        self, step: int, loss: float, rise: float, ended: dict[str, Any] | None, fresh: bool
+    ) -> list[Finding]:
+        """`update` where an episode ended or the first records are not over (`_early`: note
+        the record's rise; once the baseline is long enough, judge the spikes held)."""
+        early, tracker = self._early, self._tracker
+        if not early.done:
+            early.note(step, rise)
+        found = [] if ended is None else self._ended(ended, step)
+        if not early.done and len(tracker.window.values) >= self.min_history:
+            found += self._release()
+        episode = tracker.episode
+        if ended is not None or episode is None:
+            return found
+        if fresh:
+            self._open(episode, tracker.window)
+        return found + self._follow(episode, loss, step)
+
+    def _release(self) -> list[Finding]:
+        """The first records are over: the held spikes that stand out of the run's own bumps."""
+        self._first_records = False
+        return [self._regime.report(words.spike(e, e["back"])) for e in self._early.release()]
 
     def _count(self, step: int, loss: float, window: RobustWindow) -> None:
         """Count a finite loss; start the baseline over after a loss that was identically 0;
@@ -224,7 +251,6 @@ class LossSpike:
             episode["change"] = why
         before = list(window.values)
         episode["usual"] = fall_rate(before)
-        episode["learning"] = falls(before, 0.0)  # the loss was still falling before the jump
 
     def _follow(self, episode: dict[str, Any], loss: float, step: int) -> list[Finding]:
         """An open episode's new loss: drop a jump that did not stay up, let a new level the
@@ -248,12 +274,20 @@ class LossSpike:
         if "glitch" in episode:
             tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
             return []
-        if _new_level(episode):
+        if _new_level(episode) or not self._outsized(episode):
             tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
             self._regime.new()
             return []
         episode["called"] = step
         return [words.divergence(episode, end_of_log=False, start_of_run=False)]
+
+    def _outsized(self, episode: dict[str, Any]) -> bool:
+        """Whether a jump that stayed up is outsized for the run's batch-to-batch noise: at
+        once where the baseline is long (its MAD measured that noise); on a short one, if no
+        loss since came back within the range of its few records (`_early.never_back`)."""
+        if episode["baseline_records"] >= self.min_history:
+            return True
+        return never_back(self._tracker.window.values, episode["losses"])
 
     def _jumped(self, loss: float, base: float, band: float) -> bool:
         """Whether ``loss`` clears the long-log bar over ``base`` and its ``band``."""
@@ -297,6 +331,9 @@ class LossSpike:
             return []  # a jump that did not stay up; a level the run made and left again
         if "glitch" in episode and episode["records"] < 2:
             return []  # a glitch must last: one record of a smooth loss may be one batch
+        if not self._early.done and episode["baseline_records"] < self.min_history:
+            self._early.hold(episode, back)  # the run's first records: judged by its own bumps
+            return []
         rise = episode["peak"] - episode["baseline"]
         if episode["baseline_records"] >= self.min_history and rise < self.tail_ratio * episode.get(
             "tail", 0.0
@@ -306,7 +343,8 @@ class LossSpike:
         return [self._regime.report(words.spike(episode, back))]
 
     def finish(self) -> list[Finding]:
-        found = self._close(self._tracker.close())
+        found = self._release() if not self._early.done else []
+        found += self._close(self._tracker.close())
         folded = self._regime.close()
         if folded is not None:
             found.insert(0, folded)
@@ -324,7 +362,9 @@ class LossSpike:
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
         if _new_level(episode):
             return []
-        if episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True):
+        if _far(episode) or (
+            episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True)
+        ):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
         if episode.get("provisional") or "glitch" in episode or "change" in episode:
             return []  # a jump that must stay up, a glitch that must come back: not yet
@@ -341,6 +381,7 @@ class LossSpike:
             **self._tracker.state(),
             "regime": self._regime.state(),
             "changes": self._changes.state(),
+            "early": self._early.state(),
             "run": run,
         }
 
@@ -348,6 +389,8 @@ class LossSpike:
         # Earlier rounds' checkpoints have none of these but the tracker's (and a "zero" flag).
         self._regime.load(state.get("regime"))
         self._changes.load(state.get("changes"))
+        self._early.load(state.get("early"))
+        self._first_records = not self._early.done
         run = state.get("run", {})
         self._records, self._first = int(run.get("records", 0)), run.get("first")
         self._last = float(run.get("last", 0.0))
@@ -355,21 +398,28 @@ class LossSpike:
         self._tracker.load(state)
 
 
+def _far(episode: dict[str, Any]) -> bool:
+    """Whether the log ends with the loss far above its baseline: its last two losses `_FAR`
+    times it or more. No batch's noise goes there and comes back unseen; the excerpt ended
+    before it could settle (ZSD-SC-Resolver#24: 0.85, then 2.44, 63,119 and 1.08e13)."""
+    base, recent = float(episode["baseline"]), episode.get("recent", [])
+    return base > 0.0 and len(recent) >= 2 and min(recent[-2:]) >= _FAR * base
+
+
 def _new_level(episode: dict[str, Any]) -> bool:
     """Whether a jump that stayed up is a new level the run made, not a failure: the loss falls
     from it at its usual rate where the run said it changed itself there (new data, an LR
-    restart); where the log says nothing (a loss term switched on inside the step, a second
-    stage inside one dataset), a jump to at most `_NEW_LEVEL` times the baseline of a run whose
-    loss was still falling (by more than 2% over the baseline's records), from which the loss
-    falls at least as fast, for its level, as it fell before the jump. A run thrown into a
-    worse region holds there or climbs, or blows up past any new task's level (the ``diverge``
-    scenario: 80x); one given a new task learns it (docs/findings.md)."""
+    restart); where the log says nothing (a new task or a loss term inside one dataset), over
+    `_UNMARKED` records or more it falls at least as fast, for its new level, as it fell before
+    the jump, and it learns (`_level.learns`: a fall record after record, not noise about a
+    level), whatever the size of the jump: a new task's loss starts far above the old one's (a
+    classifier relabelled: 0.09 -> 7.35, 80x) and is learnt down at the usual pace. A run thrown
+    into a worse region does not learn there: it holds, climbs, or swings (the ``diverge``
+    scenario: 290-970 for good after its 115x jump, no trend); docs/findings.md."""
     losses, usual = episode.get("losses", []), float(episode.get("usual", 0.0))
     if "change" in episode:
         return falls(losses, usual)
     base = float(episode["baseline"])
-    if len(losses) < _UNMARKED or not episode.get("learning") or base <= 0.0:
+    if len(losses) < _UNMARKED or base <= 0.0:
         return False
-    if max(losses) > _NEW_LEVEL * base:
-        return False
-    return falls(losses, 2.0 * usual * losses[0] / base)
+    return falls(losses, 2.0 * usual * losses[0] / base) and learns(losses)

@@ -20,12 +20,15 @@ from stabilizer.core.signals import (
     SKIPPED,
 )
 
+from ._consequence import Probe
 from .base import check_at_least
 from .overflow_risk import computes_in_fp16
 
 __all__ = ["NonFinite"]
 
 _FLOOR_LOSS = -math.log(1.1754943508222875e-38)  # -ln(FLT_MIN) = 87.3365: log(0) clamped
+_ZEROS = 3  # losses of exactly 0 in a row ...
+_FELL = 0.5  # ... right after one of at least this much: a NaN the HF Trainer printed as 0.0
 _FP32 = "run LayerNorm/softmax in fp32"
 _MASTER = "keep fp32 master weights (16-mixed) or raise the optimizer's eps"
 
@@ -54,8 +57,12 @@ class NonFinite:
 
     A loss pinned at ``-ln(FLT_MIN)`` = 87.3365 (or a whole multiple: Caffe prints the loss times
     its ``loss_weight``), the same value twice running after a lower loss, is a NaN in disguise:
-    every probability underflowed to 0 and the softmax loss clamps log(0) there. It is reported as
-    a non-finite loss, not read as a plateau.
+    every probability underflowed to 0 and the softmax loss clamps log(0) there. So is a loss of
+    exactly 0 for the third record running right after a loss of 0.5 or more: no loss falls to
+    exactly 0 at once, and the HF Trainer prints 0.0 for a logging window whose every loss was
+    NaN/Inf (Qwen-VL#352 in fp16: 3.85, then 0.0 on every record; a loss that is 0 from the first
+    record, as GRPO's early on, is no such fall). Both are reported as a non-finite loss, not read
+    as a plateau.
 
     Args:
         persistent_after: Consecutive non-finite records after which the run counts as stuck.
@@ -74,7 +81,10 @@ class NonFinite:
         self._optimizer_only = False  # whether only the optimizer went non-finite in it
         self._lowest = math.inf  # the lowest finite loss seen
         self._previous: float | None = None  # the loss of the record before
+        self._zeros = 0  # losses of exactly 0 in a row
+        self._before_zeros = 0.0  # the loss before them
         self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
+        self._probe = Probe()  # a first non-finite gradient norm held until the next record
 
     def set_run(self, run: RunHeader) -> None:
         """What the run is: AdamW's eps underflows to 0 only where it computes in fp16."""
@@ -86,7 +96,7 @@ class NonFinite:
             key.startswith(GRAD_NORM_PREFIX) for key in values
         ):
             return []
-        loss = values.get(LOSS)
+        loss, prior = values.get(LOSS), self._previous  # (`_pinned` moves `_previous` on)
         bad_loss = loss is not None and (not math.isfinite(loss) or self._pinned(loss))
         scaler_skip = LOSS_SCALE in values and (values.get(SKIPPED) or 0.0) >= 0.5
         # A finite sum means every value is finite: no gradient group to look for (most records).
@@ -98,40 +108,78 @@ class NonFinite:
         if not (bad_loss or groups) and (values.get(NONFINITE_UPDATE) or 0.0) >= 0.5:
             groups = ("optimizer",)
         if not (bad_loss or groups):
-            return self._end(record.step)
+            if self._probe.held is None and not self._probe.recent:
+                return self._end(record.step)  # (most records)
+            return self._finite(record.step, loss)
         self._length, self._last = self._length + 1, record.step
         self._loss_seen = self._loss_seen or bad_loss
         only_optimizer = groups == ("optimizer",)
         self._optimizer_only = only_optimizer and (self._start is None or self._optimizer_only)
         if self._start is None:
             self._start = record.step
-            return [self._first(record.step, loss if bad_loss else None, groups)]
+            first = self._first(record.step, loss if bad_loss else None, groups)
+            if not (bad_loss or only_optimizer) and self._probe.may_hold(loss, self._fp16):
+                assert loss is not None
+                band = loss if prior is None else max(loss, prior)
+                self._probe.hold(first, band)  # judged by the next record (`_consequence`)
+                return []
+            return [first]
+        found = [] if self._probe.held is None else [self._probe.held]  # it repeats: held stands
+        self._probe.held = None
         if self._length == self.persistent_after:
-            return [self._persistent(f"for {self._span()}", Severity.CRITICAL)]
-        return []
+            found.append(self._persistent(f"for {self._span()}", Severity.CRITICAL))
+        return found
+
+    def _finite(self, step: int, loss: float | None) -> list[Finding]:
+        """A finite record: it settles a held non-finite gradient norm (`Probe.judge`) and ends
+        the open episode."""
+        probe = self._probe
+        if probe.held is None:
+            probe.recent -= 1
+            return self._end(step)
+        return [probe.judge(loss, step), *self._end(step)]
 
     def _pinned(self, loss: float) -> bool:
-        """Whether a finite loss is pinned at a multiple of ``-ln(FLT_MIN)`` (class docstring)."""
+        """Whether a finite loss is a NaN in disguise: pinned at a multiple of ``-ln(FLT_MIN)``,
+        or exactly 0 for the `_ZEROS`-th record running right after a loss of `_FELL` or more
+        (class docstring)."""
         previous, self._previous = self._previous, loss
         lowest, self._lowest = self._lowest, min(self._lowest, loss)
+        if loss == 0.0:
+            if not self._zeros:
+                self._before_zeros = previous or 0.0
+            self._zeros += 1
+            return self._zeros >= _ZEROS and self._before_zeros >= _FELL
+        if self._zeros:
+            self._zeros = 0
         if loss != previous or lowest >= loss or loss < _FLOOR_LOSS * 0.9999:
             return False
         weight = round(loss / _FLOOR_LOSS)
         return abs(loss - weight * _FLOOR_LOSS) <= 1e-5 * loss
 
     def _end(self, step: int) -> list[Finding]:
-        """A finite record: the open episode, if any, is over; one that persisted says so."""
+        """A finite record: the open episode, if any, is over; one of several records says so:
+        its first and last step and how many (the first finding named only the first)."""
         found = []
-        if self._start is not None and self._length >= self.persistent_after:
+        if self._start is not None and self._length > 1:
             kind, what, _ = self._what()
+            seen = (
+                f"{what} finite again at step {step} after {self._span('non-finite ')} since "
+                f"step {self._start}"
+            )
+            remedies: tuple[str, ...] = ()
+            if self._length < self.persistent_after:  # (the persistent one said it all)
+                seen = f"{what} non-finite at steps {self._start}-{self._last} ({self._span()}), "
+                seen += f"finite again at step {step}"
+                remedies = kinds.kind_of(kind).remedies
             finding = Finding(
                 kind=kind,
                 step=self._start,
                 end_step=self._last,
                 severity=Severity.INFO,
-                seen=f"{what} finite again at step {step} after {self._span('non-finite ')} "
-                f"since step {self._start}",
+                seen=seen,
                 evidence={"steps": float(self._length)},
+                remedies=remedies,
             )
             found.append(finding)
         self._start, self._length, self._loss_seen = None, 0, False
@@ -148,7 +196,13 @@ class NonFinite:
         if loss is not None:
             evidence["loss"] = loss
             what, kind = f"loss is {loss}", kinds.NONFINITE_LOSS
-            if math.isfinite(loss):
+            if loss == 0.0:
+                what = (
+                    f"loss is exactly 0 on {self._zeros} records running, right after "
+                    f"{self._before_zeros:g} (no loss falls to exactly 0 at once: the HF Trainer "
+                    "prints 0.0 for a logging window whose every loss was NaN/Inf)"
+                )
+            elif math.isfinite(loss):
                 what = (
                     f"loss is pinned at {loss:g} ({loss / _FLOOR_LOSS:.0f} x 87.3365 = "
                     "-ln(FLT_MIN): every probability underflowed to 0)"
@@ -213,7 +267,8 @@ class NonFinite:
         self._start, self._length, self._loss_seen, self._optimizer_only = None, 0, False, False
 
     def finish(self) -> list[Finding]:
-        found = []
+        found = [] if self._probe.held is None else [self._probe.held]  # no next record to judge
+        self._probe.held = None
         if self._length >= self.persistent_after:
             span = f"until the end of the log ({self._span()})"
             found.append(self._persistent(span, Severity.CRITICAL))
@@ -229,6 +284,8 @@ class NonFinite:
             "optimizer_only": self._optimizer_only,
             "lowest": None if self._lowest == math.inf else self._lowest,
             "previous": self._previous,
+            "zeros": [self._zeros, self._before_zeros],
+            "probe": self._probe.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -240,6 +297,9 @@ class NonFinite:
         self._lowest = math.inf if lowest is None else float(lowest)
         previous = state.get("previous")
         self._previous = None if previous is None else float(previous)
+        self._probe.load(state.get("probe"))  # absent in checkpoints of earlier rounds
+        zeros, before = state.get("zeros", (0, 0.0))
+        self._zeros, self._before_zeros = int(zeros), float(before)
 
 
 def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:

@@ -9,10 +9,11 @@ from typing import Any, ClassVar
 
 from stabilizer.core.kinds import STALL, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import LOSS, LR, VOCAB_SIZE
+from stabilizer.core.signals import GRAD_NORM, LOSS, LR, VOCAB_SIZE
 
-from ._chance import ChanceWatch, near_some
+from ._chance import RECORDS, ChanceWatch, near_some
 from ._robust import median
+from ._trend import Trend
 from .base import check_at_least, check_fraction
 
 __all__ = ["Stall"]
@@ -20,6 +21,7 @@ __all__ = ["Stall"]
 _SAMPLE = 5  # losses whose median stands for the start, and for the level now
 _MIN_RECORDS = 10  # fewer losses by the decision are too few to call a run stalled
 _LOW = 20  # the losses whose median says how low the loss has been (noise averages out)
+_MIN_FALL = 0.01  # of the start: a fall the trend must add up to, to count as learning
 
 
 class Stall:
@@ -28,7 +30,10 @@ class Stall:
     Requires: ``loss``; ``lr`` and ``vocab_size`` when logged.
     Rule: at step `steps` (after any LR warm-up), the median of the last 5 losses, and the median
     of every 20 consecutive losses so far, have stayed within `tolerance` of the first 5 (or of
-    ln(`vocab_size`) when known), over at least 10 losses, while the LR is non-zero. A loss that
+    ln(`vocab_size`) when known), over at least 10 losses, while the LR is non-zero, and the
+    losses of the last two thirds of those steps are not falling (their least-squares slope is
+    not 2 standard errors below 0, or adds up to less than 1% of the start: a run that learns
+    slowly is not a stall). A loss that
     fell and came back up is a divergence (`LossSpike`'s), not a stall.
     Rule (chance level, at any step): 8 losses in a row flat at ln(N), the loss of a uniform
     guess over N outputs: a common tokenizer size within 1%, a round class count (10, 100, 1000)
@@ -75,11 +80,13 @@ class Stall:
         self._last: deque[float] = deque(maxlen=_SAMPLE)  # the latest losses
         self._recent: deque[float] = deque(maxlen=_LOW)
         self._lowest = math.inf  # the lowest median of `_LOW` consecutive losses so far
-        self._count = 0  # finite losses seen
+        self._count = 0  # finite losses counted by the start rule
+        self._losses = 0  # finite losses seen
         self._lr: float | None = None  # the latest LR
         self._rising = False  # whether the LR rose since the record before: warm-up
         self._stated: float | None = None  # the vocabulary the log states
         self._chance = ChanceWatch()
+        self._trend = Trend()  # the least-squares line through the losses before the decision
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -94,6 +101,7 @@ class Stall:
         loss = values.get(LOSS)
         if loss is None or not math.isfinite(loss):
             return []
+        self._losses += 1
         if self._first_step is None:
             self._first_step = record.step
             self._done = record.step > self.steps // 4  # the start of training is not in view
@@ -108,8 +116,19 @@ class Stall:
         stated = self._stated or self.vocab_size
         if chance.open is None and not chance.recent and not near_some(loss, stated):
             return []  # (most losses: far from every chance level)
-        start = not self._done and record.step < self.steps
-        found = chance.update(record.step, loss, stated, start)
+        return self._at_chance(record.step, loss, values.get(GRAD_NORM), stated)
+
+    def _at_chance(
+        self, step: int, loss: float, norm: float | None, stated: float | None
+    ) -> list[Finding]:
+        """The chance rule on one finite loss near a chance level (with the gradient norm beside
+        it, if logged)."""
+        if self._rising and norm != 0.0:
+            return []  # a warm-up: the loss may wait at chance until the LR is up (not at 0 grad)
+        chance = self._chance
+        start = not self._done and step < self.steps
+        steady = self._lr is not None and not self._rising  # (an LR of 0 returned above)
+        found = chance.update(step, loss, stated, start, steady)
         self._done = self._done or bool(found)  # (at chance level: the start rule adds nothing)
         return found
 
@@ -118,6 +137,10 @@ class Stall:
         if len(self._first) < _SAMPLE:
             self._first.append(loss)
         self._last.append(loss)
+        if step >= self.steps // 3:
+            self._trend.add(
+                loss
+            )  # (the last two thirds: a loss that still falls, not one that fell)
         self._count += 1
         self._recent.append(loss)
         if len(self._recent) == _LOW:
@@ -141,6 +164,8 @@ class Stall:
             return []  # a loss at zero has nothing left to learn (or is not a likelihood)
         if min(level, self._lowest) < (1.0 - self.tolerance) * reference:
             return []  # it learned (and maybe came back up: a divergence, not a stall)
+        if self._trend.falling(_MIN_FALL * reference):
+            return []  # it learns, slowly: a fine-tune at 2.12 -> 2.00 by step 300 is no stall
         where = f"where it started ({start:.4g})"
         if chance is not None:
             where += f", chance level ln({self.vocab_size}) = {chance:.4g}"
@@ -164,7 +189,11 @@ class Stall:
         return [finding]
 
     def finish(self) -> list[Finding]:
-        return self._chance.finish()
+        chance = self._chance
+        short = self._first_step is not None and self._first_step >= self.steps
+        if short and not chance.silenced and self._losses == len(chance.recent) < RECORDS:
+            return chance.whole_log(self._stated or self.vocab_size)
+        return chance.finish()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -177,8 +206,10 @@ class Stall:
             "recent": list(self._recent),
             "lowest": None if math.isinf(self._lowest) else self._lowest,
             "count": self._count,
+            "losses": self._losses,
             "stated": self._stated,
             "chance": self._chance.state_dict(),
+            "trend": self._trend.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -191,8 +222,11 @@ class Stall:
         lowest = state.get("lowest")
         self._lowest = math.inf if lowest is None else float(lowest)
         self._count = int(state.get("count", len(self._first)))
+        self._losses = int(state.get("losses", self._count))
         stated = state.get("stated")
         self._stated = None if stated is None else float(stated)
+        self._trend = Trend()
+        self._trend.load(state.get("trend"))  # absent in checkpoints of earlier rounds
         self._chance = ChanceWatch()
         if "chance" in state:
             self._chance.load_state_dict(state["chance"])
