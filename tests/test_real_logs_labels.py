@@ -78,6 +78,28 @@ MISSES = {
     "'RuntimeError: Loss is diverging!' were ignored; read now (words.WORDS) as what ODTK's "
     "source raises them for, a non-finite loss (odtk/train.py: `not isfinite(cls_loss + "
     "box_loss)`): nonfinite_loss and trainer_said, which the label 'divergence' does not take",
+    # The held-out set's first-sight misses on the round's final code (docs/benchmarks.md, "First
+    # sight on a held-out set"): merged after scoring, nothing tuned on them; the next round's work.
+    "lift3d_issue7_tqdm_postfix_vs_epoch_mean_healthy": "held out, round 5: false alarm - the "
+    "tqdm bar's postfix (one batch's loss, 0.04-1.39) is read as the training loss beside the "
+    "epoch mean; the two series are not told apart",
+    "sphereface_issue103_caffe_loss_pinned_87": "held out, round 5: no finding; every loss is "
+    "87.3365 = -ln(FLT_MIN), Caffe's clamped log(0), from the excerpt's first line on",
+    "qwen_issue117_full_sft_loss_1e11": "held out, round 5: a token loss of 2.5e11 from the first "
+    "record is broken on its face (ln V ~ 12 at worst); the excerpt that begins broken is judged "
+    "only by its changes",
+    "ms_swift_issue2391_string_counters_eval_nan_gradnorm_nan": "held out, round 5: the NaN "
+    "is found at 151, not step 105, which lives only in the string "
+    "'global_step/max_steps': '105/250250'",
+    "llamafactory_issue251_baichuan_overflow_cascade_lr0": "held out, round 5: no finding; "
+    "DeepSpeed's OVERFLOW lines run onto tqdm fragments, the scale halving 128 -> 8 a step",
+    "pointer_summarizer_issue39_nan_at_8400": "held out, round 5: the NaN is found at "
+    "step 3, not 8400: the '>steps N, ...' quote's step is not the one read",
+    "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: unread (exit 2): "
+    "the loss lives in the tqdm bar's description ('Epoch E, Step S, Loss: L:'); and an epoch "
+    "that repeats the last one's losses digit for digit is no rule yet",
+    "dino_issue246_loss_at_ln_65536_stall": "held out, round 5: train_loss at ln 65536 (DINO's "
+    "default output size) is a chance level only a stated or common size names",
 }
 
 
