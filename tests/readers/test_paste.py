@@ -158,6 +158,26 @@ def test_a_fenced_two_line_nan_is_a_nan(tmp_path: Path) -> None:
     assert [f.kind for f in (x.finding for x in diagnose(str(path)).findings)] == ["nonfinite_loss"]
 
 
+def test_a_record_glued_to_the_opening_fence_is_read(tmp_path: Path) -> None:
+    """openbmb/MiniCPM-V#212: ```{'loss': 1.0778, ...} opens the paste; the record was taken for
+    the fence's info string and dropped, and with it the finite loss before the HF Trainer's
+    0.0s (its NaNs); a fence's info string names a language, never holds a record."""
+    lines = [
+        "{'loss': 1.0778, 'grad_norm': nan, 'learning_rate': 0.0, 'epoch': 0.0}",
+        *(
+            f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': {i}e-07, 'epoch': 0.0}}"
+            for i in range(1, 6)
+        ),
+    ]
+    path = tmp_path / "issue.log"
+    path.write_text("```" + "\n".join(lines) + "\n```\n")
+    records = [item for item in read_log(path) if isinstance(item, StepRecord)]
+    assert [r.values["loss"] for r in records][:1] == [1.0778] and len(records) == 6
+    tagged = tmp_path / "tagged.log"
+    tagged.write_text("```text\n" + "\n".join(lines) + "\n```\n")  # an info string: no line
+    assert len([item for item in read_log(tagged) if isinstance(item, StepRecord)]) == 6
+
+
 def test_a_pasted_issue_with_headings_is_still_its_log(tmp_path: Path) -> None:
     """Told apart from a README by its training records, not by its markdown around them."""
     body = [

@@ -31,7 +31,7 @@ _SHARE = 0.9  # of the lines that must have a layer
 _LINES = 200  # non-blank lines a layer is learnt from
 _FIELDS = 6  # fields of a logger's prefix, at most
 
-_FENCE = r" {0,3}(?:`{3,}|~{3,})[^`\r\n]*"
+_FENCE = r" {0,3}(?:`{3,}|~{3,})[^`'\"\r\n]*"  # its info string a language, never a record's
 _PROMPT = r"(?:\([\w.-]+\) ?)?(?:[\w.-]+@[\w.-]+(?::\S*)?[$#]|\$) \S[^\r\n]*"
 _BLANK = re.compile(rf"(?:{_FENCE}|{_PROMPT})$")
 """A fence, or a shell prompt and its command: no line of the log."""
