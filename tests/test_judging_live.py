@@ -9,6 +9,8 @@ alone, and the failures it must still see.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 import numpy as np
 import pytest
@@ -44,7 +46,9 @@ class Regression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def _noisy_regression(seed: int, steps: int, callbacks: list[pl.Callback]) -> Regression:
+def _noisy_regression(
+    seed: int, steps: int, callbacks: list[pl.Callback], root: Path
+) -> Regression:
     """Targets 1.5 sin(w.x) plus Student-t noise (6 degrees of freedom: heavy tails, as real
     targets have), 16 a batch: the per-batch MSE is noisy by nature."""
     torch.manual_seed(1000 + seed)
@@ -56,6 +60,7 @@ def _noisy_regression(seed: int, steps: int, callbacks: list[pl.Callback]) -> Re
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=steps,
+        default_root_dir=root,  # the monitor's JSONL: never in the working directory
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -66,12 +71,12 @@ def _noisy_regression(seed: int, steps: int, callbacks: list[pl.Callback]) -> Re
     return model
 
 
-def test_a_from_scratch_regression_s_first_noise_is_no_spike() -> None:
+def test_a_from_scratch_regression_s_first_noise_is_no_spike(tmp_path: Path) -> None:
     """Issue #39: warned of a loss spike at step 3 (2.8 -> 5.7, back at once) and two more by
     step 12. This run doubles its loss and comes back at steps 2, 9 and 11 (the round-4 code
     warned at 9 and 11); its later bumps are of the same size."""
     monitor = StabilityMonitor()
-    model = _noisy_regression(7, 60, [monitor])
+    model = _noisy_regression(7, 60, [monitor], tmp_path)
     first = model.losses[:12]
     bumps = [i for i in range(1, 12) if first[i] >= 1.9 * min(first[:i])]
     assert len(bumps) >= 3, f"the run's first steps have their 2x bumps: {first}"
@@ -116,7 +121,7 @@ class Classifier(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=3e-3)
 
 
-def test_auto_leaves_a_new_task_that_is_learnt_at_the_usual_rate_alone() -> None:
+def test_auto_leaves_a_new_task_that_is_learnt_at_the_usual_rate_alone(tmp_path: Path) -> None:
     """Issue #39: under ``auto`` a run whose second stage is a new task was rolled back as a
     divergence (20 steps skipped, its final eval worse than its twin's). The round-4 code
     called this one a divergence at step 120 and rolled back to step 100."""
@@ -125,6 +130,7 @@ def test_auto_leaves_a_new_task_that_is_learnt_at_the_usual_rate_alone() -> None
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=240,
+        default_root_dir=tmp_path,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
