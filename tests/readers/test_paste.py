@@ -173,6 +173,9 @@ def test_a_record_glued_to_the_opening_fence_is_read(tmp_path: Path) -> None:
     path.write_text("```" + "\n".join(lines) + "\n```\n")
     records = [item for item in read_log(path) if isinstance(item, StepRecord)]
     assert [r.values["loss"] for r in records][:1] == [1.0778] and len(records) == 6
+    glued = tmp_path / "glued.log"  # any record, not only a dict
+    glued.write_text("```iter 1: loss 2.31\niter 2: loss 2.30\n```\n")
+    assert [r.step for r in read_log(glued) if isinstance(r, StepRecord)] == [1, 2]
     tagged = tmp_path / "tagged.log"
     tagged.write_text("```text\n" + "\n".join(lines) + "\n```\n")  # an info string: no line
     assert len([item for item in read_log(tagged) if isinstance(item, StepRecord)]) == 6

@@ -31,7 +31,9 @@ _SHARE = 0.9  # of the lines that must have a layer
 _LINES = 200  # non-blank lines a layer is learnt from
 _FIELDS = 6  # fields of a logger's prefix, at most
 
-_FENCE = r" {0,3}(?:`{3,}|~{3,})[^`'\"\r\n]*"  # its info string a language, never a record's
+# A fence's info string names a language (```python, ``` text, ```{.log}): one word at most, so a
+# record glued to the fence (```{'loss': 1.07, ...}, ```iter 1: loss 2.3) is no fence line.
+_FENCE = r" {0,3}(?:`{3,}|~{3,})[ \t]*[\w+#.-]*[ \t]*(?:\{[^}'\"\r\n]*\})?[ \t]*"
 _PROMPT = r"(?:\([\w.-]+\) ?)?(?:[\w.-]+@[\w.-]+(?::\S*)?[$#]|\$) \S[^\r\n]*"
 _BLANK = re.compile(rf"(?:{_FENCE}|{_PROMPT})$")
 """A fence, or a shell prompt and its command: no line of the log."""
