@@ -155,20 +155,12 @@ def demo(
     start = time.perf_counter()
     monitor = StabilityMonitor(policy=policy)
     name = sc.name if data is None else f"{sc.name}-{data.stem}"  # not the stdlib's "healthy"
+    # Lightning's default cadence is 50; every step's logging would cost this tiny model's short
+    # step more than the monitor does (spikes are logged at their steps anyway)
     run = run_scenario(
-        sc,
-        steps=steps,
-        accelerator=device,
-        callbacks=[monitor],
-        logger=True,
-        log_dir=log_dir,
-        name=name,
-        data=data,
-        progress=True,
-        # Lightning's default cadence is 50; every step's logging would cost this tiny model's
-        # short step more than the monitor does (spikes are logged at their steps anyway)
-        trainer_args={"log_every_n_steps": 10},
-    )
+        sc, steps=steps, accelerator=device, callbacks=[monitor], logger=True, log_dir=log_dir,
+        name=name, data=data, progress=True, trainer_args={"log_every_n_steps": 10},
+    )  # fmt: skip
     elapsed = time.perf_counter() - start
     click.echo(f"TensorBoard logs: {run.trainer.log_dir}  (view: {tensorboard_command(log_dir)})")
     jsonl = Path(run.trainer.log_dir or log_dir) / "stability.jsonl"

@@ -7,6 +7,7 @@
   defines a class of episodes.
 - Errors: only `stabilizer/core/isolated.py` writes "keep this error, or raise it when strict".
 - Names: no two classes of the package share a name.
+- Size: no module is over 400 lines.
 """
 
 from __future__ import annotations
@@ -148,3 +149,16 @@ def test_no_two_classes_share_a_name() -> None:
                 where[node.name].append(f"{path.relative_to(ROOT)}:{node.lineno}")
     shared = {name: places for name, places in where.items() if len(places) > 1}
     assert not shared, shared
+
+
+_MOST_LINES = 400  # (style.md: split past 400)
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module a reader can hold: none of the package's is longer than 400 lines."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in PRODUCT
+        if (n := len(path.read_text().splitlines())) > _MOST_LINES
+    }
+    assert not long, long

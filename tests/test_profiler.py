@@ -20,8 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.live.probes import HOST_READ, GradProbe
-from stabilizer.live.tensors import CPU_READ
+from stabilizer.live.probes import GradProbe
+from stabilizer.live.tensors import CPU_READ, HOST_READ
 
 HOST_READS = {"aten::item", "aten::_local_scalar_dense", "aten::resolve_conj"}
 AT = 3  # a steady-state step: after preflight, not an activation-sampled step

@@ -1,7 +1,7 @@
 """Probes: gather a step's signals from a model cheaply, on the device, as one tensor.
 
 The probes never copy to the host themselves: the caller stacks their outputs and sends them to
-the host in one `HostCopy` per step. Torch only; no Lightning.
+the host in one `stabilizer.live.tensors.HostCopy` per step. Torch only; no Lightning.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
 from stabilizer.live.tensors import count_suspect, host_norms, l2_norms
 
-__all__ = ["HOST_READ", "ActivationProbe", "GradProbe", "HostCopy"]
-
-HOST_READ = "stabilizer::host_read"  # the profiler's name for a step's one planned host read
+__all__ = ["ActivationProbe", "GradProbe"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -359,44 +357,3 @@ class ActivationProbe:
         # Gradient accumulation runs several forwards per step: keep the largest.
         prev = self._values.get(key)
         self._values[key] = value if prev is None else torch.maximum(prev, value)
-
-
-class HostCopy:
-    """One step's numbers on their way to the host, without making the step wait.
-
-    On a GPU: one non-blocking copy into pinned host memory and an event behind it; `read` waits
-    for that event only (the kernels queued after the copy keep running). On the CPU the numbers
-    are already on the host.
-
-    Args:
-        numbers: A 1-D float32 tensor on any device.
-    """
-
-    def __init__(self, numbers: Tensor) -> None:
-        self._event: torch.cuda.Event | None = None
-        self._values: list[float] | None = None
-        self.waited = 0.0  # seconds `read` waited for the device
-        if numbers.is_cuda:
-            self._host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
-            self._host.copy_(numbers, non_blocking=True)
-            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self._event.record()
-        else:
-            self._host = numbers
-
-    @property
-    def on_device(self) -> bool:
-        """Whether the numbers come from an accelerator (the copy may still be under way)."""
-        return self._event is not None
-
-    def read(self) -> list[float]:
-        """The numbers as Python floats: the one host read of a step (waits for the copy)."""
-        if self._values is None:
-            # Named, so that a profile tells the planned read from any other (tests/test_profiler).
-            with torch.profiler.record_function(HOST_READ):
-                if self._event is not None:
-                    start = time.perf_counter()
-                    self._event.synchronize()
-                    self.waited = time.perf_counter() - start
-                self._values = self._host.tolist()
-        return self._values

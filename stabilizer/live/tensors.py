@@ -1,17 +1,20 @@
 """Tensor checks the probes, the guard and the root cause share: norms that cannot overflow,
-finiteness of any dtype, the tensors an optimizer holds.
+finiteness of any dtype, the tensors an optimizer holds, and a step's numbers on their way to
+the host (`HostCopy`: the step's one host read).
 
 Every check here is exact for every dtype: fp16, bf16, fp32 and fp64, complex (its real and
 imaginary parts), sparse (its stored values). Nothing here waits for the device unless its name
-says so (`all_finite` returns a Python bool, `host_norms` Python floats of CPU tensors; the rest
-return device tensors). A step's pass over its tensors is one ``_foreach_norm`` per dtype and one
-reduction, never a Python loop of kernels: on the CPU, where ``_foreach_norm`` is such a loop
-inside torch, the small tensors are joined into one first.
+says so (`all_finite` returns a Python bool, `host_norms` Python floats of CPU tensors,
+`HostCopy.read` waits for its copy; the rest return device tensors). A step's pass over its
+tensors is one ``_foreach_norm`` per dtype and one reduction, never a Python loop of kernels: on
+the CPU, where ``_foreach_norm`` is such a loop inside torch, the small tensors are joined into
+one first.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -20,9 +23,12 @@ from torch._utils import _flatten_dense_tensors
 
 __all__ = [
     "CPU_READ",
+    "HOST_READ",
+    "HostCopy",
     "all_finite",
     "count_nonfinite",
     "count_suspect",
+    "held_tensors",
     "host_norms",
     "l2_norms",
     "optimizer_state_tensors",
@@ -30,6 +36,7 @@ __all__ = [
     "wide_dtype",
 ]
 
+HOST_READ = "stabilizer::host_read"  # the profiler's name for a step's one planned host read
 CPU_READ = "stabilizer::cpu_read"  # the profiler's name for the CPU path's read of its norms
 _SMALL = 4096  # elements: on the CPU, tensors this small are joined into one for the fast test
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -247,3 +254,50 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Tensor
                 yield value
             elif isinstance(value, list | tuple):
                 yield from (v for v in value if isinstance(v, Tensor))
+
+
+def held_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """What an optimizer step writes: its parameters and its state tensors, as they are now."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return [*params, *optimizer_state_tensors(optimizer)]
+
+
+class HostCopy:
+    """One step's numbers on their way to the host, without making the step wait.
+
+    On a GPU: one non-blocking copy into pinned host memory and an event behind it; `read` waits
+    for that event only (the kernels queued after the copy keep running). On the CPU the numbers
+    are already on the host.
+
+    Args:
+        numbers: A 1-D float32 tensor on any device.
+    """
+
+    def __init__(self, numbers: Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        self._values: list[float] | None = None
+        self.waited = 0.0  # seconds `read` waited for the device
+        if numbers.is_cuda:
+            self._host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
+            self._host.copy_(numbers, non_blocking=True)
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._event.record()
+        else:
+            self._host = numbers
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the numbers come from an accelerator (the copy may still be under way)."""
+        return self._event is not None
+
+    def read(self) -> list[float]:
+        """The numbers as Python floats: the one host read of a step (waits for the copy)."""
+        if self._values is None:
+            # Named, so that a profile tells the planned read from any other (tests/test_profiler).
+            with torch.profiler.record_function(HOST_READ):
+                if self._event is not None:
+                    start = time.perf_counter()
+                    self._event.synchronize()
+                    self.waited = time.perf_counter() - start
+                self._values = self._host.tolist()
+        return self._values

@@ -24,7 +24,6 @@ all, and no decision of the real step is touched.
 
 from __future__ import annotations
 
-import copy
 import math
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,7 +34,9 @@ from typing import Any, Protocol
 import torch
 
 from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
-from stabilizer.live.tensors import all_finite, optimizer_state_tensors
+from stabilizer.live.tensors import all_finite, held_tensors
+
+from .verify import restore, snapshot
 
 __all__ = [
     "BAD_GRADS",
@@ -50,7 +51,6 @@ __all__ = [
     "Judge",
     "StepGuard",
     "decide",
-    "held_tensors",
     "risky_arithmetic",
 ]
 
@@ -276,11 +276,11 @@ class StepGuard:
             self.skipped += 1
             judge.ran(opt, "skipped")
             return loss
-        saved = _snapshot(opt) if decision.verify else None
+        saved = snapshot(opt) if decision.verify else None
         inner(**kwargs)
         judge.ran(opt, "stepped")
         if saved is not None and not all_finite(held_tensors(opt)):
-            _restore(opt, saved)
+            restore(opt, saved)
             self.reverted += 1
             judge.ran(opt, "reverted")
         return loss
@@ -308,7 +308,7 @@ class StepGuard:
                 judge.first_evaluation(opt)  # the step as it started: measured once, here
             return out
 
-        saved = _snapshot(opt) if self.protects else None
+        saved = snapshot(opt) if self.protects else None
         self.evaluating = opt
         try:
             result = inner(evaluate, **kwargs)
@@ -319,8 +319,8 @@ class StepGuard:
             judge.ran(opt, "stepped")
             return result
         tensors = [x for x in losses if isinstance(x, torch.Tensor) and x.numel() == 1]
-        after = _snapshot(opt) if all_finite(held_tensors(opt) + tensors) else None
-        _restore(opt, saved)
+        after = snapshot(opt) if all_finite(held_tensors(opt) + tensors) else None
+        restore(opt, saved)
         decision = judge.judge(opt)  # on the first evaluation's numbers
         if decision.skip:
             self.skipped += 1
@@ -331,7 +331,7 @@ class StepGuard:
             self.reverted += 1
             judge.ran(opt, "reverted")
         else:
-            _restore(opt, after)
+            restore(opt, after)
         return result
 
 
@@ -359,52 +359,3 @@ def _unwind(opt: torch.optim.Optimizer) -> None:
             opt.__dict__.pop("step", None)
         else:
             opt.step = previous  # type: ignore[method-assign]
-
-
-def _params(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    for group in opt.param_groups:
-        yield from group["params"]
-
-
-def held_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """What an optimizer step writes: its parameters and its state tensors, as they are now."""
-    return [*_params(opt), *optimizer_state_tensors(opt)]
-
-
-_Snapshot = tuple[list[torch.Tensor], dict[torch.Tensor, dict[str, Any]]]
-
-
-def _snapshot(opt: torch.optim.Optimizer) -> _Snapshot:
-    params = [p.detach().clone() for p in _params(opt)]
-    # A tensor is cloned (a deep copy of one costs several times more); the rest is copied
-    # deep: LBFGS keeps lists of tensors (its history) that a step appends to in place.
-    state = {p: {k: _copied(v) for k, v in s.items()} for p, s in opt.state.items()}
-    return params, state
-
-
-def _copied(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and not value.requires_grad:
-        return value.clone()
-    return copy.deepcopy(value)
-
-
-def _restore(opt: torch.optim.Optimizer, saved: _Snapshot) -> None:
-    """Parameters and state back in place (same tensor objects where they still exist); state
-    the step created goes, state it dropped comes back."""
-    params, state = saved
-    with torch.no_grad():
-        for p, value in zip(_params(opt), params, strict=True):
-            p.copy_(value)
-        for p, kept in state.items():
-            if p not in opt.state:
-                opt.state[p] = copy.deepcopy(kept)
-        for p in list(opt.state):
-            if p not in state:
-                del opt.state[p]
-                continue
-            for key, value in state[p].items():
-                current = opt.state[p].get(key)
-                if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
-                    current.copy_(value)
-                else:
-                    opt.state[p][key] = copy.deepcopy(value)

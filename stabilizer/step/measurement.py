@@ -26,8 +26,8 @@ import torch
 
 from stabilizer.core.isolated import Isolated
 from stabilizer.core.signals import LR
-from stabilizer.live.probes import ActivationProbe, GradProbe, HostCopy
-from stabilizer.live.tensors import wide_dtype
+from stabilizer.live.probes import ActivationProbe, GradProbe
+from stabilizer.live.tensors import HostCopy, wide_dtype
 
 from .ranks import Ranks
 

@@ -21,9 +21,12 @@ from stabilizer.core.kinds import NONFINITE_HELD
 from stabilizer.core.records import Finding, Severity
 from stabilizer.live.buffers import BufferWatch, registrations
 from stabilizer.live.held import Held, HeldNonFinite
-from stabilizer.live.tensors import count_nonfinite, count_suspect, optimizer_state_tensors
-
-from .guard import held_tensors
+from stabilizer.live.tensors import (
+    count_nonfinite,
+    count_suspect,
+    held_tensors,
+    optimizer_state_tensors,
+)
 
 __all__ = ["CPU_SHARES", "WeightsWatch"]
 

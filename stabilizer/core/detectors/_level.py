@@ -1,4 +1,4 @@
-"""`RunChanges` and `falls`: a loss at a new level that the run made itself, for `LossSpike`.
+"""`RunChanges`, `falls`, `made_new_level`: a loss at a new level the run made, for `LossSpike`.
 
 A divergence is a failure; a new level is not. A run changes itself at a step: it starts on a
 dataloader it had not used (a second stage, a curriculum's next part: the live monitor's
@@ -18,11 +18,21 @@ from stabilizer.core.signals import LR, NEW_DATA
 
 from ._trend import Trend
 
-__all__ = ["RunChanges", "fall_rate", "falls", "learns", "new_level"]
+__all__ = [
+    "RunChanges",
+    "ends_far",
+    "fall_rate",
+    "falls",
+    "learns",
+    "made_new_level",
+    "new_level",
+]
 
 _RESTART = 1.5  # an LR at least this multiple of the record before's has restarted...
 _KNOWN = 1.05  # ...when it is at most this multiple of the highest LR the run used before
 _LEARNS = 3.0  # standard errors below flat that make the slope of a new level's losses a fall
+_UNMARKED = 10  # records from which a new level the log says nothing of can show its fall
+_FAR = 10.0  # a log that ends with its last two losses this multiple of the baseline diverged
 _NEW, _JUMP, _STILL = 10, 1.5, 1.2  # `new_level`: records, the jump, where it still is
 
 
@@ -117,3 +127,31 @@ def new_level(before: float, losses: Sequence[float]) -> bool:
         return False
     last = sorted(losses[-3:])[len(losses[-3:]) // 2]
     return last > _STILL * before and learns(losses)
+
+
+def made_new_level(episode: dict[str, Any]) -> bool:
+    """Whether a `LossSpike` jump that stayed up (its ``episode``) is a new level the run made, not
+    a failure: the loss falls from it at its usual rate where the run said it changed itself
+    there (new data, an LR restart); where the log says nothing (a new task or a loss term
+    inside one dataset), over `_UNMARKED` records or more it falls at least as fast, for its
+    new level, as it fell before the jump, and it learns (`_level.learns`: a fall record
+    after record, not noise about a level), whatever the size of the jump: a new task's loss
+    starts far above the old one's (a classifier relabelled: 0.09 -> 7.35, 80x) and is
+    learnt down at the usual pace. A run thrown into a worse region does not learn there: it
+    holds, climbs, or swings (the ``diverge`` scenario: 290-970 for good after its 115x
+    jump, no trend); docs/findings.md."""
+    losses, usual = episode.get("losses", []), float(episode.get("usual", 0.0))
+    if "change" in episode:
+        return falls(losses, usual)
+    base = float(episode["baseline"])
+    if len(losses) < _UNMARKED or base <= 0.0:
+        return False
+    return falls(losses, 2.0 * usual * losses[0] / base) and learns(losses)
+
+
+def ends_far(episode: dict[str, Any]) -> bool:
+    """Whether the log ends with the loss far above its baseline: its last two losses `_FAR`
+    times it or more. No batch's noise goes there and comes back unseen; the excerpt ended
+    before it could settle (ZSD-SC-Resolver#24: 0.85, then 2.44, 63,119 and 1.08e13)."""
+    base, recent = float(episode["baseline"]), episode.get("recent", [])
+    return base > 0.0 and len(recent) >= 2 and min(recent[-2:]) >= _FAR * base

@@ -11,7 +11,7 @@ from stabilizer.core.signals import LOSS, LR, NEW_DATA
 from . import _loss_words as words
 from ._early import Early, never_back
 from ._excerpt import short_spike
-from ._level import RunChanges, fall_rate, falls, learns
+from ._level import RunChanges, ends_far, fall_rate, made_new_level
 from ._regime import Regime
 from ._robust import RobustWindow, SpikeTracker
 from .base import check_at_least
@@ -20,10 +20,8 @@ __all__ = ["LossSpike"]
 
 _HOLD = 0.5  # a loss that keeps this share of its recent excess is not falling back
 _KEEP = 64  # losses of an open episode kept (to tell whether a new level falls)
-_UNMARKED = 10  # records from which a new level the log says nothing of can show its fall
 _LEARNED = 0.9  # a run that ends above this share of its first loss learned nothing
 _FROM_START = 2  # a jump with at most this many records before it blew up where the log starts
-_FAR = 10.0  # a log that ends with its last two losses this multiple of the baseline diverged
 
 
 class LossSpike:
@@ -274,7 +272,7 @@ class LossSpike:
         if "glitch" in episode:
             tracker.rebaseline(episode["recent"])  # a small shift that lasts: a new level
             return []
-        if _new_level(episode) or not self._outsized(episode):
+        if made_new_level(episode) or not self._outsized(episode):
             tracker.rebaseline(episode["recent"])  # a new level the run made: judged from there
             self._regime.new()
             return []
@@ -360,9 +358,9 @@ class LossSpike:
         start_of_run = episode["baseline_records"] <= _FROM_START
         if "called" in episode:
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
-        if _new_level(episode):
+        if made_new_level(episode):
             return []
-        if _far(episode) or (
+        if ends_far(episode) or (
             episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True)
         ):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
@@ -396,30 +394,3 @@ class LossSpike:
         self._last = float(run.get("last", 0.0))
         self._zero, self._lost = bool(run.get("zero", state.get("zero"))), run.get("lost")
         self._tracker.load(state)
-
-
-def _far(episode: dict[str, Any]) -> bool:
-    """Whether the log ends with the loss far above its baseline: its last two losses `_FAR`
-    times it or more. No batch's noise goes there and comes back unseen; the excerpt ended
-    before it could settle (ZSD-SC-Resolver#24: 0.85, then 2.44, 63,119 and 1.08e13)."""
-    base, recent = float(episode["baseline"]), episode.get("recent", [])
-    return base > 0.0 and len(recent) >= 2 and min(recent[-2:]) >= _FAR * base
-
-
-def _new_level(episode: dict[str, Any]) -> bool:
-    """Whether a jump that stayed up is a new level the run made, not a failure: the loss falls
-    from it at its usual rate where the run said it changed itself there (new data, an LR
-    restart); where the log says nothing (a new task or a loss term inside one dataset), over
-    `_UNMARKED` records or more it falls at least as fast, for its new level, as it fell before
-    the jump, and it learns (`_level.learns`: a fall record after record, not noise about a
-    level), whatever the size of the jump: a new task's loss starts far above the old one's (a
-    classifier relabelled: 0.09 -> 7.35, 80x) and is learnt down at the usual pace. A run thrown
-    into a worse region does not learn there: it holds, climbs, or swings (the ``diverge``
-    scenario: 290-970 for good after its 115x jump, no trend); docs/findings.md."""
-    losses, usual = episode.get("losses", []), float(episode.get("usual", 0.0))
-    if "change" in episode:
-        return falls(losses, usual)
-    base = float(episode["baseline"])
-    if len(losses) < _UNMARKED or base <= 0.0:
-        return False
-    return falls(losses, 2.0 * usual * losses[0] / base) and learns(losses)
