@@ -98,8 +98,6 @@ MISSES = {
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: unread (exit 2): "
     "the loss lives in the tqdm bar's description ('Epoch E, Step S, Loss: L:'); and an epoch "
     "that repeats the last one's losses digit for digit is no rule yet",
-    "dino_issue246_loss_at_ln_65536_stall": "held out, round 5: train_loss at ln 65536 (DINO's "
-    "default output size) is a chance level only a stated or common size names",
 }
 
 

@@ -75,3 +75,14 @@ def test_overflow_lines_are_read_through_one_test(line: str, values: dict[str, f
     found = overflow_of(line)
     assert found is not None and found[0] == values
     assert overflow_of("step 5 loss 2.0 scale 1.0") is None
+
+
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_a_dict_counted_only_by_its_epoch_key_is_stepped_by_it(quote: str) -> None:
+    """A record whose only counter is a quoted ``epoch`` key (DINO's log.txt, one dict an epoch)
+    is at its epoch, as ``epoch 151 loss ...`` is: not at its order in the log (which would
+    read an excerpt from epoch 151 as the run's start)."""
+    q = quote
+    lines = [f"{{{q}train_loss{q}: 11.09, {q}epoch{q}: {e}}}" for e in (151, 152)]
+    assert [r.step for r in _records("\n".join(lines) + "\n")] == [151, 152]
+    assert [r.step for r in _records("epoch 151 loss 11.09\nepoch 152 loss 11.09\n")] == [151, 152]

@@ -42,6 +42,7 @@ VOCABULARIES = (
     50304,  # GPT-2 / Pythia padded to a multiple of 64 / 128 (nanoGPT, litgpt)
     64000,  # Yi
     65024,  # Falcon, ChatGLM2
+    65536,  # RWKV World (2^16; DINO's default head too)
     100277,  # cl100k (GPT-4, GPT-3.5)
     128256,  # Llama 3
     151936,  # Qwen 1.5/2/2.5 (padded)

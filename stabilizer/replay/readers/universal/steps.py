@@ -70,7 +70,7 @@ _STEP = re.compile(  # each name starts a word: a lookbehind after its first let
 )  # and "1.5" are none; "{'step': 5}" (a dict's key) and "Step: 121505. Epoch: 262" are one
 _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
 _EPOCH = re.compile(
-    r"(?<![\w./-])epoch(?:\(train\))?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
+    r"(?<![\w./-])epoch(?:\(train\))?['\"]?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
 )
 _AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
