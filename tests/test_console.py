@@ -149,12 +149,31 @@ class AlwaysNaN(TinyLM):
 
 def test_nothing_but_the_end_line_follows_the_stop_line(tmp_path: Path, printed: list[str]) -> None:
     """#33: after "stopping at step 14" came "update: NaN/Inf loss persists until the end of
-    the log", a live run's end called a log's; the end line quoted the episode's first span."""
+    the log", a live run's end called a log's; the end line quoted the episode's first span.
+    The JSONL's end says the run was stopped, and why (not inferred from the console's lines)."""
     _fit(tmp_path, AlwaysNaN(), steps=60)
     [stop] = [i for i, line in enumerate(printed) if line.startswith("stopping at step 14")]
     assert printed[stop + 1 :] == printed[-1:] and printed[-1].startswith("done at step 15")
     assert "worst: steps 5-14 nonfinite_loss" in printed[-1]  # the episode as it ended
     assert not [line for line in printed if "end of the log" in line]
+    [jsonl] = tmp_path.rglob("stability.jsonl")
+    end = json.loads(jsonl.read_text().splitlines()[-1])
+    assert end["type"] == "end" and end["stopped"] in printed[stop]
+
+
+def test_a_stopped_run_ends_with_the_end_line_alone_whatever_the_logger_showed(
+    printed: list[str],
+) -> None:
+    """The end knows the run was stopped from the monitor (`RunEnd.stopped`), not from the
+    console's own lines: a fold pending at the stop is not printed after it, even where the stop
+    line never went through the logger (a handler or filter of the user's dropped it)."""
+    console = _console()
+    console.start(nn.Linear(2, 2), ["block_00"], lambda name: "block_00", None)
+    for step, ratio in ((10, 2.0), (20, 3.0)):
+        console.write(StepRecord(step, {"loss": 2.0}), [_spike(step, ratio)])
+    before = len(printed)
+    console.close(RunEnd(31, stopped="10 non-finite steps in a row"))
+    assert len(printed) == before + 1 and printed[-1].startswith("done at step 31")
 
 
 def test_several_findings_at_one_step_fold_as_places(printed: list[str]) -> None:
@@ -401,7 +420,7 @@ def test_set_up_notes_are_lines_of_their_own_and_nothing_follows_the_stop_line(
     for step, ratio in ((10, 2.0), (20, 3.0)):  # a fold pending when the run stops
         console.write(StepRecord(step, {"loss": 2.0}), [_spike(step, ratio)])
     logging.getLogger("stabilizer").error("%s30: 10 non-finite steps in a row", STOP_LINE)
-    console.close(RunEnd(31))
+    console.close(RunEnd(31, stopped="10 non-finite steps in a row"))
     assert printed[0] == "on, policy protect; 1 depth group: block_00; no JSONL log"  # (#41)
     assert [line.split(" -> ")[0] for line in printed[1:3]] == [
         "step 0 info config_risk: note 0",

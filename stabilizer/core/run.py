@@ -216,12 +216,14 @@ class RunEnd:
         intact: The last check of the parameters, optimizer state and buffers (None: not
             checked, policy ``observe``).
         cost: What the monitor cost (None: too few steps to measure).
+        stopped: Why the monitor stopped the run, as its stop line said ("": it did not).
     """
 
     step: int
     skipped: int | None = None
     intact: bool | None = None
     cost: Cost | None = None
+    stopped: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A strict-JSON-able dict with ``"type": "end"``."""
@@ -231,6 +233,7 @@ class RunEnd:
             "skipped": self.skipped,
             "intact": self.intact,
             "cost": self.cost.to_dict() if self.cost is not None else None,
+            "stopped": self.stopped or None,
         }
 
     def to_json(self) -> str:

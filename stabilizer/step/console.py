@@ -45,8 +45,8 @@ FOLD_STEPS = 50
 """Repeats of a finding are summed up in one line at most this many steps after the first."""
 
 STOP_LINE = "stabilizer: stopping at step "
-"""How the step's line that stops the run begins (`stabilizer.step.protect`): after it, only the
-end line prints."""
+"""How the line that stops the run begins (`stabilizer.step.monitor.RunMonitor` prints it, and
+`RunEnd.stopped` carries its reason to the end): after it, only the end line prints."""
 
 
 def show_info() -> None:
@@ -102,12 +102,6 @@ class Console:
         self._episodes = Episodes()
         self._groups: frozenset[str] = frozenset()  # every depth group of the run
         self.setup: Counter[Severity] = Counter()  # set-up advice, counted apart
-        self.stopped = False  # the step's stop line was printed
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Note the step's stop line as it passes through the ``stabilizer`` logger."""
-        self.stopped = self.stopped or record.getMessage().startswith(STOP_LINE)
-        return True
 
     def start(
         self,
@@ -120,7 +114,6 @@ class Console:
         log file."""
         self.enabled = True
         show_info()
-        log.addFilter(self)
         self.jsonl, self._groups = jsonl, frozenset(groups)
         parts = [f"on, policy {self.policy}"]
         parts.append(f"{counted(len(groups), 'depth group')}: {compact_groups(groups)}")
@@ -156,10 +149,9 @@ class Console:
         if end.skipped is not None:
             self.skipped = end.skipped
         self._intact, self._cost = end.intact, end.cost
-        if self.stopped:  # after the stop line, the end line only (it counts what is folded)
+        if end.stopped:  # after the stop line, the end line only (it counts what is folded)
             self._folds.clear()
         self._flush(lambda fold: True)
-        log.removeFilter(self)
         log.info("stabilizer: %s", self.summary(end.step))
 
     def summary(self, step: int) -> str:

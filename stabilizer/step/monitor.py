@@ -39,7 +39,7 @@ from stabilizer.core.run import RunHeader
 from stabilizer.live.rng import RngState
 
 from .auto import AutoRemedies
-from .console import Console
+from .console import STOP_LINE, Console
 from .cost import CostMeter
 from .first_batch import Preflight
 from .guard import OVERFLOW, Decision, StepGuard
@@ -115,6 +115,7 @@ class RunMonitor:
         self.inert = False  # the monitor's own replay or preflight is running
         self.skipped_steps = 0  # optimizer steps whose update did not happen
         self.should_stop = False  # the step's answer, which the host acts on
+        self.stopped = ""  # why it stopped the run (its stop line's reason), once it did
         self._extra: list[Finding] = []  # the preflight's findings, reported with the first step
         self._data: object | None = None  # the dataloader the last step drew from
         self._new_data = False  # the coming step draws from a new one
@@ -331,7 +332,7 @@ class RunMonitor:
         weights before `step`, the one that answered stop), and `should_stop` for the host."""
         if not stop or self.should_stop:
             return
-        self.should_stop = True
+        self.should_stop, self.stopped = True, why
         path = self.host.checkpoint
         where = f"; last checkpoint: {path}" if path else "; no checkpoint was saved"
         where = where if path is not None else ""  # the host cannot tell
@@ -342,7 +343,7 @@ class RunMonitor:
             state = "the weights are NOT intact"
         if self.host.facts.is_global_zero:
             at = step.step if step is not None else self.host.step
-            log.error("stabilizer: stopping at step %d: %s (%s)%s", at, why, state, where)
+            log.error(STOP_LINE + "%d: %s (%s)%s", at, why, state, where)
 
     def finish(self) -> None:
         """The last step's report, the last check of the weights, the run's end."""
@@ -351,7 +352,7 @@ class RunMonitor:
         found = self.runtime.finish()
         if found:
             reporter.safely(reporter.emit, None, found)
-        reporter.safely(reporter.finish, self.skipped_steps, self.runtime.intact)
+        reporter.safely(reporter.finish, self.skipped_steps, self.runtime.intact, self.stopped)
 
     def abort(self) -> None:
         """The training died (or was interrupted): keep what was measured; every line written

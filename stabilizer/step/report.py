@@ -109,11 +109,13 @@ class Reporter:
         if self.host.facts.is_global_zero:
             self.outputs.write(record, found, stream)
 
-    def finish(self, skipped: int, intact: bool | None) -> None:
-        """The engine's last findings, then the run's end to every output."""
+    def finish(self, skipped: int, intact: bool | None, stopped: str) -> None:
+        """The engine's last findings, then the run's end to every output (``stopped``: why
+        the monitor stopped the run, "" where it did not)."""
         for i, engine in enumerate(self.engines):
             self.emit(None, _of_optimizer(i, engine.finish()))
-        self.outputs.close(RunEnd(self.host.step, skipped, intact, self.cost.cost()))
+        end = RunEnd(self.host.step, skipped, intact, self.cost.cost(), stopped)
+        self.outputs.close(end)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the engines, the findings, the remedies."""
