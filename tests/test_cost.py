@@ -101,9 +101,9 @@ def test_the_end_line_of_the_jsonl_is_strict_json() -> None:
     cost = Cost(9, 1.5, 0.012, 0.2, (("measure", 1.0), ("report", 0.5)), 0.03)
     end = json.loads(RunEnd(10, 1, True, cost).to_json())
     assert end == {
-        "type": "end", "step": 10, "skipped": 1, "intact": True,
+        "type": "end", "step": 10, "skipped": 1, "intact": True, "stopped": None,
         "cost": {"steps": 9, "ms_per_step": 1.5, "share": 0.012, "wait_ms_per_step": 0.2,
-                 "parts": {"measure": 1.0, "report": 0.5}, "budget": 0.03},
+                 "parts": {"measure": 1.0, "report": 0.5}, "budget": 0.03, "warned": False},
     }  # fmt: skip
     assert cost.describe() == (
         "monitor cost 1.5 ms/step (1.2% of this run's 125 ms step; the monitor's time per step "

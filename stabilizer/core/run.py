@@ -157,6 +157,7 @@ class Cost:
         wait_ms_per_step: Of it, the time spent waiting for the device (host reads).
         parts: Milliseconds per step by part (``measure``, ``guard``, ``report`` ...).
         budget: The share above which the monitor warns (None: no budget).
+        warned: Whether the monitor warned, during the run, that it was over the budget.
     """
 
     steps: int
@@ -165,6 +166,7 @@ class Cost:
     wait_ms_per_step: float = 0.0
     parts: tuple[tuple[str, float], ...] = ()
     budget: float | None = None
+    warned: bool = False
 
     @property
     def step_ms(self) -> float:
@@ -203,6 +205,7 @@ class Cost:
             "wait_ms_per_step": round(self.wait_ms_per_step, 4),
             "parts": {k: round(v, 4) for k, v in self.parts},
             "budget": self.budget,
+            "warned": self.warned,
         }
 
 

@@ -106,8 +106,9 @@ class CostMeter:
         parts = tuple(sorted(((k, v * 1e3 / steps) for k, v in self.seconds.items() if v > 0),
                              key=lambda kv: -kv[1]))  # fmt: skip
         return Cost(
-            steps, total * 1e3 / steps, total / wall, self.waited * 1e3 / steps, parts, self.budget
-        )
+            steps, total * 1e3 / steps, total / wall, self.waited * 1e3 / steps, parts,
+            self.budget, self.warned,
+        )  # fmt: skip
 
     def check(self) -> Cost | None:
         """The figures, once, when `WARN_AFTER` steps are measured and they exceed the budget."""
@@ -131,12 +132,12 @@ def over_budget_advice(cost: Cost) -> str:
 
 def budget_verdict(cost: Cost) -> str:
     """The whole run against the budget, for the end line: `over_budget_advice` when over it;
-    within it, said so only where a warning may have said otherwise earlier (the judged share
-    came within a third of the budget), so the end line never leaves that warning standing."""
+    within it, said so only where the monitor warned otherwise during the run (`Cost.warned`),
+    so the end line never leaves that warning standing."""
     if cost.budget is None:
         return ""
     if cost.over_budget:
         return over_budget_advice(cost)
-    if cost.judged_share > cost.budget * 2 / 3:
+    if cost.warned:
         return f"within its {cost.budget:.0%} budget over the whole run"
     return ""
