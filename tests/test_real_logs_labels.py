@@ -83,8 +83,6 @@ MISSES = {
     "lift3d_issue7_tqdm_postfix_vs_epoch_mean_healthy": "held out, round 5: false alarm - the "
     "tqdm bar's postfix (one batch's loss, 0.04-1.39) is read as the training loss beside the "
     "epoch mean; the two series are not told apart",
-    "sphereface_issue103_caffe_loss_pinned_87": "held out, round 5: no finding; every loss is "
-    "87.3365 = -ln(FLT_MIN), Caffe's clamped log(0), from the excerpt's first line on",
     "qwen_issue117_full_sft_loss_1e11": "held out, round 5: a token loss of 2.5e11 from the first "
     "record is broken on its face (ln V ~ 12 at worst); the excerpt that begins broken is judged "
     "only by its changes",

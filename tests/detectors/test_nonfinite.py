@@ -131,10 +131,22 @@ def test_a_loss_pinned_at_minus_ln_flt_min_after_a_lower_one_is_a_nan() -> None:
     found = feed(
         NonFinite(), [StepRecord(s, {"loss": v}) for s, v in zip(steps, losses, strict=True)]
     )
-    assert [(f.kind, f.step, f.severity) for f in found] == [
-        ("nonfinite_loss", 200, Severity.ERROR)
+    assert [(f.kind, f.step, f.end_step, f.severity) for f in found] == [
+        ("nonfinite_loss", 200, 200, Severity.ERROR),
+        ("nonfinite_loss", 200, 300, Severity.INFO),  # the stretch the log ends in: how long
     ]
     assert "87.3365" in found[0].message and "20 x" in found[0].message
+    assert "steps 200-300 (2 records), to the end of the log" in found[1].message
+
+
+def test_an_excerpt_that_begins_pinned_at_minus_ln_flt_min_is_a_nan() -> None:
+    """An excerpt that begins at the floor shows no lower loss: three records running at it
+    are the NaN in disguise (sphereface#103: 87.3365 at every iteration, 26400-26700)."""
+    found = feed(NonFinite(), records("loss", [87.3365] * 4))
+    assert [(f.kind, f.step, f.end_step, f.severity) for f in found] == [
+        ("nonfinite_loss", 2, 2, Severity.ERROR),
+        ("nonfinite_loss", 2, 3, Severity.INFO),
+    ]
 
 
 def test_a_loss_that_starts_at_minus_ln_flt_min_or_passes_it_is_no_nan() -> None:

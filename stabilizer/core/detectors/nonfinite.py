@@ -27,6 +27,7 @@ from .overflow_risk import computes_in_fp16
 __all__ = ["NonFinite"]
 
 _FLOOR_LOSS = -math.log(1.1754943508222875e-38)  # -ln(FLT_MIN) = 87.3365: log(0) clamped
+_FLOORED = 3  # losses at the floor in a row that are a NaN in disguise with no lower one before
 _ZEROS = 3  # losses of exactly 0 in a row ...
 _FELL = 0.5  # ... right after one of at least this much: a NaN the HF Trainer printed as 0.0
 _FP32 = "run LayerNorm/softmax in fp32"
@@ -57,7 +58,10 @@ class NonFinite:
 
     A loss pinned at ``-ln(FLT_MIN)`` = 87.3365 (or a whole multiple: Caffe prints the loss times
     its ``loss_weight``), the same value twice running after a lower loss, is a NaN in disguise:
-    every probability underflowed to 0 and the softmax loss clamps log(0) there. So is a loss of
+    every probability underflowed to 0 and the softmax loss clamps log(0) there. An excerpt that
+    begins there shows no lower loss: three records running at it say the same (sphereface#103:
+    87.3365 on every record; a batch's mean loss is not that number to the printed digit three
+    times unless every sample's probability is 0). So is a loss of
     exactly 0 for the third record running right after a loss of 0.5 or more: no loss falls to
     exactly 0 at once, and the HF Trainer prints 0.0 for a logging window whose every loss was
     NaN/Inf (Qwen-VL#352 in fp16: 3.85, then 0.0 on every record; a loss that is 0 from the first
@@ -82,6 +86,7 @@ class NonFinite:
         self._lowest = math.inf  # the lowest finite loss seen
         self._previous: float | None = None  # the loss of the record before
         self._zeros = 0  # losses of exactly 0 in a row
+        self._floored = 0  # records in a row at the same multiple of the floor, after the first
         self._before_zeros = 0.0  # the loss before them
         self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
         self._probe = Probe()  # a first non-finite gradient norm held until the next record
@@ -152,10 +157,12 @@ class NonFinite:
             return self._zeros >= _ZEROS and self._before_zeros >= _FELL
         if self._zeros:
             self._zeros = 0
-        if loss != previous or lowest >= loss or loss < _FLOOR_LOSS * 0.9999:
-            return False
         weight = round(loss / _FLOOR_LOSS)
-        return abs(loss - weight * _FLOOR_LOSS) <= 1e-5 * loss
+        if loss != previous or weight < 1 or abs(loss - weight * _FLOOR_LOSS) > 1e-5 * loss:
+            self._floored = 0
+            return False
+        self._floored += 1
+        return lowest < loss or self._floored >= _FLOORED - 1
 
     def _end(self, step: int) -> list[Finding]:
         """A finite record: the open episode, if any, is over; one of several records says so:
@@ -272,6 +279,14 @@ class NonFinite:
         if self._length >= self.persistent_after:
             span = f"until the end of the log ({self._span()})"
             found.append(self._persistent(span, Severity.CRITICAL))
+        elif self._start is not None and self._length > 1:  # a short stretch the log ends in
+            kind, what, _ = self._what()
+            seen = f"{what} non-finite at steps {self._start}-{self._last} ({self._span()}), "
+            seen += "to the end of the log"
+            found.append(
+                Finding(kind, self._start, self._last, Severity.INFO, seen,
+                        {"steps": float(self._length)}, remedies=kinds.kind_of(kind).remedies)
+            )  # fmt: skip
         self._start, self._length, self._loss_seen = None, 0, False
         return found
 
@@ -285,6 +300,7 @@ class NonFinite:
             "lowest": None if self._lowest == math.inf else self._lowest,
             "previous": self._previous,
             "zeros": [self._zeros, self._before_zeros],
+            "floored": self._floored,
             "probe": self._probe.state(),
         }
 
@@ -300,6 +316,7 @@ class NonFinite:
         self._probe.load(state.get("probe"))  # absent in checkpoints of earlier rounds
         zeros, before = state.get("zeros", (0, 0.0))
         self._zeros, self._before_zeros = int(zeros), float(before)
+        self._floored = int(state.get("floored", 0))
 
 
 def _bad_groups(values: Mapping[str, float]) -> tuple[str, ...]:
