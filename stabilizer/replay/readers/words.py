@@ -103,6 +103,9 @@ WORDS: tuple[Words, ...] = (
     Words("Megatron-LM (2019-20), apex FP16_Optimizer", "megatron/fp16/loss_scaler.py",
           "loss scale", r"(?:reducing dynamic|attempted) loss scale",
           "fp16 overflow: the step was skipped and the loss scale lowered", _SKIP, early=True),
+    Words("PaddleNLP (Trainer)", "paddlenlp/trainer/trainer.py", "optimizer not run",
+          r"optimizer not run", "fp16 overflow: the step was skipped and the loss scale lowered "
+          "(scale_before, scale_after)", _SKIP, early=True),
     Words("guided/improved diffusion", "guided_diffusion/fp16_util.py", "lg_loss",
           r"found nan, decreased lg_loss_scale",
           "fp16 overflow: the step was skipped and log2 of the loss scale lowered by one",
@@ -135,6 +138,9 @@ WORDS: tuple[Words, ...] = (
     Words("mmdetection (CheckInvalidLossHook)", "mmdet/engine/hooks/checkloss_hook.py",
           "infinite or nan", r"loss become infinite or nan",
           "the loss was NaN or Inf (mmdet's check of the loss)", _NAN_LOSS, "error"),
+    Words("detectron2 (SimpleTrainer), AdelaiDet", "detectron2/engine/train_loop.py",
+          "became infinite or nan", r"loss became infinite or nan at iteration=(?P<step>\d+)",
+          "the loss was NaN or Inf: detectron2 raised FloatingPointError", _NAN_LOSS, "error"),
     Words("NVIDIA retinanet-examples (ODTK)", "odtk/train.py", "loss is diverging",
           r"loss is diverging!", "the loss was NaN or Inf: ODTK stopped", _NAN_LOSS, "error"),
     Words("Megatron-LM (rerun state machine)", "megatron/core/rerun_state_machine.py",
@@ -197,7 +203,7 @@ _TRIGGER = re.compile("|".join(TRIGGERS))
 _GROUPS = {"loss": LOSS, "grad_norm": GRAD_NORM, "lr": LR, "scale": LOSS_SCALE}
 _NEW_SCALE = re.compile(
     r"(?:reducing (?:loss scale )?to|setting (?:loss )?scale to:?(?: to)?|loss scale from \S+ "
-    r"to)\s*(" + NUM + ")"
+    r"to|scale_after:)\s*(" + NUM + ")"
 )
 _ATTEMPTED = re.compile(r"attempted loss scale:?\s*(" + NUM + ")")
 _LG_SCALE = re.compile(r"lg_loss_scale to\s*(" + NUM + ")")
