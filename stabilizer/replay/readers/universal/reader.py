@@ -7,12 +7,14 @@ A record is a line with metrics beside a step::
     | epoch 027 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |      s:12 trl:9.79 norm:3.01
     Epoch 0:  6%|▌   | 1/18 [00:08<02:29, loss=10.473]    {'loss': 0.58, 'grad_norm': 1.3}
 
-Each line goes once through the loop of `UniversalReader.read_lines`: its step (`steps`), its
-metrics (`values`), a message of the trainers' catalogue (`words`: an fp16 overflow, a NaN the
-trainer stopped on), a table (`tables`), or numbers no name says, read by the shape their lines
-repeat (`shapes`); the `Joiner` puts the lines of one step together into one record, places
-records without a step and marks restarts. What is no record (tracebacks, banners, timestamps)
-is skipped. The rules, and the real logs behind each, are in docs/readers.md.
+Each line goes once through the loop of `UniversalReader.read_lines`. A record line whose
+template the reader has learnt is read by one match (`templates`); any other line takes the full
+path (`_Reading.line`): its step (`steps`), its metrics (`values`), a message of the trainers'
+catalogue (`words`: an fp16 overflow, a NaN the trainer stopped on), a table (`tables`), or
+numbers no name says, read by the shape their lines repeat (`shapes`); the `Joiner` puts the
+lines of one step together into one record, places records without a step and marks restarts.
+What is no record (tracebacks, banners, timestamps) is skipped. The rules, and the real logs
+behind each, are in docs/readers.md.
 """
 
 from __future__ import annotations
