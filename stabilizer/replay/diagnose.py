@@ -186,15 +186,8 @@ class _Diagnosing:
         """Take the next item of the stream: a record, a restart before the next one, the run's
         header (the first one is `Diagnosis.run`; one after records starts a segment), or one
         of the monitor's own findings (kept for `keep_live`)."""
-        if isinstance(item, Finding):
-            self._live(item)
-            return
-        if isinstance(item, RunHeader):
-            self._header(item)
-            return
-        if isinstance(item, Restart):
-            if self.segment is not None:  # (a restart before any record starts nothing)
-                self.restart = item
+        if not isinstance(item, StepRecord):  # (most items are records)
+            self._other(item)
             return
         if self.segment is None or self.restart is not None or self.started:
             self._begin(item.step, self.restart)
@@ -209,6 +202,16 @@ class _Diagnosing:
             self._keep(found)
         for sink in self.sinks:
             sink.record(record)
+
+    def _other(self, item: Finding | RunHeader | Restart) -> None:
+        """An item that is no record: one of the monitor's findings, the run's header, or a
+        restart before the next record."""
+        if isinstance(item, Finding):
+            self._live(item)
+        elif isinstance(item, RunHeader):
+            self._header(item)
+        elif self.segment is not None:  # (a restart before any record starts nothing)
+            self.restart = item
 
     def _header(self, header: RunHeader) -> None:
         """The run's facts: the log's first run's, or those of a run that starts now."""

@@ -7,12 +7,14 @@ A record is a line with metrics beside a step::
     | epoch 027 | loss 6.343 | gnorm 0.390 | loss_scale 0.500 |      s:12 trl:9.79 norm:3.01
     Epoch 0:  6%|▌   | 1/18 [00:08<02:29, loss=10.473]    {'loss': 0.58, 'grad_norm': 1.3}
 
-Each line goes once through the loop of `UniversalReader.read_lines`: its step (`steps`), its
-metrics (`values`), a message of the trainers' catalogue (`words`: an fp16 overflow, a NaN the
-trainer stopped on), a table (`tables`), or numbers no name says, read by the shape their lines
-repeat (`shapes`); the `Joiner` puts the lines of one step together into one record, places
-records without a step and marks restarts. What is no record (tracebacks, banners, timestamps)
-is skipped. The rules, and the real logs behind each, are in docs/readers.md.
+Each line goes once through the loop of `UniversalReader.read_lines`. A record line whose
+template the reader has learnt is read by one match (`templates`); any other line takes the full
+path (`_Reading.line`): its step (`steps`), its metrics (`values`), a message of the trainers'
+catalogue (`words`: an fp16 overflow, a NaN the trainer stopped on), a table (`tables`), or
+numbers no name says, read by the shape their lines repeat (`shapes`); the `Joiner` puts the
+lines of one step together into one record, places records without a step and marks restarts.
+What is no record (tracebacks, banners, timestamps) is skipped. The rules, and the real logs
+behind each, are in docs/readers.md.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .joiner import MAX_HELD, Joiner
 from .shapes import Shapes
 from .steps import Steps, counted_by
 from .tables import numbered_blocks, row_of, table_of
+from .templates import Templates
 from .values import EVALUATING, held_out, known, named_after, values_of
 
 __all__ = ["MAX_HELD", "UniversalReader", "unreadable_message"]
@@ -60,37 +63,55 @@ class UniversalReader(BaseReader):
 
     def read_lines(self, lines: Iterable[str]) -> Iterator[Item]:
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
-        steps, join, shapes = Steps(), Joiner(), Shapes()
-        table: tuple[str, ...] | None = None  # the columns of the table being read
-        above = ""  # the last line that was no record (a table's header, if a ruler follows)
+        reading = _Reading()
+        steps, join, templates = reading.steps, reading.join, reading.templates
         for lineno, line in numbered_blocks(lines):
             if line is IDLE:  # a followed log waits: the pending record is done
                 yield from join.done()
-                continue
-            if table is not None or "\x1b" in line:
-                line, table = _row(line, table)
-            low = line.lower()
-            if any(map(low.__contains__, EARLY_NEEDS)) and (heard := heard_early(low)):
-                yield from join.overflow(lineno, line, heard.values, heard.rank)
-                continue
-            step, where, values = _where(steps, line, low)
-            if step is not None and not steps.weak and (LOSS in values or GRAD_NORM in values):
-                yield from join.line(lineno, line, (step, where), values)  # (most lines)
-                continue
-            signals = known(values)
-            if (step is None or not signals) and (heard := heard_in(low)) is not None:
-                yield from join.heard(lineno, line, heard, {k: values[k] for k in signals})
-            elif step is not None or signals:  # "begin training epoch 1": a weak step, no record
-                kept = values if signals or not steps.weak else {}  # (but one may follow)
-                yield from join.line(lineno, line, (step, where), kept)
-            elif values and join.wraps(lineno, line, values):  # "learning rate: ... |"
-                yield from join.line(lineno, line, (None, ()), values)
-            elif not values and (found := shapes.read(line)):  # "76930 2.6496577": bare columns
-                yield from join.series(lineno, line, found)
+            elif reading.table is None and (read := templates.read(line)) is not None:
+                steps.named(read[0])  # (most lines: a record line of a learnt template)
+                yield from join.line(lineno, line, read[:2], read[2])
             else:
-                table, above = table_of(line, low, above), line
-                join.other(line)
+                yield from reading.line(lineno, line)
         yield from join.end()
+
+
+class _Reading:
+    """The state of one reading of lines, and the full path of a line through it."""
+
+    def __init__(self) -> None:
+        self.steps, self.join, self.shapes = Steps(), Joiner(), Shapes()
+        self.templates = Templates()
+        self.table: tuple[str, ...] | None = None  # the columns of the table being read
+        self.above = ""  # the last line that was no record (a table's header, if a ruler follows)
+
+    def line(self, lineno: int, line: str) -> list[Item]:
+        """The items a line completes, read by its words: its step, its metrics, a message of the
+        catalogue, a table's row, a shape of numbers."""
+        steps, join = self.steps, self.join
+        if self.table is not None or "\x1b" in line:
+            line, self.table = _row(line, self.table)
+        low = line.lower()
+        if any(map(low.__contains__, EARLY_NEEDS)) and (heard := heard_early(low)):
+            return join.overflow(lineno, line, heard.values, heard.rank)
+        step, where, values = _where(steps, line, low)
+        if step is not None and not steps.weak and (LOSS in values or GRAD_NORM in values):
+            if self.table is None:
+                self.templates.learn(line, low, (step, where, values))
+            return join.line(lineno, line, (step, where), values)
+        signals = known(values)
+        if (step is None or not signals) and (heard := heard_in(low)) is not None:
+            return join.heard(lineno, line, heard, {k: values[k] for k in signals})
+        if step is not None or signals:  # "begin training epoch 1": a weak step, no record
+            kept = values if signals or not steps.weak else {}  # (but one may follow)
+            return join.line(lineno, line, (step, where), kept)
+        if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
+            return join.line(lineno, line, (None, ()), values)
+        if not values and (found := self.shapes.read(line)):  # "76930 2.6496577": bare columns
+            return join.series(lineno, line, found)
+        self.table, self.above = table_of(line, low, self.above), line
+        join.other(line)
+        return []
 
 
 def _where(steps: Steps, line: str, low: str) -> tuple[int | None, tuple[int, ...], _Values]:

@@ -13,7 +13,7 @@ import re
 from functools import cache
 from typing import NamedTuple
 
-__all__ = ["COUNTERS", "STEP_NAMES", "Counter", "Steps", "counted_by"]
+__all__ = ["COUNTERS", "STEP_NAMES", "Counter", "Steps", "counted_by", "counter_spans"]
 
 
 class Counter(NamedTuple):
@@ -123,6 +123,11 @@ class Steps:
             self.counter = found
         return found, (found,)
 
+    def named(self, step: int) -> None:
+        """Where a line is whose named counter gives its step and that names no epoch (one a
+        learnt template reads): what `of` keeps of such a line."""
+        self.weak, self.counter = False, step
+
     def _count(self, low: str, epoch: re.Match[str] | None) -> int | None:
         """The step of a line without a named counter: a count, else its epoch."""
         ranged = _RANGE.search(low) if "batch" in low else None
@@ -174,6 +179,15 @@ class Steps:
         if not (total and in_epoch and self.epoch is not None and self.first is not None):
             return count
         return (self.epoch - self.first) * int(total) + count
+
+
+def counter_spans(low: str) -> list[tuple[int, int]]:
+    """Where `Steps.of` reads the counters a lower-cased line names (the span of each count, the
+    step's first, the others in the order of its ``where``); empty where it names none. For
+    `templates`: the step of a line of a learnt template is read from its span."""
+    if not any(map(low.__contains__, _NEEDED)):
+        return []
+    return [found.span(2) for found in sorted(_STEP.finditer(low), key=lambda m: _rank(m[1]))]
 
 
 def counted_by(values: dict[str, float]) -> int | None:

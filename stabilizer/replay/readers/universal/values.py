@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Container
 from functools import lru_cache
+from typing import TypeGuard
 
 from stabilizer.core.signals import LOSS, LR
 
@@ -18,7 +20,17 @@ from .._shapes import NUM
 from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
 from .steps import STEP_NAMES
 
-__all__ = ["EVALUATING", "held_out", "key_of", "known", "named_after", "total", "values_of"]
+__all__ = [
+    "EVALUATING",
+    "Span",
+    "held_out",
+    "key_of",
+    "known",
+    "named_after",
+    "spans_of",
+    "total",
+    "values_of",
+]
 
 _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its first letter
     # lets the regex scan for letters fast), after CJK text too ("整体测试集上的Loss: 262.6") and
@@ -95,19 +107,52 @@ def values_of(line: str) -> dict[str, float]:
     values: dict[str, float] = {}
     for name, sep, _, _, text in _PAIR.findall(line):
         key = key_of(name)
-        if key is None or key in values:
-            continue
-        if key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[":
-            # others need "=", ": " or a blank: not "(trainer:581)"
+        if _takes(key, sep, values):
             values[key] = float(text.replace(",", "") if "," in text else text)
     if "nan" in line or "NaN" in line:
         for name, _ in _JUNK_NAN.findall(line):  # "loss: nanxxx": a NaN, if a signal's
             key = key_of(name)
             if key in SIGNALS and key not in values:
                 values[key] = math.nan
-    if "total" in values and LOSS not in values and "losses" in line.lower():
+    if _total_is_loss(values, line):
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
     return values
+
+
+def _takes(key: str | None, sep: str, values: Container[str]) -> TypeGuard[str]:
+    """Whether a name's value is the line's value of ``key``: the first of that key; a signal
+    after any separator, another name after ``=``, ``: `` or a blank (not ``(trainer:581)``)."""
+    return (
+        key is not None
+        and key not in values
+        and (key in SIGNALS or "=" in sep or sep[-1] in " \t\uff1a[")
+    )
+
+
+def _total_is_loss(values: Container[str], line: str) -> bool:
+    """Whether a line listing ``Losses:`` has its ``total`` as its loss."""
+    return "total" in values and LOSS not in values and "losses" in line.lower()
+
+
+Span = tuple[int, int]
+
+
+def spans_of(line: str) -> tuple[dict[str, Span], list[Span]]:
+    """Where `values_of` reads each value of a line (the span of its number, by key, in the
+    order `values_of` gives them) and the span of every name the pairs' regex found (a name may
+    hold digits: ``top1``, ``layer.0``); without the NaNs of a ``nanxxx``, which `values_of`
+    also reads where the line holds ``nan``. For `templates`, which learns a line's template
+    from them."""
+    spans: dict[str, Span] = {}
+    names: list[Span] = []
+    for found in _PAIR.finditer(line):
+        names.append(found.span(1))
+        key = key_of(found[1])
+        if _takes(key, found[2], spans):
+            spans[key] = found.span(5)
+    if _total_is_loss(spans, line):
+        spans[LOSS] = spans["total"]
+    return spans, names
 
 
 def named_after(line: str) -> dict[str, float]:
