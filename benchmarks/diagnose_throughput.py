@@ -48,8 +48,10 @@ from stabilizer.report import diagnose, render_text
 NOISE = [
     "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py:1511: UserWarning: something",
     "\x1b[32mINFO\x1b[0m saving checkpoint to out/ckpt.pt",
-    " 45%|████▌     | 4500/10000 [12:00<14:40,  6.25it/s]",
+    " {percent:2d}%|████▌     | {step}/{total} [12:00<14:40,  6.25it/s]",
 ]
+"""Noise lines; the progress bar counts the steps as tqdm does (a bar that stood at one count
+while the records went on read as the run going back to it: a restart every 60 lines)."""
 
 
 def noisy(records: Callable[[int], str], lines: int) -> Iterator[str]:
@@ -57,7 +59,7 @@ def noisy(records: Callable[[int], str], lines: int) -> Iterator[str]:
     step = 0
     for i in range(lines):
         if i % 20 == 19:
-            yield NOISE[i % 3]
+            yield NOISE[i % 3].format(step=step, total=lines, percent=100 * step // lines)
         else:
             step += 1
             yield records(step)
