@@ -8,6 +8,7 @@ import random
 import pytest
 
 from stabilizer.core.detectors import LossSpike
+from stabilizer.core.engine import Engine
 from stabilizer.core.records import Severity, StepRecord
 
 from .streams import falling_loss, feed, noisy, records
@@ -276,3 +277,13 @@ def test_two_low_first_records_of_a_noisy_run_are_no_baseline_to_diverge_from() 
     losses += [2.106, 2.329, 2.116, 2.138, 1.81, 2.16, 3.476, 4.168, 1.397, 4.903, 4.607, 3.749]
     losses += [3.727, 5.949, 2.882, 1.233, 3.235, 2.857]
     assert [f.kind for f in feed(LossSpike(), records("loss", losses))] == []
+
+
+def test_a_step_past_floats_range_raises_nothing() -> None:
+    """A hostile log's step of 10**400 (tests/fixtures/hostile/step_past_float.jsonl): the first
+    records' rises kept the step as a float, which raised OverflowError and disabled the
+    detector for the rest of the log."""
+    engine = Engine([LossSpike()])
+    engine.replay([StepRecord(1, {"loss": 2.5}), StepRecord(2, {"loss": 2.5}),
+                   StepRecord(10**400, {"loss": 2.5})])  # fmt: skip
+    assert engine.disabled == frozenset()

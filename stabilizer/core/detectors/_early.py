@@ -36,13 +36,13 @@ class Early:
     def __init__(self, records: int, tail_ratio: float) -> None:
         self.records, self.tail_ratio = records, tail_ratio
         self.done = False  # the first records are over: nothing is held any more
-        self.rises: list[list[float]] = []  # [step, rise over the baseline] of each record
+        self.rises: list[tuple[int, float]] = []  # (step, rise over the baseline) a record
         self.held: list[dict[str, Any]] = []  # the spikes that came back, with "back" (steps)
 
     def note(self, step: int, rise: float) -> None:
         """One record's rise over its baseline (the median of the records before it)."""
         if len(self.rises) < _KEEP * self.records:
-            self.rises.append([float(step), rise])
+            self.rises.append((step, rise))  # (an int step: one past float's range is a step)
 
     def hold(self, episode: dict[str, Any], back: int) -> None:
         """A spike that came back after ``back`` steps, to judge later."""
@@ -63,14 +63,14 @@ class Early:
 
     def state(self) -> dict[str, Any]:
         """The rises and the held spikes, as plain data."""
-        return {"done": self.done, "rises": self.rises, "held": self.held}
+        return {"done": self.done, "rises": [list(r) for r in self.rises], "held": self.held}
 
     def load(self, state: Mapping[str, Any] | None) -> None:
         """Restore from `state` (None: a checkpoint of an earlier version: the first records are
         over, nothing held)."""
         state = state or {"done": True}
         self.done = bool(state.get("done", True))
-        self.rises = [[float(s), float(r)] for s, r in state.get("rises", [])]
+        self.rises = [(int(s), float(r)) for s, r in state.get("rises", [])]
         self.held = [dict(episode) for episode in state.get("held", [])]
 
 
