@@ -203,6 +203,8 @@ def claims_true(t: Trained, skipped: int, fits: int = 1) -> None:
     if skipped:
         assert "weights checked finite at the end" in ends[0], ends[0]
     assert not any("NOT intact" in line for line in t.lines), t.lines
+    failed = [line for line in t.lines if "Error(" in line or " failed" in line]
+    assert not failed, failed  # (the monitor's own parts all ran)
     intact = [line for line in t.lines if "step skipped, weights intact" in line]
     assert len(intact) <= skipped, t.lines
     assert not any("was applied" in line for line in t.lines if skipped and "nonfinite" in line)
