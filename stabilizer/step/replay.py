@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from stabilizer.core.isolated import Isolated
 from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
@@ -58,6 +59,7 @@ def root_cause(
     with Isolated(strict) as replay:
         with quiet(), sandbox(host.module) as box, host.replaying():
             for index in _replay_order(micro):
+                _trainable_as_it_began(host.module, micro[index])
                 where = locate_nonfinite(
                     host.module, host.replay(micro[index], loss_scale),
                     rng_state=micro[index].rng, loss_scale=loss_scale,
@@ -80,6 +82,16 @@ def root_cause(
     if ranks.world_size > 1 and where.reproduced:
         prefix = f"rank {rank}: {prefix}"
     return replace(finding, seen=prefix + finding.seen) if prefix else finding
+
+
+def _trainable_as_it_began(module: nn.Module, micro: MicroBatch) -> None:
+    """The ``requires_grad`` flags as the micro-batch began (the sandbox puts the caller's back):
+    a step that toggles them (Lightning's ``toggle_optimizer`` per optimizer) toggles them again
+    from where it started, not from where the failing step left them."""
+    params = list(module.parameters())
+    if micro.trainable is not None and len(micro.trainable) == len(params):
+        for p, flag in zip(params, micro.trainable, strict=True):
+            p.requires_grad_(flag)
 
 
 def _replay_order(micro: Sequence[MicroBatch]) -> list[int]:
