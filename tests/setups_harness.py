@@ -67,6 +67,7 @@ class Ctx:
     before: list[Tensor] | None = None  # the state as step `nan_at` began
     after: list[Tensor] | None = None  # ... and as the next began (or the training ended)
     final: list[Tensor] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # each micro-batch's, where noted
 
     @property
     def jsonl(self) -> Path:

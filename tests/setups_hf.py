@@ -106,6 +106,16 @@ def gpt2_label_smoothing(ctx: Ctx) -> Any:
     return gpt2(ctx, label_smoothing_factor=0.1)
 
 
+def compiled(ctx: Ctx) -> Any:
+    torch._dynamo.reset()
+    return hf(ctx, torch_compile=True, torch_compile_backend="eager")
+
+
+def gpt2_neftune(ctx: Ctx) -> Any:
+    """NEFTune: noise added to the embeddings' output by a forward hook of the Trainer's."""
+    return gpt2(ctx, neftune_noise_alpha=5.0)
+
+
 HF = {
     "hf-accumulate-max_grad_norm": accumulate_clip,
     "hf-cosine-warmup": cosine_warmup,
@@ -114,4 +124,6 @@ HF = {
     "hf-bf16-cpu": bf16,
     "hf-gpt2-gradient-checkpointing": gpt2_checkpointing,
     "hf-gpt2-label-smoothing": gpt2_label_smoothing,
+    "hf-torch-compile": compiled,
+    "hf-gpt2-neftune": gpt2_neftune,
 }

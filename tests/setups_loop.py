@@ -422,17 +422,40 @@ def accumulate_nan_middle(ctx: Ctx) -> Any:
     return loop.close()
 
 
+def accumulate_across_blocks(ctx: Ctx) -> Any:
+    """A block per micro-batch, stepping every second one (the loop accumulates across its
+    blocks, as Lightning's manual optimization does); a NaN input in step 3's first."""
+    net = Net()
+    opt = adamw(net)
+    loop = Loop(ctx, net, opt)
+    for i, (x, y) in enumerate(ctx.batches(accumulate=2, nan_input=True)):
+        ctx.begin(i // 2, [net], [opt])
+        with loop.step():
+            loss = mse(net(x), y) / 2
+            ctx.losses.append(float(loss))
+            loop.backward(loss)
+            if i % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+    ctx.finish([net], [opt])
+    return loop.close()
+
+
 # --- Fabric ---------------------------------------------------------------------------------
 
 
-def fabric_run(precision: str, accumulate: int = 1, clip: bool = False) -> Any:
+def fabric_run(
+    precision: str, accumulate: int = 1, clip: bool = False, compile: bool = False
+) -> Any:
     def run(ctx: Ctx) -> Any:
         from lightning.fabric import Fabric
 
         fabric = Fabric(accelerator="cpu", devices=1, precision=precision)  # type: ignore[arg-type]
         net = Net()
         ctx.nan(net.a)
-        model, opt = fabric.setup(net, adamw(net))
+        torch._dynamo.reset()
+        given = torch.compile(net, backend="eager") if compile else net
+        model, opt = fabric.setup(given, adamw(net))
         stab = Stabilizer(model, opt, fabric=fabric, jsonl=ctx.jsonl) if ctx.monitored else None
         data = ctx.batches(accumulate=accumulate)
         for i in range(len(data) // accumulate):
@@ -483,9 +506,11 @@ LOOP = {
     "zero-redundancy-optimizer": zero_redundancy,
     "bf16-weights": bf16_weights,
     "accumulate-nan-middle": accumulate_nan_middle,
+    "accumulate-across-blocks": accumulate_across_blocks,
     "fabric-bf16-mixed": fabric_run("bf16-mixed"),
     "fabric-accumulate-no_backward_sync": fabric_run("32-true", accumulate=2),
     "fabric-clip_gradients": fabric_run("32-true", clip=True),
+    "fabric-compile-eager": fabric_run("32-true", compile=True),
 }
 SLOW = {"compile-inductor": compiled("inductor")}
 del NAN_AT

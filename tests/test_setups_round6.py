@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from setups_harness import check
+import torch
+from setups_harness import NAN, check
 from setups_hf import HF
 from setups_lightning import LIGHTNING
 from setups_loop import LOOP
@@ -49,3 +50,52 @@ def test_a_lightning_setup_holds(name: str, tmp_path: Path) -> None:
 def test_an_hf_trainer_setup_holds(name: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     check(HF[name], tmp_path, micro=MICRO.get(name, 0))
+
+
+@pytest.mark.parametrize("name", ["accumulate-across-blocks", "pl-manual-accumulation"])
+def test_a_backward_a_later_step_takes_is_part_of_that_step(name: str, tmp_path: Path) -> None:
+    """Manual accumulation (Lightning's recipe: step every N batches; a loop stepping every
+    second block): a block that stepped nothing is no abandoned step when its gradients are
+    still there for the next one. Its loss is in that step's record, and a NaN input in it is
+    named as the root cause, not called transient."""
+    run = {**LOOP, **LIGHTNING}[name]
+    trained = check(run, tmp_path)
+    healthy, nan = trained["healthy"], trained["nan"]
+    for t in (healthy, nan):
+        assert not [line for line in t.lines if "abandoned" in line], t.lines
+    halves = healthy.ctx.losses
+    losses = [r["values"]["loss"] for r in healthy.rows if r["type"] == "step"]
+    sums = [a + b for a, b in zip(halves[::2], halves[1::2], strict=True)]
+    assert losses == pytest.approx(sums, rel=1e-5)
+    (cause,) = [f for f in nan.front.findings if f.kind == "root_cause"]
+    assert "input batch holds NaN" in cause.seen and "micro-batch 1 of 2" in cause.seen
+
+
+def test_a_block_whose_gradients_were_zeroed_in_place_is_abandoned(tmp_path: Path) -> None:
+    """A loop that ``continue``s past its own NaN loss and zeroes with
+    ``zero_grad(set_to_none=False)`` (the same gradient tensors, written in place): that block
+    is abandoned, and the healthy step after it is neither withheld nor called NaN."""
+    from setups_harness import Ctx, Net, mse, train
+
+    from stabilizer.hosts.loop import Stabilizer
+
+    def run(ctx: Ctx) -> Stabilizer:
+        net = Net()
+        ctx.nan(net.a)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        with Stabilizer(net, opt, jsonl=ctx.jsonl) as stab:
+            for i, (x, y) in enumerate(ctx.batches()):
+                ctx.begin(i, [net], [opt])
+                with stab.step():
+                    opt.zero_grad(set_to_none=False)
+                    loss = mse(net(x), y)
+                    stab.backward(loss)
+                    if not torch.isfinite(loss):
+                        continue
+                    opt.step()
+        return stab
+
+    t = train(run, Ctx(tmp_path, monitored=True, nan_at=3))
+    assert t.front.skipped_steps == 0 and t.front.host.step == 5
+    assert not [f for f in t.front.findings if f.kind in NAN], t.front.findings
+    assert [line for line in t.lines if "abandoned" in line]
