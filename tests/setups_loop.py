@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,31 +46,54 @@ class Loop:
         return self.stab
 
 
+Body = Callable[[Loop, Tensor, Tensor], None]
+
+
+def frame(
+    ctx: Ctx,
+    model: nn.Module,
+    optimizers: Any,
+    body: Body,
+    *,
+    watch: nn.Module | None = None,
+    nan_input: bool = False,
+    **kwargs: Any,
+) -> Stabilizer | None:
+    """The loop around a setup's own code: a ``with stab.step()`` block per batch, `body(loop,
+    x, y)` inside it (what the setup writes), the context told each step."""
+    opts = list(optimizers) if isinstance(optimizers, list | tuple) else [optimizers]
+    loop = Loop(ctx, model, optimizers, **kwargs)
+    watched = [watch or model]
+    for i, (x, y) in enumerate(ctx.batches(nan_input=nan_input)):
+        ctx.begin(i, watched, opts)
+        with loop.step():
+            body(loop, x, y)
+    ctx.finish(watched, opts)
+    return loop.close()
+
+
 def simple(
     ctx: Ctx,
     model: nn.Module,
     optimizer: Any,
     *,
-    watch: nn.Module | None = None,
-    nan_input: bool = False,
     after_step: Any = None,
     zero: Any = None,
     **kwargs: Any,
 ) -> Stabilizer | None:
-    """The plainest loop: forward, backward, step, zero_grad; `after_step(i)` after each."""
-    loop = Loop(ctx, model, optimizer, **kwargs)
-    watched = [watch or model]
-    for i, (x, y) in enumerate(ctx.batches(nan_input=nan_input)):
-        ctx.begin(i, watched, [optimizer])
-        with loop.step():
-            loss = mse(model(x), y)
-            loop.backward(loss)
-            optimizer.step()
-            (zero or optimizer.zero_grad)()
+    """The plainest loop: forward, backward, step, zero_grad; `after_step(i, loss)` after."""
+    at = {"i": 0}
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        loss = mse(model(x), y)
+        loop.backward(loss)
+        optimizer.step()
+        (zero or optimizer.zero_grad)()
         if after_step is not None:
-            after_step(i, loss)
-    ctx.finish(watched, [optimizer])
-    return loop.close()
+            after_step(at["i"], loss)
+        at["i"] += 1
+
+    return frame(ctx, model, optimizer, body, **kwargs)
 
 
 def adamw(model: nn.Module, **kwargs: Any) -> torch.optim.Optimizer:
@@ -182,23 +205,21 @@ def scaler_clip(ctx: Ctx) -> Any:
     ctx.nan(net.a)
     opt = adamw(net)
     scaler = torch.amp.GradScaler("cpu")
-    loop = Loop(ctx, net, opt, scaler=scaler)
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            with torch.autocast("cpu", torch.float16):
-                loss = mse(net(x), y)
-            if loop.stab is not None:
-                loop.stab.backward(loss)
-            else:
-                scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            nn.utils.clip_grad_norm_(net.parameters(), 0.5)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        with torch.autocast("cpu", torch.float16):
+            loss = mse(net(x), y)
+        if loop.stab is not None:
+            loop.stab.backward(loss)
+        else:
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return frame(ctx, net, opt, body, scaler=scaler)
 
 
 def disabled_scaler(ctx: Ctx) -> Any:
@@ -208,22 +229,20 @@ def disabled_scaler(ctx: Ctx) -> Any:
     ctx.nan(net.a)
     opt = adamw(net)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    loop = Loop(ctx, net, opt, scaler=scaler, precision="bf16-mixed", clip=1.0)
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            with torch.autocast("cpu", torch.bfloat16):
-                loss = mse(net(x), y)
-            if loop.stab is not None:
-                loop.stab.backward(loss)
-            else:
-                scaler.scale(loss).backward()
-                nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = mse(net(x), y)
+        if loop.stab is not None:
+            loop.stab.backward(loss)
+        else:
+            scaler.scale(loss).backward()
+            nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return frame(ctx, net, opt, body, scaler=scaler, precision="bf16-mixed", clip=1.0)
 
 
 def shared_parameter(ctx: Ctx) -> Any:
@@ -232,17 +251,15 @@ def shared_parameter(ctx: Ctx) -> Any:
     ctx.nan(net.a)
     first = torch.optim.AdamW([*net.a.parameters(), net.norm.weight], lr=1e-2)
     second = torch.optim.SGD([net.norm.weight, *net.b.parameters()], lr=1e-2)
-    loop = Loop(ctx, net, [first, second])
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [first, second])
-        with loop.step():
-            loop.backward(mse(net(x), y))
-            first.step()
-            second.step()
-            first.zero_grad()
-            second.zero_grad()
-    ctx.finish([net], [first, second])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        loop.backward(mse(net(x), y))
+        first.step()
+        second.step()
+        first.zero_grad()
+        second.zero_grad()
+
+    return frame(ctx, net, [first, second], body)
 
 
 def subset(ctx: Ctx) -> Any:
@@ -266,17 +283,15 @@ def clip_value(ctx: Ctx) -> Any:
     net = Net()
     ctx.nan(net.a)
     opt = adamw(net)
-    loop = Loop(ctx, net, opt)
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            loop.backward(mse(net(x), y))
-            loop.before_step(opt)
-            nn.utils.clip_grad_value_(net.parameters(), 0.1)
-            opt.step()
-            opt.zero_grad()
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        loop.backward(mse(net(x), y))
+        loop.before_step(opt)
+        nn.utils.clip_grad_value_(net.parameters(), 0.1)
+        opt.step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
 
 
 def autograd_grad(ctx: Ctx) -> Any:
@@ -284,18 +299,16 @@ def autograd_grad(ctx: Ctx) -> Any:
     net = Net()
     ctx.nan(net.a)
     opt = adamw(net)
-    loop = Loop(ctx, net, opt)
     params = list(net.parameters())
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            grads = torch.autograd.grad(mse(net(x), y), params)
-            for p, g in zip(params, grads, strict=True):
-                p.grad = g
-            opt.step()
-            opt.zero_grad()
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        grads = torch.autograd.grad(mse(net(x), y), params)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        opt.step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
 
 
 def gradient_penalty(ctx: Ctx) -> Any:
@@ -303,18 +316,16 @@ def gradient_penalty(ctx: Ctx) -> Any:
     net = Net()
     ctx.nan(net.a)
     opt = adamw(net)
-    loop = Loop(ctx, net, opt)
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            x = x.requires_grad_(True)
-            out = net(x)
-            (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
-            loop.backward(mse(out, y) + 0.1 * (gx.norm(dim=1) - 1).pow(2).mean())
-            opt.step()
-            opt.zero_grad()
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        x = x.requires_grad_(True)
+        out = net(x)
+        (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loop.backward(mse(out, y) + 0.1 * (gx.norm(dim=1) - 1).pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
 
 
 def two_backwards(ctx: Ctx) -> Any:
@@ -322,17 +333,15 @@ def two_backwards(ctx: Ctx) -> Any:
     net = Net()
     ctx.nan(net.a)
     opt = adamw(net)
-    loop = Loop(ctx, net, opt)
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            out = net(x)
-            loop.backward(mse(out, y), retain_graph=True)
-            loop.backward(0.01 * out.abs().mean())
-            opt.step()
-            opt.zero_grad()
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        out = net(x)
+        loop.backward(mse(out, y), retain_graph=True)
+        loop.backward(0.01 * out.abs().mean())
+        opt.step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
 
 
 def data_parallel(ctx: Ctx) -> Any:
@@ -349,16 +358,14 @@ def muon_and_adamw(ctx: Ctx) -> Any:
     matrices = [p for p in net.parameters() if p.dim() == 2]
     rest = [p for p in net.parameters() if p.dim() != 2]
     muon, adam = torch.optim.Muon(matrices, lr=1e-2), torch.optim.AdamW(rest, lr=1e-2)
-    loop = Loop(ctx, net, [muon, adam])
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [muon, adam])
-        with loop.step():
-            loop.backward(mse(net(x), y))
-            for opt in (muon, adam):
-                opt.step()
-            net.zero_grad(set_to_none=True)
-    ctx.finish([net], [muon, adam])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        loop.backward(mse(net(x), y))
+        for opt in (muon, adam):
+            opt.step()
+        net.zero_grad(set_to_none=True)
+
+    return frame(ctx, net, [muon, adam], body)
 
 
 def warmup_unlisted(ctx: Ctx) -> Any:
@@ -391,15 +398,13 @@ def bf16_weights(ctx: Ctx) -> Any:
     net = Net().to(torch.bfloat16)
     ctx.nan(net.a)
     opt = adamw(net)
-    loop = Loop(ctx, net, opt, precision="bf16-true")
-    for i, (x, y) in enumerate(ctx.batches()):
-        ctx.begin(i, [net], [opt])
-        with loop.step():
-            loop.backward(mse(net(x.bfloat16()), y))
-            opt.step()
-            opt.zero_grad()
-    ctx.finish([net], [opt])
-    return loop.close()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        loop.backward(mse(net(x.bfloat16()), y))
+        opt.step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body, precision="bf16-true")
 
 
 def accumulate_nan_middle(ctx: Ctx) -> Any:

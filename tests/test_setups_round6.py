@@ -30,36 +30,38 @@ def _one_thread(one_thread: None) -> None:
     """Tiny models: one torch thread (see conftest)."""
 
 
-@pytest.mark.parametrize("name", list(LOOP))
-def test_a_loop_setup_holds(name: str, tmp_path: Path) -> None:
+SETUPS = {**LOOP, **LIGHTNING, **HF}
+SLOW = {"compile-aot_eager", "hf-torch-compile", "fabric-compile-eager"}  # (dynamo: 6-12 s each)
+OWN_TEST = ("accumulate-across-blocks", "pl-manual-accumulation")  # (checked below, and more)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+        for name in SETUPS
+        if name not in OWN_TEST
+    ],
+)
+def test_a_setup_holds(name: str, tmp_path: Path) -> None:
+    """The healthy run as without the monitor, the NaN step skipped, every claim true
+    (`setups_harness.check`); the names say the host (``pl-``: Lightning, ``hf-``: the HF
+    Trainer, ``fabric-``: Fabric, the rest a plain loop)."""
+    if name in HF:
+        pytest.importorskip("transformers")
     check(
-        LOOP[name], tmp_path, micro=MICRO.get(name, 0), optimizers=OPTIMIZERS.get(name, 1),
-        scaler_skips=SCALER_SKIPS.get(name, 0),
+        SETUPS[name], tmp_path, micro=MICRO.get(name, 0), optimizers=OPTIMIZERS.get(name, 1),
+        scaler_skips=SCALER_SKIPS.get(name, 0), fits=FITS.get(name, 1),
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(LIGHTNING))
-def test_a_lightning_setup_holds(name: str, tmp_path: Path) -> None:
-    check(
-        LIGHTNING[name], tmp_path, micro=MICRO.get(name, 0), optimizers=OPTIMIZERS.get(name, 1),
-        fits=FITS.get(name, 1),
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize("name", list(HF))
-def test_an_hf_trainer_setup_holds(name: str, tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    check(HF[name], tmp_path, micro=MICRO.get(name, 0))
-
-
-@pytest.mark.parametrize("name", ["accumulate-across-blocks", "pl-manual-accumulation"])
+@pytest.mark.parametrize("name", OWN_TEST)
 def test_a_backward_a_later_step_takes_is_part_of_that_step(name: str, tmp_path: Path) -> None:
     """Manual accumulation (Lightning's recipe: step every N batches; a loop stepping every
     second block): a block that stepped nothing is no abandoned step when its gradients are
     still there for the next one. Its loss is in that step's record, and a NaN input in it is
     named as the root cause, not called transient."""
-    run = {**LOOP, **LIGHTNING}[name]
-    trained = check(run, tmp_path)
+    trained = check(SETUPS[name], tmp_path)
     healthy, nan = trained["healthy"], trained["nan"]
     for t in (healthy, nan):
         assert not [line for line in t.lines if "abandoned" in line], t.lines
