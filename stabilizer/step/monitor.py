@@ -191,7 +191,7 @@ class RunMonitor:
             self.guard.cover(host.optimizers)  # (one created or replaced since)
             if not self.block.micro:  # the block's first: before its forward
                 self._extra += self.runtime.begin(step)
-            self.block.begin(batch, index, host.module)
+            self.block.begin(batch, index)
             if not self.preflight.done:
                 self._extra += self.preflight(host, batch, self.quiet)
             if self.probes is not None:
@@ -322,8 +322,9 @@ class RunMonitor:
         if self.host.facts.is_global_zero:
             log.log(
                 level,
-                "stabilizer: step %d: the block ended without an optimizer step: abandoned (its "
-                "loss and micro-batches are not carried into the next step; said once)",
+                "stabilizer: step %d: a backward no optimizer step took (its gradients zeroed "
+                "first, or its step never ran): abandoned (its loss and micro-batches are not "
+                "carried into the next step; said once)",
                 step.step,
             )
         step.report()

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
-from torch import nn
 
 from stabilizer.core.isolated import Isolated
 from stabilizer.core.kinds import IN_THE_LOSS, ROOT_CAUSE
@@ -59,12 +58,12 @@ def root_cause(
     with Isolated(strict) as replay:
         with quiet(), sandbox(host.module) as box, host.replaying():
             for index in _replay_order(micro):
-                _trainable_as_it_began(host.module, micro[index])
-                where = locate_nonfinite(
-                    host.module, host.replay(micro[index], loss_scale),
-                    rng_state=micro[index].rng, loss_scale=loss_scale,
-                    inputs=micro[index].batch, held=held,
-                )  # fmt: skip
+                with _trainable_as_it_began(micro[index]):
+                    where = locate_nonfinite(
+                        host.module, host.replay(micro[index], loss_scale),
+                        rng_state=micro[index].rng, loss_scale=loss_scale,
+                        inputs=micro[index].batch, held=held,
+                    )  # fmt: skip
                 if where.reproduced:
                     break
         if box.changed:
@@ -84,13 +83,19 @@ def root_cause(
     return replace(finding, seen=prefix + finding.seen) if prefix else finding
 
 
-def _trainable_as_it_began(module: nn.Module, micro: MicroBatch) -> None:
-    """The ``requires_grad`` flags as the micro-batch began (the sandbox puts the caller's back):
-    a step that toggles them (Lightning's ``toggle_optimizer`` per optimizer) toggles them again
-    from where it started, not from where the failing step left them."""
-    params = list(module.parameters())
-    if micro.trainable is not None and len(micro.trainable) == len(params):
-        for p, flag in zip(params, micro.trainable, strict=True):
+@contextlib.contextmanager
+def _trainable_as_it_began(micro: MicroBatch) -> Iterator[None]:
+    """The ``requires_grad`` flags as the micro-batch began, for its replay (the caller's
+    after): a step that toggles them (Lightning's ``toggle_optimizer`` per optimizer) toggles
+    them again from where it started, not from where the failing step left them."""
+    given = micro.trainable or ()
+    now = [(p, p.requires_grad) for p, _ in given]
+    try:
+        for p, flag in given:
+            p.requires_grad_(flag)
+        yield
+    finally:
+        for p, flag in now:
             p.requires_grad_(flag)
 
 

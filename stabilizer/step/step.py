@@ -279,13 +279,13 @@ class InFlight:
         self._carried_micro = self._carried_losses = 0  # how many of each are theirs
         self._dropped: list[OptimizerStep] = []  # theirs, abandoned: ended with this block
 
-    def begin(self, batch: Any, index: int, model: torch.nn.Module) -> bool:
-        """A micro-batch of `model` starts; True when it is the first of its block. What a
-        replay needs (its batch, the random state, the ``requires_grad`` flags) is kept only
-        where a root cause may replay it."""
+    def begin(self, batch: Any, index: int) -> bool:
+        """A micro-batch starts; True when it is the first of its block. What a replay needs
+        (its batch, the random state, the ``requires_grad`` flags) is kept only where a root
+        cause may replay it."""
         first = not self.micro
         if self.keep_batches:
-            trainable = tuple(p.requires_grad for p in model.parameters())
+            trainable = tuple((p, p.requires_grad) for p in self.params())
             self.micro.append(MicroBatch(batch, index, RngState.capture(), trainable))
         else:
             self.micro.append(MicroBatch(None, index, None))
