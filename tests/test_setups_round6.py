@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from setups_grads import GRADS
 from setups_harness import NAN, check
 from setups_hf import HF
 from setups_lightning import LIGHTNING
@@ -30,7 +31,7 @@ def _one_thread(one_thread: None) -> None:
     """Tiny models: one torch thread (see conftest)."""
 
 
-SETUPS = {**LOOP, **LIGHTNING, **HF}
+SETUPS = {**LOOP, **GRADS, **LIGHTNING, **HF}
 SLOW = {"compile-aot_eager", "hf-torch-compile", "fabric-compile-eager"}  # (dynamo: 6-12 s each)
 OWN_TEST = ("accumulate-across-blocks", "pl-manual-accumulation")  # (checked below, and more)
 
