@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stabilizer.live.tensors import outside_compile
 from stabilizer.step.host import MicroBatch
 
 __all__ = ["Call", "ModelCalls", "ReplaysCalls", "loss_of", "unwrap"]
@@ -93,9 +94,11 @@ class ModelCalls:
             self._calls = []  # kept here too, they (the inputs) would outlive the step
 
     def _hook(self, target: nn.Module) -> None:
+        # Under ``torch.compile`` traced hooks would compile the monitor's code (and fail in it).
+        called, output = outside_compile(self._called), outside_compile(self._output)
         self._handles += [
-            target.register_forward_pre_hook(self._called, with_kwargs=True),
-            target.register_forward_hook(self._output, with_kwargs=True, always_call=True),
+            target.register_forward_pre_hook(called, with_kwargs=True),
+            target.register_forward_hook(output, with_kwargs=True, always_call=True),
         ]
 
     def widen(self) -> None:

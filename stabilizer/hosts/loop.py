@@ -350,5 +350,8 @@ def _no_sync(model: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]
     while isinstance(model, nn.Module):
         if isinstance(model, nn.parallel.DistributedDataParallel):
             return model.no_sync
-        model = getattr(model, "_forward_module", None) or getattr(model, "module", None)
+        # (Fabric's, DDP's, torch.compile's inner module; by presence: a compiled module's
+        # truth value is its module's ``len()``, which a plain module does not have)
+        inner = (getattr(model, name, None) for name in ("_forward_module", "module", "_orig_mod"))
+        model = next((m for m in inner if isinstance(m, nn.Module)), None)
     return contextlib.nullcontext

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from stabilizer.core.groups import group_params
 from stabilizer.core.signals import ACT_ABSMAX_PREFIX, GRAD_NORM, GRAD_NORM_PREFIX, NONFINITE_GRADS
-from stabilizer.live.tensors import count_suspect, host_norms, l2_norms
+from stabilizer.live.tensors import count_suspect, host_norms, l2_norms, outside_compile
 
 __all__ = ["ActivationProbe", "GradProbe"]
 
@@ -336,8 +336,9 @@ class ActivationProbe:
 
     def _safe(self, key: str, record: Callable[..., None]) -> Callable[..., None]:
         """A hook that cannot break the user's forward: one that raises drops its signal for
-        the rest of the run, with one warning."""
+        the rest of the run, with one warning; outside ``torch.compile``'s graph."""
 
+        @outside_compile
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if key in self.dropped:
                 return

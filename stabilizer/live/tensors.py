@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -32,9 +33,12 @@ __all__ = [
     "host_norms",
     "l2_norms",
     "optimizer_state_tensors",
+    "outside_compile",
     "stored_values",
     "wide_dtype",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 HOST_READ = "stabilizer::host_read"  # the profiler's name for a step's one planned host read
 CPU_READ = "stabilizer::cpu_read"  # the profiler's name for the CPU path's read of its norms
@@ -301,3 +305,10 @@ class HostCopy:
                     self.waited = time.perf_counter() - start
                 self._values = self._host.tolist()
         return self._values
+
+
+def outside_compile(hook: _F) -> _F:
+    """`hook` (one the monitor puts on the user's modules) run as Python under ``torch.compile``:
+    a graph break around it, never traced (its bookkeeping is not traceable, and traced it would
+    compile the monitor's own code into the user's graph)."""
+    return cast(_F, torch.compiler.disable(hook))  # type: ignore[no-untyped-call]

@@ -71,12 +71,16 @@ class MicroBatch:
             loop: the model's recorded calls), kept for a root-cause replay only.
         index: Its index (Lightning's ``batch_idx``).
         rng: The torch random state before it (dropout masks), or None.
+        trainable: The optimizers' tensors and their ``requires_grad`` flags before it (code
+            that toggles them inside a step, as Lightning's ``toggle_optimizer``, starts from
+            them again on a replay), or None.
         losses: The losses it backpropagated (device tensors: read only on a failing step).
     """
 
     batch: Any
     index: int
     rng: RngState | None
+    trainable: tuple[tuple[torch.Tensor, bool], ...] | None = None
     losses: list[torch.Tensor] = field(default_factory=list)
 
 

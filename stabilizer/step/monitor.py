@@ -36,7 +36,6 @@ from stabilizer.core.engine import Engine
 from stabilizer.core.isolated import Isolated
 from stabilizer.core.records import Finding
 from stabilizer.core.run import RunHeader
-from stabilizer.live.rng import RngState
 
 from .auto import AutoRemedies
 from .console import STOP_LINE, Console
@@ -101,6 +100,9 @@ class RunMonitor:
             options.strict, self.cost.part,
         )  # fmt: skip
         self.block = InFlight()
+        self.block.params = lambda: (
+            p for opt in host.optimizers for group in opt.param_groups for p in group["params"]
+        )
         runtime, remedies = RUNTIMES[type(policy)]
         self.runtime = runtime(host, self.block, policy, self.ranks, self.quiet, options.strict)
         self.remedies = remedies(host, policy)
@@ -189,8 +191,7 @@ class RunMonitor:
             self.guard.cover(host.optimizers)  # (one created or replaced since)
             if not self.block.micro:  # the block's first: before its forward
                 self._extra += self.runtime.begin(step)
-            rng = RngState.capture() if self.block.keep_batches else None
-            self.block.begin(batch, index, rng)
+            self.block.begin(batch, index)
             if not self.preflight.done:
                 self._extra += self.preflight(host, batch, self.quiet)
             if self.probes is not None:
@@ -321,8 +322,9 @@ class RunMonitor:
         if self.host.facts.is_global_zero:
             log.log(
                 level,
-                "stabilizer: step %d: the block ended without an optimizer step: abandoned (its "
-                "loss and micro-batches are not carried into the next step; said once)",
+                "stabilizer: step %d: a backward no optimizer step took (its gradients zeroed "
+                "first, or its step never ran): abandoned (its loss and micro-batches are not "
+                "carried into the next step; said once)",
                 step.step,
             )
         step.report()

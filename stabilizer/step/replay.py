@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -58,11 +58,12 @@ def root_cause(
     with Isolated(strict) as replay:
         with quiet(), sandbox(host.module) as box, host.replaying():
             for index in _replay_order(micro):
-                where = locate_nonfinite(
-                    host.module, host.replay(micro[index], loss_scale),
-                    rng_state=micro[index].rng, loss_scale=loss_scale,
-                    inputs=micro[index].batch, held=held,
-                )  # fmt: skip
+                with _trainable_as_it_began(micro[index]):
+                    where = locate_nonfinite(
+                        host.module, host.replay(micro[index], loss_scale),
+                        rng_state=micro[index].rng, loss_scale=loss_scale,
+                        inputs=micro[index].batch, held=held,
+                    )  # fmt: skip
                 if where.reproduced:
                     break
         if box.changed:
@@ -80,6 +81,22 @@ def root_cause(
     if ranks.world_size > 1 and where.reproduced:
         prefix = f"rank {rank}: {prefix}"
     return replace(finding, seen=prefix + finding.seen) if prefix else finding
+
+
+@contextlib.contextmanager
+def _trainable_as_it_began(micro: MicroBatch) -> Iterator[None]:
+    """The ``requires_grad`` flags as the micro-batch began, for its replay (the caller's
+    after): a step that toggles them (Lightning's ``toggle_optimizer`` per optimizer) toggles
+    them again from where it started, not from where the failing step left them."""
+    given = micro.trainable or ()
+    now = [(p, p.requires_grad) for p, _ in given]
+    try:
+        for p, flag in given:
+            p.requires_grad_(flag)
+        yield
+    finally:
+        for p, flag in now:
+            p.requires_grad_(flag)
 
 
 def _replay_order(micro: Sequence[MicroBatch]) -> list[int]:

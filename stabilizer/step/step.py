@@ -34,7 +34,7 @@ ends (`OptimizerStep.let_go`), even when its report comes a step later.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -56,6 +56,7 @@ from stabilizer.core.signals import (
 from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import wide_dtype
 
+from .carried import Carried
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, STEPPING_PAST, UNCHECKED, Decision
 from .host import MicroBatch
 from .measurement import Measurement, Numbers, lr_key
@@ -273,17 +274,27 @@ class InFlight:
         self._open: dict[int, OptimizerStep] = {}  # by optimizer id, until decided or ended
         self._losses: list[torch.Tensor] = []  # backpropagated since the last step opened
         self._last: torch.Tensor | None = None  # the last step's loss, within this block
+        self.params: Callable[[], Iterable[torch.Tensor]] = tuple  # what the optimizers update
+        self._carried: Carried | None = None  # left by blocks that stepped nothing, unsettled
+        self._carried_micro = self._carried_losses = 0  # how many of each are theirs
+        self._dropped: list[OptimizerStep] = []  # theirs, abandoned: ended with this block
 
-    def begin(self, batch: Any, index: int, rng: RngState | None) -> bool:
-        """A micro-batch starts; True when it is the first of its block."""
+    def begin(self, batch: Any, index: int) -> bool:
+        """A micro-batch starts; True when it is the first of its block. What a replay needs
+        (its batch, the random state, the ``requires_grad`` flags) is kept only where a root
+        cause may replay it."""
         first = not self.micro
-        kept = self.keep_batches
-        self.micro.append(MicroBatch(batch if kept else None, index, rng if kept else None))
+        if self.keep_batches:
+            trainable = tuple((p, p.requires_grad) for p in self.params())
+            self.micro.append(MicroBatch(batch, index, RngState.capture(), trainable))
+        else:
+            self.micro.append(MicroBatch(None, index, None))
         return first
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """A backward is about to run on `loss` (divided by the accumulation, under it)."""
         loss = loss.detach().to(wide_dtype(loss.device))  # a finite 1e300 (64-true) stays finite
+        self._settle()
         self._losses.append(loss)
         if self.micro:
             self.micro[-1].losses.append(loss)
@@ -307,7 +318,9 @@ class InFlight:
         guarded: bool = False,
     ) -> OptimizerStep:
         """A new step of `optimizer` (READY): the losses since the last step are its loss (a
-        second optimizer stepping on the same backward shares the last one's)."""
+        second optimizer stepping on the same backward shares the last one's), with those of
+        earlier blocks whose gradients it takes (`Carried`)."""
+        self._settle()
         if self._losses:
             total = self._losses[0]
             for loss in self._losses[1:]:
@@ -320,21 +333,43 @@ class InFlight:
 
     def end(self, step: int, carry: bool) -> list[OptimizerStep]:
         """The block is over: each step still open ends — skipped by the grad scaler (measured
-        non-finite under it: the scaler never called the optimizer) or abandoned — and a block
-        that backpropagated without opening a step is abandoned as a step of its own (at
-        `step`); with `carry`, a block that opened no step holds its micro-batches for the next
-        (Lightning's automatic accumulation). Returns the block's steps."""
+        non-finite under it: the scaler never called the optimizer) or abandoned. A block that
+        backpropagated without opening a step leaves its gradients, loss and micro-batches to
+        the next step that takes them (manual accumulation), or, when they were zeroed first,
+        is abandoned as a step of its own (at `step`, `Carried`); with `carry`, a block that
+        opened no step holds them for the next whatever happens (Lightning's automatic
+        accumulation, which never zeroes between). Returns the block's ended steps."""
         if not self.steps and carry:
             return []
-        if not self.steps and self._losses:
-            self.steps.append(OptimizerStep(step, 0, None, self.micro))
+        self._settle()
+        dropped, self._dropped = self._dropped, []
+        if not self.steps and self._losses:  # its gradients stay for the next step (`Carried`)
+            self._carried = Carried(self.params(), step)
+            self._carried_micro, self._carried_losses = len(self.micro), len(self._losses)
+            return dropped
+        self.steps[:0] = dropped
         for step_ in self.steps:
             if step_.open:
                 _close(step_)
             step_.let_go()
         steps, self.steps = self.steps, []
         self.micro, self._open, self._losses, self._last = [], {}, [], None
+        self._carried = None
         return steps
+
+    def _settle(self) -> None:
+        """Before anything may write the gradients earlier blocks left (a backward, a step,
+        the block's end): carried into the coming step, or, zeroed since, abandoned as a step
+        of their own (`Carried`)."""
+        carried, self._carried = self._carried, None
+        if carried is None or not carried.zeroed():
+            return
+        k, j = self._carried_micro, self._carried_losses
+        dropped = OptimizerStep(carried.step, 0, None, self.micro[:k])
+        dropped.abandon()
+        dropped.let_go()
+        self._dropped.append(dropped)
+        self.micro, self._losses = self.micro[k:], self._losses[j:]
 
 
 def _close(step: OptimizerStep) -> None:
