@@ -35,7 +35,6 @@ EXAMPLES = [
     "RuntimeError: Train loss contains a NaN.",
     "RuntimeError: nan loss encountered at step 1204",
     "loss become infinite or NaN!",
-    "FloatingPointError: Loss became infinite or NaN at iteration=0!",
     "RuntimeError: Loss is diverging!",
     "Unexpected result tensor(nan, device='cuda:0') on rank 3 at iteration #1200 invocation #1 "
     "(message='loss is NaN')",
@@ -207,12 +206,8 @@ def test_the_dedicated_readers_say_the_words_too(format: str, text: str, step: i
     assert [(f.kind, f.step) for f in said] == [(TRAINER_SAID, step)]
 
 
-def test_paddlenlp_says_the_scale_after_its_skip_and_detectron2_the_iteration() -> None:
+def test_paddlenlp_says_the_scale_after_its_skip() -> None:
     """PaddleNLP's "optimizer not run" is its scaler's skip, with the scale after it (PaddleNLP
-    #7537: 0.25 -> 0.125 -> 0.0625, a cascade far below 1); detectron2's FloatingPointError
-    names the iteration whose loss was NaN/Inf (AdelaiDet at iteration 0)."""
+    #7537: 0.25 -> 0.125 -> 0.0625, a cascade far below 1)."""
     paddle = _heard("[ WARNING] - optimizer not run, scale_before: 0.125, scale_after: 0.0625")
     assert paddle is not None and paddle.values == {"skipped": 1.0, "loss_scale": 0.0625}
-    d2 = _heard("FloatingPointError: Loss became infinite or NaN at iteration=7!")
-    assert d2 is not None and d2.step == 7 and math.isnan(d2.values["loss"])
-    assert d2.words.severity == "error"
