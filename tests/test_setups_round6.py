@@ -32,7 +32,12 @@ def _one_thread(one_thread: None) -> None:
 
 
 SETUPS = {**LOOP, **GRADS, **LIGHTNING, **HF}
-SLOW = {"compile-aot_eager", "hf-torch-compile", "fabric-compile-eager"}  # (dynamo: 6-12 s each)
+SLOW = {  # (dynamo: 6-12 s each; inductor's C++ build ~90 s on a loaded machine)
+    "compile-aot_eager",
+    "compile-inductor",
+    "hf-torch-compile",
+    "fabric-compile-eager",
+}
 OWN_TEST = ("accumulate-across-blocks", "pl-manual-accumulation")  # (checked below, and more)
 
 
