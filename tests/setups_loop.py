@@ -281,6 +281,7 @@ def freeze_midway(ctx: Ctx) -> Any:
 LOOP = {
     "compile-eager": compiled("eager"),
     "compile-aot_eager": compiled("aot_eager"),
+    "compile-inductor": compiled("inductor"),
     "checkpoint-nonreentrant": checkpointed(False),
     "checkpoint-reentrant": checkpointed(True),
     "onecycle-per-step": onecycle,
