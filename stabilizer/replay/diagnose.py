@@ -305,7 +305,7 @@ def _count(segment: Segment, record: StepRecord) -> None:
     loss = record.values.get(LOSS)
     if loss is None:
         return
-    if math.isfinite(loss) and not _hidden_nan(loss, record.values.get(GRAD_NORM)):
+    if math.isfinite(loss) and (loss != 0.0 or not _hidden_nan(loss, record.values.get(GRAD_NORM))):
         segment.nonfinite_since = None
         return
     segment.nonfinite += 1

@@ -27,6 +27,7 @@ from .overflow_risk import computes_in_fp16
 __all__ = ["NonFinite"]
 
 _FLOOR_LOSS = -math.log(1.1754943508222875e-38)  # -ln(FLT_MIN) = 87.3365: log(0) clamped
+_QUIET_BELOW = 0.5 * _FLOOR_LOSS  # a loss under it is no multiple of the floor (`_quiet`)
 _FLOORED = 3  # losses at the floor in a row that are a NaN in disguise with no lower one before
 _ZEROS = 3  # losses of exactly 0 in a row ...
 _FELL = 0.5  # ... right after one of at least this much: a NaN the HF Trainer printed as 0.0
@@ -97,6 +98,8 @@ class NonFinite:
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
+        if self._quiet(values):
+            return []  # (most records)
         if not (LOSS in values or GRAD_NORM in values or NONFINITE_GRADS in values) and not any(
             key.startswith(GRAD_NORM_PREFIX) for key in values
         ):
@@ -143,6 +146,29 @@ class NonFinite:
             probe.recent -= 1
             return self._end(step)
         return [probe.judge(loss, step), *self._end(step)]
+
+    def _quiet(self, values: Mapping[str, float]) -> bool:
+        """Whether a record needs nothing but noting its loss (then noted): every value finite,
+        no count of non-finite gradients or updates, a loss above 0 and far under the floor,
+        nothing open or held. What the rest of `update` would conclude of it, without the
+        rest's work (most records are such)."""
+        loss = values.get(LOSS)
+        if not (
+            loss is not None
+            and 0.0 < loss < _QUIET_BELOW
+            and self._start is None
+            and not self._zeros
+            and self._probe.held is None
+            and not self._probe.recent
+            and math.isfinite(sum(values.values()))
+            and not values.get(NONFINITE_GRADS)
+            and not values.get(NONFINITE_UPDATE)
+        ):
+            return False
+        self._previous, self._floored = loss, 0  # (`_pinned`'s bookkeeping, as it would do)
+        if loss < self._lowest:
+            self._lowest = loss
+        return True
 
     def _pinned(self, loss: float) -> bool:
         """Whether a finite loss is a NaN in disguise: pinned at a multiple of ``-ln(FLT_MIN)``,

@@ -39,15 +39,15 @@ class LightningCsvReader(BaseReader):
 
     def _items(self, stream: IO[bytes]) -> Iterator[Item]:
         rows, steps = csv.reader(text_lines(stream, self.notes)), _StepRows()
-        header: list[str] = []
+        columns = _Columns([])
         while True:
             try:
                 for row in rows:  # a csv.Error ends this loop; the next row starts a new one
                     if not row:  # a blank line, or a followed file waits (`IDLE`)
                         yield from steps.done()
                     elif "step" in row:  # a header: the columns to read
-                        header = row
-                    elif (cells := _cells(header, row)) is not None:
+                        columns = _Columns(row)
+                    elif (cells := columns.cells(row)) is not None:
                         yield from steps.row(*cells, rows.line_num)
                 break
             except csv.Error as exc:  # a row the csv module refuses (a cell over its limit)
@@ -84,16 +84,23 @@ class _StepRows:
         return [record]
 
 
-def _cells(header: list[str], row: list[str]) -> tuple[int, dict[str, float]] | None:
-    """A row's step and its non-empty cells by column name; None for a row without a step or
-    with a cell that is no number."""
-    try:
-        step = int(float(row[header.index("step")]))
-        cells = {
-            name: float(cell)
-            for name, cell in zip(header, row, strict=False)
-            if cell and name not in ("step", "epoch")
-        }
-    except (ValueError, IndexError, OverflowError):
-        return None
-    return step, cells
+class _Columns:
+    """A header's columns: where the step is, and the named value columns (worked out once a
+    header, not once a row)."""
+
+    def __init__(self, header: list[str]) -> None:
+        self.step = header.index("step") if "step" in header else None
+        self.named = [(i, name) for i, name in enumerate(header) if name not in ("step", "epoch")]
+
+    def cells(self, row: list[str]) -> tuple[int, dict[str, float]] | None:
+        """A row's step and its non-empty cells by column name; None for a row without a step
+        or with a cell that is no number."""
+        if self.step is None:
+            return None
+        try:
+            step = int(float(row[self.step]))
+            width = len(row)
+            cells = {name: float(row[i]) for i, name in self.named if i < width and row[i]}
+        except (ValueError, IndexError, OverflowError):
+            return None
+        return step, cells
