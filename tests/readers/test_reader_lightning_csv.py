@@ -69,3 +69,35 @@ def test_csv_header_changing_within_a_step_merges_by_name() -> None:
         (2, {"loss": 4.0}),
         (3, {"loss": 5.0}),
     ]
+
+
+def test_the_one_training_column_that_says_loss_is_the_loss() -> None:
+    """A name no alias knows (``train_loss_batch``) is the loss where it is the one training
+    column that says loss: its per-step column, not its ``_epoch`` mean; held-out columns and
+    a header with an alias of the loss keep their names."""
+    text = (
+        "epoch,step,train_loss_batch,train_loss_epoch,val_loss_batch\n0,1,2.5,,\n0,2,nan,2.6,3.0\n"
+    )
+    first, second = parse("lightning_csv", text)
+    assert first.values == {"loss": 2.5}
+    assert math.isnan(second.values["loss"]) and second.values["train_loss_epoch"] == 2.6
+    aliased = "step,loss,aux_loss_batch\n1,2.0,0.5\n"
+    assert parse("lightning_csv", aliased)[0].values == {"loss": 2.0, "aux_loss_batch": 0.5}
+    two = "step,loss_g,loss_d\n1,2.0,0.5\n"  # a GAN's two losses: neither is the loss
+    assert parse("lightning_csv", two)[0].values == {"loss_g": 2.0, "loss_d": 0.5}
+    held_out = "step,val_loss_batch\n1,2.0\n"
+    assert parse("lightning_csv", held_out)[0].values == {"val_loss_batch": 2.0}
+
+
+def test_evaluation_rows_with_their_own_counter_are_no_restart() -> None:
+    """Lightning logs an evaluation loop's ``on_step`` metrics with the loop's batch counter:
+    rows of held-out metrics alone behind the training rows count at the last training step;
+    a training row that goes back is still a restart."""
+    text = (
+        "epoch,step,train_loss_step,val_loss_step\n"
+        "0,49,2.9,\n,0,,3.8\n,1,,3.9\n0,99,2.8,\n0,149,2.7,\n0,20,2.6,\n"
+    )
+    found = parse_items("lightning_csv", text, [])
+    assert [getattr(item, "step", None) for item in found] == [49, 99, 149, 20, 20]
+    assert found[0].values == {"loss": 2.9, "val_loss": 3.9}
+    assert restarts(found) == [(20, 7, "step went back from 149 to 20")]
