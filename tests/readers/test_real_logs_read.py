@@ -289,7 +289,7 @@ def read(name: str) -> list[StepRecord]:
 PENDING = {
     name
     for name, case in LABELS.items()
-    if case.get("added") in ("round5", "round5-holdout", "round6-holdout")
+    if case.get("added") in ("round5", "round5-holdout", "round6-holdout", "round7-holdout")
 } - set(SEEN)
 
 
