@@ -23,6 +23,7 @@ __all__ = ["Engine", "is_restart"]
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+_NOTHING: list[Finding] = []  # what a quiet record's `update` returns; compared, never handed out
 
 
 def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list[str]) -> bool:
@@ -120,7 +121,7 @@ class Engine:
             except Exception:
                 self._disable(detector, "raised", exc_info=True)
                 continue
-            if result != []:
+            if result != _NOTHING:  # (not `[]`: no new list a detector a record)
                 found += self._checked(detector, result)
         if self._closing:
             self._retire()
