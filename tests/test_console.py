@@ -20,13 +20,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from stabilizer.callbacks.monitor import StabilityMonitor
-from stabilizer.core.advice import LiveFacts
 from stabilizer.core.detectors.grad_spike import GradSpike
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd
 from stabilizer.replay.diagnose import diagnose
 from stabilizer.step.console import STOP_LINE, Console, compact_groups
 from stabilizer.step.cost import CAUSES, budget_verdict
+from stabilizer.step.live_outputs import LiveFacts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -294,3 +294,64 @@ def test_set_run_reaches_the_detectors_that_judge_by_the_run() -> None:
     assert engine.disabled == frozenset({"raising"})
     record = StepRecord(0, {"act_absmax/blocks.0.mlp": 4e8, "loss": 2.5})
     assert engine.observe(record) == []
+
+
+class Finishes(Scripted):
+    """Says it is done after its `last` record (as `Diverged` does past a stream's start);
+    done again when loaded from a state that says so."""
+
+    name: ClassVar[str] = "finishes"
+
+    def __init__(self, last: int) -> None:
+        super().__init__()
+        self.last, self.done = last, False
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        self.done = record.step >= self.last
+        return super().update(record)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": list(self.seen), "done": self.done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen, self.done = list(state["seen"]), bool(state["done"])
+
+
+def test_a_detector_that_says_it_is_done_is_fed_no_more_records() -> None:
+    """A quiet record asks nothing of a detector with nothing left to judge; its `finish` is
+    still called, and a checkpoint of it done loads done, one of it running loads running."""
+    finishes, scripted = Finishes(last=2), Scripted()
+    engine = Engine([finishes, scripted])
+    engine.replay(_losses(6))
+    assert finishes.seen == [0, 1, 2] and scripted.seen == [0, 1, 2, 3, 4, 5]
+    assert [f.step for f in engine.findings] == [99, 99]  # both finished
+    again = Finishes(last=2)
+    resumed = Engine([again])
+    resumed.load_state_dict(engine.state_dict())
+    resumed.observe(StepRecord(6, {"loss": 2.5}))
+    assert again.seen == [0, 1, 2]
+    running = Finishes(last=9)
+    before = Engine([running])
+    before.replay(_losses(2))
+    later = Finishes(last=9)
+    after = Engine([later])
+    after.load_state_dict(before.state_dict())
+    after.observe(StepRecord(2, {"loss": 2.5}))
+    assert later.seen == [0, 1, 2]
+
+
+def test_the_run_header_retires_and_revives_overflow_risk() -> None:
+    """`OverflowRisk` is done in a run that does not compute in fp16 (the engine stops asking
+    it) and judges again when a later header says fp16 (a resumed run in another precision)."""
+    from stabilizer.core.detectors import OverflowRisk
+    from stabilizer.core.run import RunHeader
+
+    risk = OverflowRisk()
+    engine = Engine([risk])
+    engine.set_run(RunHeader(precision="32-true"))
+    records = [StepRecord(s, {"act_absmax/blocks.0.mlp": 1e3 * 4**s}) for s in range(6)]
+    assert [f for r in records for f in engine.observe(r)] == []
+    assert engine._running == []
+    engine.set_run(RunHeader(precision="16-mixed"))
+    found = [f for r in records for f in engine.observe(r)]
+    assert [f.kind for f in found] == ["overflow_risk"]

@@ -16,19 +16,16 @@ all call it, so that one finding gets one advice everywhere. The rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .kinds import IN_THE_LOSS, ROOT_CAUSE, kind_of
 from .records import Finding
 from .remedies import LOW_PRECISION_REMEDIES, ROLLBACK, SKIP_STEP, TABLE
-from .run import low_precision
-from .signals import LOSS_SCALE, SKIPPED
 
 __all__ = [
     "LOW_PRECISION_REMEDIES",
     "REMEDY_TEXT",
-    "LiveFacts",
     "RunFacts",
     "advised",
     "fitting_remedies",
@@ -154,29 +151,3 @@ def advised(
     if not (fitting and finding.advice):  # (a finding whose message had no advice gets none)
         return replace(finding, remedies=fitting, advice="")
     return replace(finding, remedies=fitting, advice=remedy_text(fitting[0], finding.kind, facts))
-
-
-class LiveFacts:
-    """A live run's facts as its steps come, and its findings advised by them (`advised`).
-
-    Args:
-        precision: The trainer's precision (``"32-true"``, ``"bf16-mixed"``; ``""``: unknown).
-        spans: Spans of skipped steps remembered (the latest): findings are about recent steps.
-    """
-
-    def __init__(self, precision: str = "", spans: int = 64) -> None:
-        self.facts = RunFacts(low_precision=low_precision(precision), precision=precision)
-        self.spans = spans
-
-    def see(self, step: int, values: Mapping[str, float]) -> None:
-        """Take one step's record: was its update skipped, does the run scale its loss."""
-        if LOSS_SCALE in values and not self.facts.fp16:
-            self.facts = replace(self.facts, fp16=True)
-        if values.get(SKIPPED, 0.0) >= 0.5:
-            facts = self.facts.with_skipped(step)
-            self.facts = replace(facts, skipped=facts.skipped[-self.spans :])
-
-    def advise(self, found: Sequence[Finding]) -> list[Finding]:
-        """The findings of one step as the outputs show them, each with the others of its
-        step as context (a NaN's root cause comes with it)."""
-        return [advised(finding, self.facts, found) for finding in found]

@@ -23,6 +23,7 @@ __all__ = ["Engine", "is_restart"]
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+_NOTHING: list[Finding] = []  # what a quiet record's `update` returns; compared, never handed out
 
 
 def _has_signals(requires: Sequence[str], values: Collection[str], grouped: list[str]) -> bool:
@@ -57,7 +58,10 @@ class Engine:
     A detector gets records from the first that holds one of its `requires` keys on (it treats
     records without them as no-ops). A detector whose signals have not appeared after
     `signal_grace` records is logged once at DEBUG; it keeps waiting, so sparse signals (activation
-    statistics sampled every 500 steps) still reach it when they come.
+    statistics sampled every 500 steps) still reach it when they come. A detector that says it is
+    ``done`` (nothing left to judge in this stream: `Diverged` past the stream's first records,
+    `OverflowRisk` in a run that does not compute in fp16) gets no more records until it says
+    otherwise (a checkpoint loaded, a new run header); its `finish` is still called.
 
     Args:
         detectors: The detectors to run, with unique names; None runs `default_detectors()`.
@@ -84,8 +88,9 @@ class Engine:
         self._noted: set[str] = set()  # detectors logged as lacking their signals
         self._disabled: set[str] = set()  # detectors that raised
         self._findings: list[Finding] = []
-        self._running: list[Detector] = []  # enabled, signals seen: updated with every record
+        self._running: list[Detector] = []  # enabled, signals seen, not done: fed every record
         self._waiting: list[Detector] = []  # enabled, signals not seen yet
+        self._closing: list[Detector] = []  # of the running, those that may say they are done
         self._keys: set[str] = set()  # value keys the waiting detectors were checked against
         self._sort_out()
 
@@ -116,9 +121,19 @@ class Engine:
             except Exception:
                 self._disable(detector, "raised", exc_info=True)
                 continue
-            if result != []:
+            if result != _NOTHING:  # (not `[]`: no new list a detector a record)
                 found += self._checked(detector, result)
+        if self._closing:
+            self._retire()
         return self._emit(found) if found else found
+
+    def _retire(self) -> None:
+        """Stop feeding the detectors that have just said they are done (a loop, not `any`: it
+        runs after every record while one of them may still say so)."""
+        for detector in self._closing:
+            if detector.done:  # type: ignore[attr-defined]
+                self._sort_out()
+                return
 
     def _wake(self, values: Mapping[str, float]) -> None:
         """Start the waiting detectors whose signals ``values`` holds; note long-idle ones."""
@@ -148,6 +163,7 @@ class Engine:
             method = getattr(detector, "restart", None)
             if callable(method):
                 self._call(detector, method)
+        self._sort_out()
 
     def set_run(self, run: RunHeader) -> None:
         """What the run is (its header: precision, hardware, ...): every detector with a
@@ -158,6 +174,7 @@ class Engine:
             method = getattr(detector, "set_run", None)
             if callable(method):
                 self._call(detector, method, run)
+        self._sort_out()  # (the run may leave a detector nothing to judge, or give it back)
 
     def replay(self, records: Iterable[StepRecord]) -> list[Finding]:
         """Observe every record, then `finish`; return all findings of the stream."""
@@ -198,11 +215,11 @@ class Engine:
         self._disabled = set(state["disabled"])
         self._keys = set()
         self._findings = [Finding.from_dict(data) for data in state["findings"]]
-        self._sort_out()
         saved = state["detectors"]
         for detector in self._enabled():
             if detector.name in saved:
                 self._call(detector, detector.load_state_dict, saved[detector.name])
+        self._sort_out()  # (a detector done in the checkpoint is done again)
         unknown = sorted(set(saved) - {detector.name for detector in self.detectors})
         if unknown:
             logger.info("ignoring saved state of detectors not configured: %s", ", ".join(unknown))
@@ -212,10 +229,14 @@ class Engine:
 
     def _sort_out(self) -> None:
         """Split the enabled detectors, in their order, into running and waiting (after every
-        change of `_seen` or `_disabled`), so that `observe` asks nothing of the others."""
+        change of `_seen`, `_disabled` or a detector's ``done``), so that `observe` asks nothing
+        of the others. A waiting detector that is done still wakes (its signals are noted)."""
         enabled = self._enabled()
-        self._running = [d for d in enabled if d.name in self._seen]
+        self._running = [
+            d for d in enabled if d.name in self._seen and not getattr(d, "done", False)
+        ]
         self._waiting = [d for d in enabled if d.name not in self._seen]
+        self._closing = [d for d in self._running if hasattr(d, "done")]
 
     def _note_missing(self, detector: Detector) -> None:
         if self._records >= self.signal_grace:

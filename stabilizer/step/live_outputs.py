@@ -14,19 +14,20 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from torch import nn
 
 from stabilizer import __version__
-from stabilizer.core.advice import LiveFacts
+from stabilizer.core.advice import RunFacts, advised
 from stabilizer.core.isolated import isolated
 from stabilizer.core.records import Finding, StepRecord
-from stabilizer.core.run import RunEnd, RunHeader
+from stabilizer.core.run import RunEnd, RunHeader, low_precision
+from stabilizer.core.signals import LOSS_SCALE, SKIPPED
 from stabilizer.outputs.jsonl import JsonlWriter
 from stabilizer.outputs.notify import Notifier, as_notifier
 
@@ -36,6 +37,7 @@ from .live_tensorboard import TensorBoardOutput
 
 __all__ = [
     "JsonlOutput",
+    "LiveFacts",
     "LiveOutputs",
     "LoggerOutput",
     "MetricsLogger",
@@ -161,6 +163,35 @@ class NotifyOutput:
 
     def close(self, end: RunEnd) -> None:
         self.notifier.close()
+
+
+class LiveFacts:
+    """A live run's facts as its steps come, and its findings advised by them
+    (`stabilizer.core.advice.advised`, the rule every output follows). The live outputs are
+    its only user: it takes every reported step's record here, beside them, and asks the
+    advice's module only when a step has findings to advise.
+
+    Args:
+        precision: The trainer's precision (``"32-true"``, ``"bf16-mixed"``; ``""``: unknown).
+        spans: Spans of skipped steps remembered (the latest): findings are about recent steps.
+    """
+
+    def __init__(self, precision: str = "", spans: int = 64) -> None:
+        self.facts = RunFacts(low_precision=low_precision(precision), precision=precision)
+        self.spans = spans
+
+    def see(self, step: int, values: Mapping[str, float]) -> None:
+        """Take one step's record: was its update skipped, does the run scale its loss."""
+        if LOSS_SCALE in values and not self.facts.fp16:
+            self.facts = replace(self.facts, fp16=True)
+        if values.get(SKIPPED, 0.0) >= 0.5:
+            facts = self.facts.with_skipped(step)
+            self.facts = replace(facts, skipped=facts.skipped[-self.spans :])
+
+    def advise(self, found: Sequence[Finding]) -> list[Finding]:
+        """The findings of one step as the outputs show them, each with the others of its
+        step as context (a NaN's root cause comes with it)."""
+        return [advised(finding, self.facts, found) for finding in found]
 
 
 class LiveOutputs:

@@ -287,3 +287,25 @@ def test_a_step_past_floats_range_raises_nothing() -> None:
     engine.replay([StepRecord(1, {"loss": 2.5}), StepRecord(2, {"loss": 2.5}),
                    StepRecord(10**400, {"loss": 2.5})])  # fmt: skip
     assert engine.disabled == frozenset()
+
+
+def test_the_excerpt_rule_is_asked_only_where_it_could_find_a_spike() -> None:
+    """`LossSpike` skips `short_spike` for a loss under `min_ratio` times the lowest of its
+    few baseline losses: on 20,000 random short baselines (rises, falls, flat, around 0 and
+    negative) and losses, the answer is the excerpt rule's every time."""
+
+    from stabilizer.core.detectors._excerpt import short_spike
+    from stabilizer.core.detectors._robust import RobustWindow
+
+    rng = random.Random(0)
+    detector = LossSpike()
+    for _ in range(20_000):
+        window = RobustWindow(50)
+        level, shape = rng.choice([2.5, 0.3, 0.0, -1.0, 1e-3]), rng.random()
+        for i in range(rng.randint(1, 19)):
+            trend = (i if shape < 0.3 else -i if shape < 0.6 else 0) * rng.random() * 0.2
+            window.push(level + trend + rng.gauss(0.0, 0.05 * (abs(level) + 0.01)))
+        loss = rng.choice(list(window.values)) * rng.uniform(0.5, 4.0) + rng.gauss(0.0, 0.1)
+        expected = short_spike(loss, window, detector)
+        got = detector._short(loss, window)
+        assert got == (None if expected is None else expected[:2]), (list(window.values), loss)

@@ -33,7 +33,11 @@ class Detector(Protocol):
     (no arguments): training went back to earlier weights, the baseline starts over
     (`Engine.restart`; `LossSpike`, `GradSpike`). One whose judgement depends on what the run is
     may define ``set_run(run)``, a `stabilizer.core.run.RunHeader` (`Engine.set_run`;
-    `OverflowRisk`: the fp16 range matters only in a run that computes in fp16).
+    `OverflowRisk`: the fp16 range matters only in a run that computes in fp16). One that can
+    run out of things to judge in a stream may keep a ``done`` attribute (a bool, not a
+    property: the engine reads it after every record while it is False): while it is True its
+    `update` returns [] and changes nothing, and the engine stops calling it (`Diverged` past
+    the stream's first records; `OverflowRisk` in a run that does not compute in fp16).
 
     Attributes:
         name: The snake_case name: registry key, CLI value, log tag segment.

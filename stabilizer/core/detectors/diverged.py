@@ -75,7 +75,9 @@ class Diverged:
     def __init__(self, records: int = 3) -> None:
         check_at_least("records", records, 1)
         self.records = records
-        self._judging = True  # still within the out-of-range records the stream began with
+        # Past the out-of-range records the stream began with: nothing left to judge (the
+        # engine stops feeding it).
+        self.done = False
         self._first: int | None = None  # the stream's first step
         self._begins: bool | None = None  # whether it shows its run's start (from 2 records)
         self._by_level = False  # a record of the stretch is out of range by its loss's level
@@ -86,7 +88,7 @@ class Diverged:
         self._worst = (0.0, 0.0)  # the largest gradient norm and loss seen in the stretch
 
     def update(self, record: StepRecord) -> list[Finding]:
-        if not self._judging:
+        if self.done:
             return []
         grad = record.values.get(GRAD_NORM)
         if grad is None:  # (a record without a gradient norm changes nothing)
@@ -112,7 +114,7 @@ class Diverged:
 
     def _close(self) -> list[Finding]:
         """The stretch of out-of-range records is over (or never began): judging ends."""
-        self._judging = False
+        self.done = True
         grew = self._reported and self._count > self._reported
         return [self._finding(f", in range again after step {self._end}")] if grew else []
 
@@ -141,9 +143,9 @@ class Diverged:
         )
 
     def finish(self) -> list[Finding]:
-        if not self._judging:
+        if self.done:
             return []
-        self._judging = False
+        self.done = True
         if not self._reported and self._count >= _WHOLE and not self._by_level:
             # An excerpt whose every record has a gradient norm out of all proportion, fewer than
             # `records` of them: nothing in it says the run was ever in range (mmdetection#3446:
@@ -155,7 +157,7 @@ class Diverged:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "judging": self._judging,
+            "judging": not self.done,
             "first": self._first,
             "begins": self._begins,
             "by_level": self._by_level,
@@ -167,7 +169,7 @@ class Diverged:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._judging = bool(state["judging"])
+        self.done = not state["judging"]
         self._first = state.get("first")
         self._begins = state.get("begins")
         self._by_level = bool(state.get("by_level", False))

@@ -164,6 +164,9 @@ class LossSpike:
         """`_classify` on a short excerpt (`_excerpt.short_spike`)."""
         if not self._early.done:
             self._rise = loss - window.median()  # (the first records' bumps: `_early`)
+        lowest = window.ordered[0]
+        if lowest > 0.0 and loss < self.min_ratio * lowest:
+            return None  # most losses: under `min_ratio`x every baseline the rule can take
         spike = short_spike(loss, window, self)
         if spike is None:
             return None

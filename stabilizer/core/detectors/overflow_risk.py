@@ -61,13 +61,15 @@ class OverflowRisk:
         self._history: dict[str, list[float]] = {}  # module -> its last samples + 1 finite values
         self._open: set[str] = set()  # modules with an open (already reported) episode
         self._fp16: bool | None = None  # whether the run computes in fp16 (None: not known)
+        self.done = False  # a run known not to compute in fp16: nothing to judge (`set_run`)
 
     def set_run(self, run: RunHeader) -> None:
         """What the run is: only a run that computes in fp16 can overflow fp16's range."""
         self._fp16 = computes_in_fp16(run.precision)
+        self.done = self._fp16 is False
 
     def update(self, record: StepRecord) -> list[Finding]:
-        if self._fp16 is False:
+        if self.done:  # (the engine stops feeding it then; a direct caller may not)
             return []
         findings = []
         for key, value in record.values.items():
@@ -122,6 +124,7 @@ class OverflowRisk:
         self._open = {str(module) for module in state["open"]}
         fp16 = state.get("fp16")  # absent in checkpoints of earlier rounds
         self._fp16 = None if fp16 is None else bool(fp16)
+        self.done = self._fp16 is False
 
 
 def computes_in_fp16(precision: str) -> bool | None:
