@@ -118,8 +118,6 @@ MISSES = {
     "healthy traps: bf16's coarse losses, summaries printed twice, per-node duplicates)",
     "lightning_csv_slm_wikitext_flat_at_unigram_level_stall": "held out, round 7: a loss flat "
     "at 7.6 (about the unigram level, not ln V) for 11k steps is no chance level we know",
-    "speechbrain_issue1462_librispeech_lm_loss_not_finite_words_only": "held out, round 7: "
-    "unread (exit 2): SpeechBrain's 'Loss is not finite' said in words alone, with no number",
     "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "held out, round 7: false "
     "alarm - a new task's loss level (0.0014 -> 0.137, then falling) read as two loss spikes",
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: unread (exit 2): "

@@ -55,8 +55,6 @@ DIFFER = {
     "olmo_fork_20m_gradnorm_vanishes_to_zero_loss_flat_stall": "the same OLMo record shape",
     "build_nanogpt_bare_columns_val_hella_start_healthy": "unread plain (a held-out miss: bare "
     "'N train L' columns beside val and hella rows)",
-    "speechbrain_issue1462_librispeech_lm_loss_not_finite_words_only": "unread plain (a "
-    "held-out miss of round 7: SpeechBrain's words alone, no number)",
     "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "a held-out miss of round 7: "
     "plain, the datasets' Map bars give steps and the Trainer's summaries their losses; behind a "
     "prefix the bars are read otherwise, so the (false) spikes land elsewhere",

@@ -36,6 +36,8 @@ EXAMPLES = [
     "RuntimeError: nan loss encountered at step 1204",
     "loss become infinite or NaN!",
     "RuntimeError: Loss is diverging!",
+    "ValueError: Loss is not finite and patience is exhausted. To debug, wrap `fit()` with "
+    "autograd's `detect_anomaly()`, e.g.",
     "Unexpected result tensor(nan, device='cuda:0') on rank 3 at iteration #1200 invocation #1 "
     "(message='loss is NaN')",
     "Rank 0, node n1, device 0, iteration 1201: Unexpected result tensor(13.2, device='cuda:0') "
