@@ -113,9 +113,6 @@ MISSES = {
     "bare 'N train L' columns beside val and hella rows",
     # Round 7's held-out set: its first-sight misses (docs/benchmarks.md, "First sight on a
     # held-out set (round 7)"), scored on dde525e before anything was changed for them.
-    "lightning_csv_wsd_siamese_identical_loss_every_row_stall": "held out, round 7: a loss "
-    "identical to the last digit over 74 rows is no rule (a scan of every real log found the "
-    "healthy traps: bf16's coarse losses, summaries printed twice, per-node duplicates)",
     "lightning_csv_slm_wikitext_flat_at_unigram_level_stall": "held out, round 7: a loss flat "
     "at 7.6 (about the unigram level, not ln V) for 11k steps is no chance level we know",
     "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "held out, round 7: false "

@@ -364,3 +364,54 @@ def test_a_zero_gradient_norm_while_the_lr_is_zero_is_no_evidence() -> None:
     nothing more, and the start rule waits."""
     records = [StepRecord(r.step, {**r.values, "lr": 0.0}) for r in _with_norms(_VANISHING, _NORMS)]
     assert Engine([Stall()]).replay(records) == []
+
+
+def _feed_at(detector: Stall, steps_losses: list[tuple[int, float]]) -> list[Finding]:
+    found: list[Finding] = []
+    for step, loss in steps_losses:
+        found += detector.update(StepRecord(step, {"loss": loss, "lr": 1e-4}))
+    return found + detector.finish()
+
+
+def test_a_loss_frozen_to_its_last_digit_is_a_stall_mid_run() -> None:
+    """74 rows of a Lightning CSV at 16.74222755432129 (a collapsed contrastive model): six
+    records in a row at different steps decide, from mid-run (no start in view)."""
+    noisy = [(1000 + 50 * i, 20.0 + (i % 3)) for i in range(6)]
+    frozen = [(1300 + 50 * i, 16.74222755432129) for i in range(10)]
+    [stall] = _feed_at(Stall(), noisy + frozen)
+    assert (stall.kind, stall.step, stall.end_step) == ("stall", 1300, 1550)
+    assert "the same to its last printed digit" in stall.message
+    # the last bits of an fp32 mean may differ: 0.35977894 and 0.35977891 are one value
+    epochs = [(e, 0.35977894 if e < 21 else 0.35977891) for e in range(16, 22)]
+    assert [f.kind for f in _feed_at(Stall(), epochs)] == ["stall"]
+
+
+@pytest.mark.parametrize(
+    "series",
+    [
+        [(s, 16.74222755432129) for s in range(5)],  # five records: not enough
+        [(s, 11.875) for s in range(20)],  # bf16's coarse loss (5 digits) repeats by chance
+        [(s, 1.8673) for s in range(20)],  # printed to 5 digits
+        [(s, 0.0) for s in range(20)],  # a loss at zero
+        [(7, 2.345678901)] * 20,  # one step printed again and again (ranks, a bar's redraws)
+        [(s, 2.345678901 + 1e-5 * (s % 2)) for s in range(20)],  # it moves in the 6th digit
+    ],
+    ids=["five", "bf16", "five-digits", "zero", "one-step", "moves"],
+)
+def test_a_loss_that_repeats_by_chance_is_not_frozen(series: list[tuple[int, float]]) -> None:
+    assert not _feed_at(Stall(steps=10**6), series)
+
+
+def test_a_frozen_loss_with_the_lr_at_zero_is_not_judged() -> None:
+    found: list[Finding] = []
+    detector = Stall(steps=10**6)
+    for step in range(20):
+        found += detector.update(StepRecord(step, {"loss": 2.345678901, "lr": 0.0}))
+    assert not found
+
+
+def test_a_frozen_stretch_resumes_from_a_checkpoint() -> None:
+    first, second = Stall(steps=10**6), Stall(steps=10**6)
+    _feed_at(first, [(s, 3.141592653) for s in range(4)])
+    second.load_state_dict(first.state_dict())
+    assert [f.step for f in _feed_at(second, [(s, 3.141592653) for s in range(4, 8)])] == [0]

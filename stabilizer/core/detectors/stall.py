@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from stabilizer.core.kinds import STALL, kind_of
@@ -16,13 +17,16 @@ from ._robust import median
 from ._trend import Trend
 from .base import check_at_least, check_fraction
 
-__all__ = ["Stall"]
+__all__ = ["FrozenWatch", "Stall", "digits"]
 
 _SAMPLE = 5  # losses whose median stands for the start, and for the level now
 _MIN_RECORDS = 10  # fewer losses by the decision are too few to call a run stalled
 _LOW = 20  # the losses whose median says how low the loss has been (noise averages out)
 _MIN_FALL = 0.01  # of the start: a fall the trend must add up to, to count as learning
 _ZERO_RECORDS = 8  # records in a row with a gradient norm of exactly 0 that decide at once
+_FROZEN_RECORDS = 6  # records in a row at different steps with the same loss: frozen
+_FROZEN_DIGITS = 6  # significant digits a loss must be printed with for its repeats to count
+_SAME = 1e-6  # relative: the same loss to its sixth digit (an fp32 mean's last bits differ)
 
 
 class Stall:
@@ -60,6 +64,10 @@ class Stall:
     of a run: mid-run, a printed norm of 0.000 beside a loss far below its start is the trainer
     not computing it (Megatron-DeepSpeed prints ``grad norm: 0.000`` at every iteration).
 
+    Frozen, at any step: a loss the same to its last printed digit on 6 records in a row at
+    different steps (`FrozenWatch`), while the LR (when logged) is non-zero, away from every
+    chance level (there the chance rule says why it is stuck).
+
     Chance level needs no start in view: a model whose loss is ln(N) to the second or third digit,
     record after record, gives every token or class the same probability whatever the input, at
     step 40 as at step 40,000. Each such stretch is one ``stall`` (WARNING) from its first record
@@ -96,17 +104,11 @@ class Stall:
         self._chance = ChanceWatch()
         self._trend = Trend()  # the least-squares line through the losses before the decision
         self._zero = Trend()  # the same, through the losses of a stretch of zero gradient norms
+        self._frozen = FrozenWatch()
 
     def update(self, record: StepRecord) -> list[Finding]:
         values = record.values
-        lr = values.get(LR)
-        if lr is not None:
-            if lr == self._lr:
-                self._rising = False  # (`_note_lr` of an LR as before)
-            else:
-                self._note_lr(lr)
-        if VOCAB_SIZE in values:
-            self._stated = values[VOCAB_SIZE]
+        self._note(values)
         loss = values.get(LOSS)
         if loss is None or not math.isfinite(loss):
             return []
@@ -114,6 +116,11 @@ class Stall:
         if self._first_step is None:
             self._first_step = record.step
             self._done = record.step > self.steps // 4  # the start of training is not in view
+        if self._lr != 0.0 and not self._chance.silenced:
+            found = self._frozen.update(record.step, loss)
+            if found and not near_some(loss, self._stated or self.vocab_size):
+                self._done = self._chance.silenced = True  # (the other rules: nothing to add)
+                return found  # (at a chance level, the chance rule says more: why it is stuck)
         if not self._done:
             found = self._from_start(record.step, loss, values.get(GRAD_NORM))
             if found:  # a stall from the first step on: one report is enough
@@ -168,6 +175,17 @@ class Stall:
             return []
         self._done = True
         return self._decide(step)
+
+    def _note(self, values: Mapping[str, float]) -> None:
+        """Note a record's LR and the vocabulary it states."""
+        lr = values.get(LR)
+        if lr is not None:
+            if lr == self._lr:
+                self._rising = False  # (`_note_lr` of an LR as before)
+            else:
+                self._note_lr(lr)
+        if VOCAB_SIZE in values:
+            self._stated = values[VOCAB_SIZE]
 
     def _note_lr(self, lr: float) -> None:
         if math.isfinite(lr):
@@ -236,6 +254,7 @@ class Stall:
             "chance": self._chance.state_dict(),
             "trend": self._trend.state(),
             "zero": self._zero.state(),
+            "frozen": self._frozen.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -255,6 +274,79 @@ class Stall:
         self._trend.load(state.get("trend"))  # absent in checkpoints of earlier rounds
         self._zero = Trend()
         self._zero.load(state.get("zero"))
+        self._frozen = FrozenWatch()
+        self._frozen.load_state_dict(state.get("frozen"))  # absent in earlier checkpoints
         self._chance = ChanceWatch()
         if "chance" in state:
             self._chance.load_state_dict(state["chance"])
+
+
+def digits(value: float) -> int:
+    """The significant digits of ``value`` as Python writes it (its shortest round trip):
+    ``16.74222755432129`` has 16, ``11.875`` 5, ``2.0`` 1."""
+    mantissa = repr(abs(value)).split("e", 1)[0]
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0")
+    return len(mantissa.replace(".", "").strip("0"))
+
+
+class FrozenWatch:
+    """A frozen loss: the same value, to its last printed digit, record after record.
+
+    A training loss is the mean over a batch (or an epoch) that changes from one record to the
+    next; as long as the weights change, its sixth significant digit does too. When it repeats to
+    the last digit printed over 6 records at different steps, nothing the optimizer does reaches
+    the loss: the weights do not change (an LR of 0, frozen parameters, an optimizer not stepping)
+    or the model's output no longer depends on them (a collapsed model: a contrastive loss stuck
+    at one value, 74 rows of a Lightning CSV). Only values printed to 6 significant digits or more
+    count: a loss printed to four or five (``1.8673``, Keras' ``0.6931``) or a bf16 loss
+    (``11.875``: 8 bits of mantissa) repeats by chance in a healthy run, and so does a summary
+    printed twice or a line every rank prints; no healthy real log repeats a loss of six digits
+    or more more than three times.
+    """
+
+    def __init__(self) -> None:
+        self.value: float | None = None  # the loss the stretch repeats
+        self.first: int | None = None  # the step of its first record
+        self.step: int | None = None  # the step of its last record
+        self.count = 0  # its records
+
+    def update(self, step: int, loss: float) -> list[Finding]:
+        """One finite loss at ``step``: a ``stall`` where a stretch reaches `_FROZEN_RECORDS`."""
+        value = self.value
+        if value is not None and abs(loss - value) <= _SAME * abs(value):
+            if step == self.step:
+                return []  # the same step printed again: no new record
+            self.step, self.count = step, self.count + 1
+            if self.count == 2 and (value == 0.0 or digits(value) < _FROZEN_DIGITS):
+                self.value = None  # too few digits to say anything: wait for another value
+            elif self.count == _FROZEN_RECORDS:
+                return [self._finding(step)]
+            return []
+        self.value, self.first, self.step, self.count = loss, step, step, 1
+        return []
+
+    def _finding(self, step: int) -> Finding:
+        assert self.value is not None and self.first is not None
+        return Finding(
+            kind=STALL,
+            step=self.first,
+            end_step=step,
+            severity=Severity.WARNING,
+            seen=f"loss {self.value:.10g} on {_FROZEN_RECORDS} records in a row, steps "
+            f"{self.first}-{step}, the same to its last printed digit: nothing the optimizer "
+            "does reaches the loss; check the LR, frozen parameters, an optimizer that does "
+            "not step, and a model whose output no longer depends on its input",
+            evidence={"level": self.value, "frozen_records": float(_FROZEN_RECORDS)},
+            remedies=kind_of(STALL).remedies,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "first": self.first, "step": self.step, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        state = state or {}
+        value = state.get("value")
+        self.value = None if value is None else float(value)
+        self.first, self.step = state.get("first"), state.get("step")
+        self.count = int(state.get("count", 0))
