@@ -100,16 +100,12 @@ MISSES = {
     "trainer's words (detectron2's FloatingPointError at iteration 0, no loss_dict after it) is "
     "not heard: a catalogue row for it made the words a record of their own, which took the step "
     "from the loss_dict line that follows it elsewhere (detectron2#838)",
-    "baby_llama2_chinese_issue17_pretrain_nan_at_7000": "held out, round 6: the NaN is placed at "
-    "step 0, not 7000",
     "tf2_od_api_issue6_loss_climbs_two_loggers": "held out, round 6: a climb from 1.2 to 2.4 over "
     "two loggers' lines is not called",
     "pose_estimation_issue100_partial_window_low_record_healthy": "held out, round 6: false alarm "
     "- read right now (one record a block: 357.8, 14.8 at 3100, 355.7 at 3200), the judge calls "
     "the last block a loss spike from a baseline of two records, the low one (a partial window, "
     "4/516 batches in) among them, though the loss is back where the first block was",
-    "build_nanogpt_bare_columns_val_hella_start_healthy": "held out, round 6: unread (exit 2): "
-    "bare 'N train L' columns beside val and hella rows",
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: unread (exit 2): "
     "the loss lives in the tqdm bar's description ('Epoch E, Step S, Loss: L:'); and an epoch "
     "that repeats the last one's losses digit for digit is no rule yet",

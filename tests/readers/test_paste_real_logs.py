@@ -50,8 +50,6 @@ DIFFER = {
     "the indentation with it, so the lines are not joined under the [batch=366] header",
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "unread plain (a held-out miss: the "
     "loss lives in a tqdm bar's description)",
-    "build_nanogpt_bare_columns_val_hella_start_healthy": "unread plain (a held-out miss: bare "
-    "'N train L' columns beside val and hella rows)",
 }
 
 

@@ -308,7 +308,7 @@ def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
     known = {key for key in values if key in SIGNALS or key.startswith("loss_")}
     return (
         bool(known)
-        and not pend.bar  # (a bar's record is the bar: a trainer's loss below it is another's)
+        and not (pend.bar and LOSS in values)  # (a bar's loss, then the trainer's: 2 series)
         and not known.intersection(pend.values)
         and not _HEADER.search(line)
     )
