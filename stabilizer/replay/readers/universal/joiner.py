@@ -90,7 +90,9 @@ class Joiner:
         Returns the items it completes (lists, not generators: a line is read in microseconds,
         and a generator per line costs a good part of that).
         """
-        bar = LOSS in values and self._bar(line, values)
+        bar = False  # (a line that is no bar costs no call once one has printed a loss)
+        if LOSS in values and (not self.lined or "it/s" in line or "s/it" in line):
+            bar = self._bar(line, values)
         pend, (step, where) = self.pending, at
         if pend is not None and not pend.overflow:
             if step is None and _breakdown(pend, values):  # "mean center loss : 2638.2" under
@@ -287,7 +289,9 @@ def _in_bar(line: str) -> bool:
     """Whether the loss of a line is its progress bar's: in tqdm's description or postfix, not
     after the bar's end (``...5.00it/s]{'loss': 2.16}``: the HF Trainer's record printed after a
     bar, with no newline between; ``...1.66s/it]Beginning of Epoch 2/18``: a bar's loss)."""
-    ends = [found.end() for found in _BAR_END.finditer(line)] if "/" in line else []
+    if "it/s" not in line and "s/it" not in line:  # (most record lines: no bar, two scans in C)
+        return False
+    ends = [found.end() for found in _BAR_END.finditer(line)]
     return bool(ends) and LOSS not in values_of(line[ends[-1] :])
 
 

@@ -107,7 +107,8 @@ class _Reading:
             return join.line(lineno, line, (step, where), kept)
         if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
             return join.line(lineno, line, (None, ()), values)
-        if all(map(SPLITS.__contains__, values)) and (found := self.shapes.read(line)):
+        bare = not values or all(map(SPLITS.__contains__, values))  # ("76 train 7.33")
+        if bare and (found := self.shapes.read(line)):
             return join.series(lineno, line, found)  # "76930 2.6496577", "76 train 7.33": bare
         self.table, self.above = table_of(line, low, self.above), line
         join.other(line)
