@@ -32,9 +32,7 @@ __all__ = ["MAX_HELD", "Joiner"]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 _TIME = re.compile(r"\d:\d\d:\d\d(?:[.,]\d+)?")  # a time of day, as loggers print it
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
-_BAR_END = re.compile(
-    r"(?:it/s|s/it)(?:,[^\]]*)?\]"
-)  # a tqdm bar's end: "[00:53, 2.2it/s, loss=3]"
+_BAR_END = re.compile(r"(?:it/s|s/it)(?:,[^\]]*)?\]")  # a tqdm bar's end: "2.2it/s, loss=3]"
 _ALONE = re.compile(r"\s*[A-Za-z_][\w./-]*(?: [A-Za-z_][\w./-]*)?\s*[:=]?\s*\S+\s*")  # "name: x"
 _Values = dict[str, float]
 _Held = tuple[_Values, "Words | None", str]  # a record's values, its message's row, its line

@@ -107,9 +107,9 @@ class _Reading:
             return join.line(lineno, line, (step, where), kept)
         if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
             return join.line(lineno, line, (None, ()), values)
-        bare = not values or all(map(SPLITS.__contains__, values))  # ("76 train 7.33")
-        if bare and (found := self.shapes.read(line)):
-            return join.series(lineno, line, found)  # "76930 2.6496577", "76 train 7.33": bare
+        bare = not values or all(map(SPLITS.__contains__, values))  # (values_of: {"train": 7.33})
+        if bare and (found := self.shapes.read(line)):  # "76930 2.6496577", "76 train 7.33"
+            return join.series(lineno, line, found)
         self.table, self.above = table_of(line, low, self.above), line
         join.other(line)
         return []
