@@ -50,11 +50,6 @@ DIFFER = {
     "the indentation with it, so the lines are not joined under the [batch=366] header",
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "unread plain (a held-out miss: the "
     "loss lives in a tqdm bar's description)",
-    "olmo_fork_20m_fresh_gradnorm_zero_flat_stall": "OLMo prints a record as a header line and "
-    "indented name=value lines: behind a logger's prefix, as Composer's above, they are not joined",
-    "olmo_fork_20m_gradnorm_vanishes_to_zero_loss_flat_stall": "the same OLMo record shape",
-    "build_nanogpt_bare_columns_val_hella_start_healthy": "unread plain (a held-out miss: bare "
-    "'N train L' columns beside val and hella rows)",
     "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "a held-out miss of round 7: "
     "plain, the datasets' Map bars give steps and the Trainer's summaries their losses; behind a "
     "prefix the bars are read otherwise, so the (false) spikes land elsewhere",

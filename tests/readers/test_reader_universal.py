@@ -78,6 +78,7 @@ def test_the_step(line: str, step: int) -> None:
         ),
         ("Epoch  1, 12900/37527; acc:   4.48; xent:  10.47", [12900]),  # OpenNMT
         ("Epoch(train) [2][ 50/100]  lr: 1e-4  loss: 2.3", [150]),
+        ("[pretrain.py][INFO] Epoch:[0/2](7000/293491) loss:nan lr:0.00009", [7000]),  # baby-llama2
         # Swin-style loggers name no epoch: "[epoch/E][count/N]"
         (
             "Train: [0/300][10/100]\tloss 2.0 (2.1)\nTrain: [1/300][10/100]\tloss 1.9 (2.0)",

@@ -59,6 +59,24 @@ def test_bare_columns_are_read_by_their_repeated_shape() -> None:
     assert found[2].values == {"loss": 2.6496577} and math.isnan(found[3].values["loss"])
 
 
+def test_bare_columns_named_by_their_split() -> None:
+    """karpathy/build-nanogpt's ``log.txt``: ``{step} train {loss}`` a step, ``{step} val
+    {loss}`` and ``{step} hella {acc}`` now and then (unread on dde525e): the word names the
+    series; a word that names no split (YOLO's ``all``, ``hella``) makes no series of its own."""
+    text = "0 val 10.9310\n0 hella 0.2413\n" + "".join(
+        f"{step} train {loss}\n"
+        for step, loss in enumerate((10.934416, 10.883945, 10.789145, 10.65))
+    )
+    text += "".join(f"{step} hella 0.24{step}\n" for step in (4, 5, 6))
+    found = records(text)
+    assert [(r.step, r.values) for r in found] == [
+        (0, {"loss": 10.934416}),
+        (1, {"loss": 10.883945}),
+        (2, {"loss": 10.789145}),
+        (3, {"loss": 10.65}),
+    ]
+
+
 def test_a_scalar_tensor_printed_as_it_is_is_read_as_the_loss() -> None:
     text = "".join(f"tensor({v}, device='cuda:0')\n" for v in (3.2207, 3.1907, 3.1511, 3.0702))
     found = records(text)

@@ -21,7 +21,7 @@ from stabilizer.core.signals import LOSS, VOCAB_SIZE
 
 from .._lines import resume_banner
 from .._shapes import vocab_of
-from ..aliases import SIGNALS, VAL_LOSS
+from ..aliases import BAR_LOSS, SIGNALS, VAL_LOSS
 from ..base import Item, Restart
 from ..words import Heard, Told, Words, printed_again
 from .shapes import Series
@@ -32,6 +32,8 @@ __all__ = ["MAX_HELD", "Joiner"]
 MAX_HELD = 1000  # records without a step kept waiting for one; more are placed at once
 _TIME = re.compile(r"\d:\d\d:\d\d(?:[.,]\d+)?")  # a time of day, as loggers print it
 _HEADER = re.compile(r"\d:\d\d:\d\d|\b(?:INFO|WARNING|WARN|ERROR|DEBUG)\b")  # a new log entry
+_BAR_END = re.compile(r"(?:it/s|s/it)(?:,[^\]]*)?\]")  # a tqdm bar's end: "2.2it/s, loss=3]"
+_ALONE = re.compile(r"\s*[A-Za-z_][\w./-]*(?: [A-Za-z_][\w./-]*)?\s*[:=]?\s*\S+\s*")  # "name: x"
 _Values = dict[str, float]
 _Held = tuple[_Values, "Words | None", str]  # a record's values, its message's row, its line
 
@@ -47,6 +49,7 @@ class _Pending:
     start: int  # its first line number
     end: int  # its last line number
     overflow: bool = False  # an fp16 scaler's overflow, or another message of the catalogue
+    bar: bool = False  # its loss is a progress bar's (`Joiner.lined`)
     banner: str = ""  # the resume banner before it, if any
     words: Words | None = None  # the catalogue's row of its message, where it is one
     last: str = ""  # its last line, where it is a message
@@ -64,6 +67,11 @@ class Joiner:
     banner: str = ""  # a resume banner seen since the last record
     vocab: float | None = None  # the vocabulary a line stated, for the next record
     told: Told = field(default_factory=Told)  # the rows said in a finding already
+    lined: bool = False
+    """Whether a line that is no progress bar has printed a loss: from then on, a bar's loss
+    (tqdm's postfix or description: one batch's loss) is `BAR_LOSS`, a series of its own shown
+    beside the trainer's own records of the loss (lift3d's ``[INFO] [train] epoch=41,
+    loss=0.4149`` under its bar's ``loss=0.038908``), not judged as the loss."""
 
     def other(self, line: str) -> None:
         """A line that is no record: after a record, it may be a resume banner; it may state
@@ -80,6 +88,9 @@ class Joiner:
         Returns the items it completes (lists, not generators: a line is read in microseconds,
         and a generator per line costs a good part of that).
         """
+        bar = False  # (a line that is no bar costs no call once one has printed a loss)
+        if LOSS in values and (not self.lined or "it/s" in line or "s/it" in line):
+            bar = self._bar(line, values)
         pend, (step, where) = self.pending, at
         if pend is not None and not pend.overflow:
             if step is None and _breakdown(pend, values):  # "mean center loss : 2638.2" under
@@ -87,6 +98,10 @@ class Joiner:
                 return []
             if step is not None and where == pend.where and not self.banner:  # later wins
                 pend.values.update(values)
+                pend.end = lineno
+                return []
+            if step is None and lineno == pend.end + 1 and _alone(pend, values, line):
+                pend.values.update(values)  # "Iter: 3100", then "stage1_pafs_loss: 5.46" a line
                 pend.end = lineno
                 return []
             if step is None and lineno == pend.end + 1 and _wraps(pend, values, line):
@@ -105,8 +120,20 @@ class Joiner:
         if self.vocab is not None:
             values[VOCAB_SIZE], self.vocab = self.vocab, None
         self.pending = _Pending(step, where, values, line, lineno, lineno, banner=self.banner)
-        self.banner = ""
+        self.pending.bar, self.banner = bar, ""
         return done
+
+    def _bar(self, line: str, values: _Values) -> bool:
+        """Whether a line's loss is a progress bar's; its loss made `BAR_LOSS` where a line that
+        is no bar has printed one (`lined`), and so the pending bar's when this is that line."""
+        if _in_bar(line):
+            if self.lined:
+                values[BAR_LOSS] = values.pop(LOSS)
+            return True
+        pend, self.lined = self.pending, True
+        if pend is not None and pend.bar and LOSS in pend.values:
+            pend.values[BAR_LOSS] = pend.values.pop(LOSS)
+        return False
 
     def overflow(self, lineno: int, line: str, values: _Values, rank: int | None) -> list[Item]:
         """An overflow line: one more line of the pending overflow (printed again, by another
@@ -256,7 +283,34 @@ def _indented(pend: _Pending, line: str) -> bool:
     )
 
 
+def _in_bar(line: str) -> bool:
+    """Whether the loss of a line is its progress bar's: in tqdm's description or postfix, not
+    after the bar's end (``...5.00it/s]{'loss': 2.16}``: the HF Trainer's record printed after a
+    bar, with no newline between; ``...1.66s/it]Beginning of Epoch 2/18``: a bar's loss)."""
+    if "it/s" not in line and "s/it" not in line:  # (most record lines: no bar, two scans in C)
+        return False
+    ends = [found.end() for found in _BAR_END.finditer(line)]
+    return bool(ends) and LOSS not in values_of(line[ends[-1] :])
+
+
+def _alone(pend: _Pending, values: _Values, line: str) -> bool:
+    """Whether a line that is one value alone (``name: value``), right below a record's lines,
+    is one more value of that record, unless it names one the record has: a block of values
+    under a counter's line (pose estimation's ``Iter: 3100``, then ``stage1_pafs_loss: 5.46``
+    and three more parts a line), or the block without it where a log begins."""
+    return (
+        len(values) == 1
+        and values.keys().isdisjoint(pend.values)
+        and _ALONE.fullmatch(line) is not None
+    )
+
+
 def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
     """Whether a line without a step continues the pending record's line (see the module doc)."""
     known = {key for key in values if key in SIGNALS or key.startswith("loss_")}
-    return bool(known) and not known.intersection(pend.values) and not _HEADER.search(line)
+    return (
+        bool(known)
+        and not (pend.bar and LOSS in values)  # (a bar's loss, then the trainer's: 2 series)
+        and not known.intersection(pend.values)
+        and not _HEADER.search(line)
+    )

@@ -30,7 +30,7 @@ from .._lines import ANSI, IDLE, text_lines
 from ..base import BaseReader, Item
 from ..words import EARLY_NEEDS, heard_early, heard_in
 from .joiner import MAX_HELD, Joiner
-from .shapes import Shapes
+from .shapes import SPLITS, Shapes
 from .steps import Steps, counted_by
 from .tables import numbered_blocks, row_of, table_of
 from .templates import Templates
@@ -107,7 +107,8 @@ class _Reading:
             return join.line(lineno, line, (step, where), kept)
         if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
             return join.line(lineno, line, (None, ()), values)
-        if not values and (found := self.shapes.read(line)):  # "76930 2.6496577": bare columns
+        bare = not values or all(map(SPLITS.__contains__, values))  # (values_of: {"train": 7.33})
+        if bare and (found := self.shapes.read(line)):  # "76930 2.6496577", "76 train 7.33"
             return join.series(lineno, line, found)
         self.table, self.above = table_of(line, low, self.above), line
         join.other(line)

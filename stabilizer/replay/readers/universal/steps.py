@@ -72,7 +72,9 @@ _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line c
 _EPOCH = re.compile(
     r"(?<![\w./-])epoch(?:\(train\))?['\"]?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"
 )
-_AFTER_EPOCH = re.compile(r"[\s,:;|\]]*\[?\s*(\d+)\s*/\s*(\d+)(?![\w.])")
+_AFTER_EPOCH = re.compile(  # "Epoch 3/10 [120/500]", "Epoch:[0/2](7000/293491)"
+    r"[\s,:;|\]]*[\[(]?\s*(\d+)\s*/\s*(\d+)(?![\w.])"
+)
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
 _LEADING = re.compile(r"\s*(?:\[\s*\d+\s*\]\s+)?(\d+)\s*\|\|?\s")  # "420 | x", "[  3]  2210 || B:"
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")

@@ -37,10 +37,10 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     # after a rule of dashes ("-----loss-----:"); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![A-Za-z0-9_./][A-Za-z_])(?<![^-]-[A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)"
     r"['\"\]]?(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)"  # one word or two; "loss: [2.3]" (Paddle)
-    r"(?:tensor\(|(?<=[:=] )(['\"])|(?<=[:=])(['\"]))?"  # "tensor(2.3, ...)"; "'loss': 'nan'" (a
-    r"(" + NUM + r")(?(3)['\"]|(?(4)['\"]|(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)))"  # dict of strings,
-)  # quoted both sides); "nanms", "12:30", "1/2", "6%", "0'" are no values; "**LOSS : nan**"
-# (markdown bold) holds one
+    r"(?:tensor\(|\*\*|(?<=[:=] )(['\"])|(?<=[:=])(['\"]))?"  # "tensor(2.3, ...)"; "'loss': 'nan'"
+    r"(" + NUM + r")(?(3)['\"]|(?(4)['\"]|(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)))"  # (a dict of strings,
+)  # quoted both sides); "nanms", "12:30", "1/2", "6%", "0'" are no values; "**LOSS : nan**" and
+# "loss: **1.97**" (markdown bold, in a pasted log) hold one
 _AFTER = re.compile(  # a field of a list, its value before its name: "11.8750 loss, 1e-12 LR"
     r"(?:^|[,;|])\s*(" + NUM + r")\s+([A-Za-z_][\w/]*+(?: [A-Za-z]++)?)\s*(?=[,;|]|$)"
 )
