@@ -102,10 +102,6 @@ MISSES = {
     "from the loss_dict line that follows it elsewhere (detectron2#838)",
     "tf2_od_api_issue6_loss_climbs_two_loggers": "held out, round 6: a climb from 1.2 to 2.4 over "
     "two loggers' lines is not called",
-    "pose_estimation_issue100_partial_window_low_record_healthy": "held out, round 6: false alarm "
-    "- read right now (one record a block: 357.8, 14.8 at 3100, 355.7 at 3200), the judge calls "
-    "the last block a loss spike from a baseline of two records, the low one (a partial window, "
-    "4/516 batches in) among them, though the loss is back where the first block was",
     # Round 7's held-out set: its first-sight misses (docs/benchmarks.md, "First sight on a
     # held-out set (round 7)"), scored on dde525e before anything was changed for them.
     "lightning_csv_slm_wikitext_flat_at_unigram_level_stall": "held out, round 7: a loss flat "

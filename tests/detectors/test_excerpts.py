@@ -285,6 +285,14 @@ def test_a_falling_warm_up_does_not_inflate_the_baseline() -> None:
     assert min(f.step for f in found) == 500
 
 
+def test_one_low_record_is_a_dip_not_a_level_the_loss_has_reached() -> None:
+    """pose_estimation#100: blocks of 357.8, then 14.8 (a partial logging window, 4 batches in),
+    then 355.7: back where the first block was, no spike. Two records are no fall: only three
+    or more falling in a row are a level the loss has reached (the warm-up above)."""
+    stream = _stream([3000, 3100, 3200, 3300], loss=[357.8, 14.8, 355.7, 356.1])
+    assert _warnings(stream) == []
+
+
 def test_a_jump_after_one_record_that_stays_up_is_called_one_that_falls_back_is_not() -> None:
     """litgpt_issue628: 1.70, then 11.46 ... 10.55 (every one above 2x, eight records, to the
     end of the excerpt): a divergence that never got back; DLE BERT's 0.70, 2.59, 1.02, 0.83

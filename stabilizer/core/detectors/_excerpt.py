@@ -6,7 +6,8 @@ spread: a doubling counts at once; a smaller jump of `min_ratio` counts only if 
 that rose record after record is measured from where the rise began ("rise": Megatron averages
 the loss over the log interval, so one bad iteration is a ramp, 6.37, 6.60, 7.31, 9.12, 10.24);
 a loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
-has reached (1.9), not the median of its fall.
+has reached (1.9), not the median of its fall; three records at least make a fall: one low record
+after a high one is a dip (a partial logging window, 357.8 then 14.8), not a level reached.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def short_spike(loss: float, window: RobustWindow, bars: Bars) -> tuple[float, f
     a level at or below 0); a level of exactly 0 with no spread is no baseline at all (#31).
     """
     values = window.values
-    falling = all(b <= a for a, b in pairwise(values))
+    falling = len(values) >= 3 and all(b <= a for a, b in pairwise(values))
     start = _rise_start(values, loss)
     spread: RobustWindow | None = window if not falling else None
     how = ""
