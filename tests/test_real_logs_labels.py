@@ -106,8 +106,6 @@ MISSES = {
     # held-out set (round 7)"), scored on dde525e before anything was changed for them.
     "lightning_csv_slm_wikitext_flat_at_unigram_level_stall": "held out, round 7: a loss flat "
     "at 7.6 (about the unigram level, not ln V) for 11k steps is no chance level we know",
-    "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "held out, round 7: false "
-    "alarm - a new task's loss level (0.0014 -> 0.137, then falling) read as two loss spikes",
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: unread (exit 2): "
     "the loss lives in the tqdm bar's description ('Epoch E, Step S, Loss: L:'); and an epoch "
     "that repeats the last one's losses digit for digit is no rule yet",

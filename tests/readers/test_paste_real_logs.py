@@ -50,9 +50,10 @@ DIFFER = {
     "the indentation with it, so the lines are not joined under the [batch=366] header",
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "unread plain (a held-out miss: the "
     "loss lives in a tqdm bar's description)",
-    "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "a held-out miss of round 7: "
-    "plain, the datasets' Map bars give steps and the Trainer's summaries their losses; behind a "
-    "prefix the bars are read otherwise, so the (false) spikes land elsewhere",
+    "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "round 7's held-out BERT MLM "
+    "then classifier: plain, the second run's steps go back (a restart), so its first loss "
+    "(0.137) starts a new segment; behind a prefix the two runs are read as one series and the new "
+    "task's first loss, falling after at the run's rate, is called a spike from the MLM's 0.0014",
 }
 
 

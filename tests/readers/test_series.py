@@ -12,6 +12,7 @@ from reader_cases import parse_items
 
 from stabilizer.core.records import StepRecord
 from stabilizer.replay.readers.aliases import BAR_LOSS
+from stabilizer.replay.readers.universal.values import SUMMARY_LOSS
 
 
 def records(text: str) -> list[StepRecord]:
@@ -115,3 +116,20 @@ def test_values_alone_that_repeat_a_name_are_records_of_their_own() -> None:
     found = records(text)
     assert [r.values.get("loss") for r in found] == [0.52, 0.47, 0.45]
     assert found[1].values == {"loss": 0.47, "lr": 0.001}
+
+
+def test_a_runs_summary_is_no_step_of_its_loss_series() -> None:
+    """The HF Trainer's last dict (``train_runtime``, ``train_loss``: the mean over the whole run)
+    read by the universal reader (a log whose head is a script's own prints): its loss is the
+    run's mean, 0.1268 after losses that fell to 0.0014, which read as the loss made a 90x spike
+    of a healthy run (round 7's held-out BERT MLM fine-tune). It is `SUMMARY_LOSS`, shown."""
+    steps = "\n".join(
+        f"{{'loss': {loss}, 'learning_rate': 1e-05, 'epoch': {epoch}}}"
+        for loss, epoch in ((1.6282, 0.22), (0.072, 0.43), (0.0022, 2.16), (0.0014, 2.8))
+    )
+    text = (
+        f"{steps}\n{{'train_runtime': 2331.9715, 'train_samples_per_second': 23.863, "
+        "'train_steps_per_second': 2.983, 'train_loss': 0.1268128219462339, 'epoch': 3.0}\n"
+    )
+    assert series(text, "loss") == [1.6282, 0.072, 0.0022, 0.0014]
+    assert series(text, SUMMARY_LOSS) == [0.1268128219462339]

@@ -20,8 +20,13 @@ from .._shapes import NUM
 from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
 from .steps import STEP_NAMES
 
+SUMMARY_LOSS = "summary/loss"
+"""The loss of a run's summary (its mean over the run): shown, never judged as a step's."""
+_SUMMARY = "train_runtime"  # the HF Trainer's end-of-training dict (hf_trainer.py skips it too)
+
 __all__ = [
     "EVALUATING",
+    "SUMMARY_LOSS",
     "Span",
     "held_out",
     "key_of",
@@ -198,7 +203,12 @@ def known(values: dict[str, float]) -> set[str]:
 def total(values: dict[str, float]) -> dict[str, float]:
     """A record's values, with the sum of its ``loss_*`` or ``*_loss`` parts as its loss if it
     has none: Detectron2 and mmdet add their parts so, YOLO its ``box_loss``, ``cls_loss``, ...;
-    else the log of its perplexity (``PPL 8226.52``: the loss is ln 8226.52 = 9.01)."""
+    else the log of its perplexity (``PPL 8226.52``: the loss is ln 8226.52 = 9.01). The loss of
+    a run's summary (the HF Trainer's last dict, with ``train_runtime``: its ``train_loss`` is the
+    mean over the whole run, which sits above the last losses of any run that learned) is
+    `SUMMARY_LOSS`, as its own readers skip that dict."""
+    if _SUMMARY in values and LOSS in values:  # (the run's mean loss: shown, never judged)
+        values[SUMMARY_LOSS] = values.pop(LOSS)
     if LOSS not in values and PPL in values:
         ppl = values[PPL]
         if ppl <= 0:
