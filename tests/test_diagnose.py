@@ -131,6 +131,26 @@ def test_several_paths_are_diagnosed_one_by_one_and_the_worst_status_wins() -> N
     )
 
 
+def test_a_head_that_misleads_is_read_by_the_universal_reader(tmp_path: Path) -> None:
+    """An HF Trainer's banner above a script's own tqdm lines (trace#5) made the log an
+    ``hf_trainer`` one, whose reader found no step: exit 2. Under ``auto`` the universal reader
+    reads it then, and a note says so; a log no reader reads still fails with the first error."""
+    bar = "Epoch 1, Step {s}, Loss: {loss}:   1%|▏         | {n}/144 [00:02<02:20,  1.01it/s]"
+    lines = [bar.format(s=s, loss=1.0 + 0.1 * (s % 3), n=s + 2) for s in range(8)]
+    log = tmp_path / "trace.log"
+    log.write_text("***** Running training *****\n\n" + "\n".join(lines) + "\n")
+    result = run(log, "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)["inputs"][0]
+    assert report["format"] == "generic" and report["records"] == 8
+    assert any("looked like a hf_trainer log" in note["message"] for note in report["notes"])
+    unread = tmp_path / "unread.log"
+    unread.write_text("***** Running training *****\n  Num examples = 10\nSaving the model\n")
+    failed = run(unread)
+    assert failed.exit_code == 2
+    assert "no training steps found in this hf_trainer log" in failed.stderr
+
+
 def test_format_override() -> None:
     result = run(NANOGPT, "--format", "generic", "--json")
     assert json.loads(result.stdout)["inputs"][0]["format"] == "generic"

@@ -106,9 +106,9 @@ MISSES = {
     # held-out set (round 7)"), scored on dde525e before anything was changed for them.
     "lightning_csv_slm_wikitext_flat_at_unigram_level_stall": "held out, round 7: a loss flat "
     "at 7.6 (about the unigram level, not ln V) for 11k steps is no chance level we know",
-    "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: unread (exit 2): "
-    "the loss lives in the tqdm bar's description ('Epoch E, Step S, Loss: L:'); and an epoch "
-    "that repeats the last one's losses digit for digit is no rule yet",
+    "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: read now (as "
+    "generic, after the HF reader its head chose found no step), but an epoch that repeats the "
+    "last one's losses digit for digit, step for step, is no rule yet",
 }
 
 

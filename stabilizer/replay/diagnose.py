@@ -357,7 +357,37 @@ def diagnose(
         notes.append(Note("truncated", f"stopped reading: {exc}"))
     if replay.segment is None:
         name = "standard input" if path == "-" else path
-        raise LogReadError(unreadable_message(name, stream.head_lines(), stream.format))
+        message = unreadable_message(name, stream.head_lines(), stream.format)
+        if format == "auto" and stream.format in _CONSOLE and path != "-":
+            return _as_generic(path, stream.format, message, sinks=sinks, wrap=wrap, bins=bins)
+        raise LogReadError(message)
     replay.finish()
     replay.keep_live()
+    return diagnosis
+
+
+_CONSOLE = frozenset(("hf_trainer", "deepspeed", "megatron", "fairseq"))
+"""Console formats a dedicated reader reads by their head: where it finds no step, the universal
+reader reads the log before it is called unreadable (a head can mislead: an HF Trainer's banner
+above a script's own tqdm lines)."""
+
+
+def _as_generic(
+    path: str,
+    sniffed: str,
+    why: str,
+    *,
+    sinks: Sequence[RecordSink],
+    wrap: Callable[[Iterator[Item]], Iterable[Item]] | None,
+    bins: int,
+) -> Diagnosis:
+    """`diagnose` of ``path`` by the universal reader, after the reader of the format its head
+    looked like (``sniffed``) found no step (``why``, its error, is raised again where the
+    universal reader finds none either)."""
+    try:
+        diagnosis = diagnose(path, "generic", sinks=sinks, wrap=wrap, bins=bins)
+    except LogReadError:
+        raise LogReadError(why) from None
+    said = f"its head looked like a {sniffed} log, whose reader found no step: read as generic"
+    diagnosis.notes.insert(0, Note("format", said))
     return diagnosis

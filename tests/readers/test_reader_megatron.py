@@ -158,9 +158,13 @@ def test_a_bf16_nan_stretch_is_no_overflow_and_no_advice_to_switch_to_bf16(tmp_p
         "skipped iterations:   0 | number of nan iterations:   0",
         "skipped iterations:  10 | number of nan iterations:  10",
     )
-    lines = [bf16.replace(" 100/", f" {step}/") for step in range(100, 1100, 100)]
+    def finite(step: int) -> str:  # (a loss that moves, as a run's does: no frozen loss)
+        loss = f"lm loss: {3.141593 - step / 1e5:.6E}"
+        return bf16.replace(" 100/", f" {step}/").replace("lm loss: 3.141593E+00", loss)
+
+    lines = [finite(step) for step in range(100, 1100, 100)]
     lines += [nan.replace(" 100/", f" {step}/") for step in range(1100, 1700, 100)]
-    lines += [bf16.replace(" 100/", f" {step}/") for step in range(1700, 2000, 100)]
+    lines += [finite(step) for step in range(1700, 2000, 100)]
     path = tmp_path / "bf16.log"
     path.write_text("\n".join(lines) + "\n")
     found = [item.finding for item in diagnose(str(path)).findings]
