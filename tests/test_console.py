@@ -121,6 +121,26 @@ def test_the_monitor_says_what_it_costs(tmp_path: Path, printed: list[str]) -> N
     assert diagnosis.records == 30 and not [n for n in diagnosis.notes if "skipped" in str(n)]
 
 
+class NormedLM(TinyLM):
+    """TinyLM with a LayerNorm before its head: a module whose activations are sampled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.emb(ids)))
+        return out
+
+
+def test_the_sampled_activations_are_a_part_of_the_cost(tmp_path: Path) -> None:
+    # Their hooks' time is moved to the meter at the end of each sampled step (only those).
+    _fit(tmp_path, NormedLM(), steps=12, activation_every=3)
+    jsonl = tmp_path / "stability_logs" / "version_0" / "stability.jsonl"
+    end = json.loads(jsonl.read_text(encoding="utf-8").splitlines()[-1])
+    assert end["cost"]["parts"]["activations"] > 0
+
+
 def _outcome(path: Path, module: TinyLM) -> tuple[list[Any], list[torch.Tensor]]:
     """What a run detected and did: its JSONL's records and findings (the root cause's replay
     time, a wall-clock figure, set aside), its last line less the cost, its weights."""

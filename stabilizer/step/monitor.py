@@ -298,7 +298,7 @@ class RunMonitor:
         `should_stop` holds the answer for the host."""
         if self.inert:
             return False
-        if self.probes is not None:
+        if self.probes is not None and self.probes.sampled:  # (only then are hooks timed)
             self.cost.add("activations", self.probes.take_seconds())
         at = self.host.step
         steps = self.block.end(at, carry)
