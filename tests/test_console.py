@@ -121,6 +121,56 @@ def test_the_monitor_says_what_it_costs(tmp_path: Path, printed: list[str]) -> N
     assert diagnosis.records == 30 and not [n for n in diagnosis.notes if "skipped" in str(n)]
 
 
+class NormedLM(TinyLM):
+    """TinyLM with a LayerNorm before its head: a module whose activations are sampled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.emb(ids)))
+        return out
+
+
+def test_the_sampled_activations_are_a_part_of_the_cost(tmp_path: Path) -> None:
+    # Their hooks' time is moved to the meter at the end of each sampled step (only those).
+    _fit(tmp_path, NormedLM(), steps=12, activation_every=3)
+    jsonl = tmp_path / "stability_logs" / "version_0" / "stability.jsonl"
+    end = json.loads(jsonl.read_text(encoding="utf-8").splitlines()[-1])
+    assert end["cost"]["parts"]["activations"] > 0
+
+
+def _outcome(path: Path, module: TinyLM) -> tuple[list[Any], list[torch.Tensor]]:
+    """What a run detected and did: its JSONL's records and findings (the root cause's replay
+    time, a wall-clock figure, set aside), its last line less the cost, its weights."""
+    items = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    for item in items:
+        item.pop("cost", None)
+        item.get("evidence", {}).pop("elapsed_s", None)
+        if "seen" in item:
+            item["seen"] = re.sub(r"replay \d+\.\d+ s", "replay _ s", item["seen"])
+    return items[1:], [p.detach().clone() for p in module.parameters()]
+
+
+def test_a_monitor_over_its_budget_detects_and_does_the_same(
+    tmp_path: Path, printed: list[str]
+) -> None:
+    """The cost meter only measures and warns: a run whose monitor is over its budget (as a
+    loaded machine makes it) finds, skips, remedies and ends as the same run within it."""
+    runs = []
+    for name, budget in (("within", None), ("over", 1e-9)):
+        torch.manual_seed(0)
+        module = TinyLM(nan_every=8)
+        _fit(tmp_path / name, module, steps=30, policy="auto", cost_budget=budget)
+        path = tmp_path / name / "stability_logs" / "version_0" / "stability.jsonl"
+        runs.append(_outcome(path, module))
+    assert sum("over its 0% budget" in line for line in printed) == 2  # the warning, the end
+    (within, weights), (over, over_weights) = runs
+    assert over == within and any(item["type"] == "finding" for item in over)
+    assert all(torch.equal(a, b) for a, b in zip(weights, over_weights, strict=True))
+
+
 def test_a_nan_every_8_steps_is_folded(tmp_path: Path, printed: list[str]) -> None:
     _fit(tmp_path, TinyLM(nan_every=8), steps=48)
     assert printed[1] == (

@@ -49,19 +49,20 @@ class BufferWatch:
         self._model = model
         self._refs: list[tuple[nn.Module, str, Tensor]] = []
         self._copies: dict[int, Tensor] = {}  # id of a buffer -> its copy (kept between steps)
-        registrations()
+        self.registered = registrations()  # the count `begin` last saw
         self._walked: tuple[int, list[nn.Module]] | None = None  # (registrations, modules)
 
     def _holders(self) -> list[nn.Module]:
         """The modules that hold buffers, walked again after any registration."""
-        count = registrations()
+        count = self.registered = registrations()
         if self._walked is None or self._walked[0] != count:
             holders = [m for m in self._model.modules() if m._buffers]
             self._walked = (count, holders)
         return self._walked[1]
 
-    def begin(self) -> None:
-        """At the start of a step (its first micro-batch): note and copy every buffer."""
+    def begin(self) -> list[tuple[tuple[int, str], Tensor]]:
+        """At the start of a step (its first micro-batch): note and copy every buffer. Returns
+        them (`buffers`); `registered` is then the count of registrations seen."""
         refs = [
             (module, name, buf)
             for module in self._holders()
@@ -76,6 +77,7 @@ class BufferWatch:
         self._refs, self._copies = refs, copies
         with torch.no_grad():
             _copy([copies[id(b)] for _, _, b in refs], [b for _, _, b in refs])
+        return self.buffers
 
     @property
     def buffers(self) -> list[tuple[tuple[int, str], Tensor]]:

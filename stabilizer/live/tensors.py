@@ -281,6 +281,7 @@ class HostCopy:
         self._event: torch.cuda.Event | None = None
         self._values: list[float] | None = None
         self.waited = 0.0  # seconds `read` waited for the device
+        self.on_device = numbers.is_cuda  # from an accelerator: the copy may still be under way
         if numbers.is_cuda:
             self._host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
             self._host.copy_(numbers, non_blocking=True)
@@ -288,11 +289,6 @@ class HostCopy:
             self._event.record()
         else:
             self._host = numbers
-
-    @property
-    def on_device(self) -> bool:
-        """Whether the numbers come from an accelerator (the copy may still be under way)."""
-        return self._event is not None
 
     def read(self) -> list[float]:
         """The numbers as Python floats: the one host read of a step (waits for the copy)."""

@@ -177,14 +177,17 @@ class Probes:
         self.grads = GradProbe(module, optimizers, grouping)
         self.acts = ActivationProbe(module) if activations else None
         self._each: dict[int, GradProbe] = {}
+        self.sampled = False  # activations sampled since `take_seconds` (their hooks timed)
 
     def sample(self, step: int, every: int) -> None:
         """Sample the activations during this step's forward, every `every` steps (0: never)."""
         if self.acts is not None and every and step % every == 0:
             self.acts.attach()
+            self.sampled = True
 
     def take_seconds(self) -> float:
         """The host time the activation hooks took since the last call."""
+        self.sampled = False
         if self.acts is None:
             return 0.0
         seconds, self.acts.seconds = self.acts.seconds, 0.0

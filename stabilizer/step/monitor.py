@@ -50,7 +50,7 @@ from .policies import Auto, Observe, Policy, Protect
 from .protect import Protection, Remedies, Watching
 from .ranks import Ranks
 from .report import Reporter
-from .step import InFlight, OptimizerStep, Stage
+from .step import InFlight, OptimizerStep, Stage, parameters
 
 __all__ = ["RUNTIMES", "RunMonitor"]
 
@@ -100,9 +100,7 @@ class RunMonitor:
             options.strict, self.cost.part,
         )  # fmt: skip
         self.block = InFlight()
-        self.block.params = lambda: (
-            p for opt in host.optimizers for group in opt.param_groups for p in group["params"]
-        )
+        self.block.params = lambda: parameters(host.optimizers)
         runtime, remedies = RUNTIMES[type(policy)]
         self.runtime = runtime(host, self.block, policy, self.ranks, self.quiet, options.strict)
         self.remedies = remedies(host, policy)
@@ -188,10 +186,11 @@ class RunMonitor:
         if data is not None and data is not self._data:
             self._new_data, self._data = self._data is not None, data
         with self.cost.part("measure"):
-            self.guard.cover(host.optimizers)  # (one created or replaced since)
+            optimizers = host.optimizers
+            self.guard.cover(optimizers)  # (one created or replaced since)
             if not self.block.micro:  # the block's first: before its forward
-                self._extra += self.runtime.begin(step)
-            self.block.begin(batch, index)
+                self._extra += self.runtime.begin(step, optimizers)
+            self.block.begin(batch, index, optimizers)
             if not self.preflight.done:
                 self._extra += self.preflight(host, batch, self.quiet)
             if self.probes is not None:
@@ -299,7 +298,7 @@ class RunMonitor:
         `should_stop` holds the answer for the host."""
         if self.inert:
             return False
-        if self.probes is not None:
+        if self.probes is not None and self.probes.sampled:  # (only then are hooks timed)
             self.cost.add("activations", self.probes.take_seconds())
         at = self.host.step
         steps = self.block.end(at, carry)

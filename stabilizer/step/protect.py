@@ -86,8 +86,9 @@ class Watching:
     def _set_up(self, policy: Observe | Protect) -> None:
         """What the runtime of `policy` holds beside the run's parts."""
 
-    def begin(self, step: int) -> list[Finding]:
-        """A block's first micro-batch starts (before its forward); its notes."""
+    def begin(self, step: int, optimizers: Sequence[torch.optim.Optimizer]) -> list[Finding]:
+        """A block's first micro-batch starts (before its forward; `optimizers`: the host's,
+        now); its notes."""
         return []
 
     def measured(self, step: OptimizerStep) -> None:
@@ -137,12 +138,12 @@ class Protection(Watching):
         self._reported_bad_weights = False
         self._replayed: object = None  # the first micro-batch of the last replay
 
-    def begin(self, step: int) -> list[Finding]:
+    def begin(self, step: int, optimizers: Sequence[torch.optim.Optimizer]) -> list[Finding]:
         """Copy the buffers, learn what is new; whether to keep the inputs for a replay."""
         self.block.keep_batches = (
             self.policy.root_cause and self.root_causes < self.policy.max_root_causes
         )
-        return self.weights.begin(self.host.optimizers, step)
+        return self.weights.begin(optimizers, step)
 
     def measured(self, step: OptimizerStep) -> None:
         """Under a grad scaler a NaN loss makes NaN gradients: the scaler, not the guard, skips

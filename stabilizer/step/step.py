@@ -34,7 +34,7 @@ ends (`OptimizerStep.let_go`), even when its report comes a step later.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
 from typing import Any
 
@@ -61,7 +61,7 @@ from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, STEPPING_PAST, UNCH
 from .host import MicroBatch
 from .measurement import Measurement, Numbers, lr_key
 
-__all__ = ["InFlight", "OptimizerStep", "Stage", "StageError"]
+__all__ = ["InFlight", "OptimizerStep", "Stage", "StageError", "parameters"]
 
 _BAD_REASONS = frozenset({BAD_LOSS, BAD_GRADS, BAD_LR, BAD_WEIGHTS, UNCHECKED})
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -258,6 +258,11 @@ def _f32(value: float) -> float:
     return float(np.float32(value)) if abs(value) <= _F32_MAX else value
 
 
+def parameters(optimizers: Sequence[torch.optim.Optimizer]) -> Iterator[torch.Tensor]:
+    """What `optimizers` update: every parameter of their groups."""
+    return (p for opt in optimizers for group in opt.param_groups for p in group["params"])
+
+
 class InFlight:
     """The block in flight: its micro-batches, the losses backpropagated, and the steps opened
     in it (one per ``optimizer.step``; several optimizers each their own).
@@ -279,13 +284,13 @@ class InFlight:
         self._carried_micro = self._carried_losses = 0  # how many of each are theirs
         self._dropped: list[OptimizerStep] = []  # theirs, abandoned: ended with this block
 
-    def begin(self, batch: Any, index: int) -> bool:
-        """A micro-batch starts; True when it is the first of its block. What a replay needs
-        (its batch, the random state, the ``requires_grad`` flags) is kept only where a root
-        cause may replay it."""
+    def begin(self, batch: Any, index: int, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
+        """A micro-batch starts (`optimizers`: the host's, now); True when it is the first of
+        its block. What a replay needs (its batch, the random state, the ``requires_grad``
+        flags of what the optimizers update) is kept only where a root cause may replay it."""
         first = not self.micro
         if self.keep_batches:
-            trainable = tuple((p, p.requires_grad) for p in self.params())
+            trainable = tuple((p, p.requires_grad) for p in parameters(optimizers))
             self.micro.append(MicroBatch(batch, index, RngState.capture(), trainable))
         else:
             self.micro.append(MicroBatch(None, index, None))

@@ -19,7 +19,7 @@ from torch import nn
 
 from stabilizer.core.kinds import NONFINITE_HELD
 from stabilizer.core.records import Finding, Severity
-from stabilizer.live.buffers import BufferWatch, registrations
+from stabilizer.live.buffers import BufferWatch
 from stabilizer.live.held import Held, HeldNonFinite
 from stabilizer.live.tensors import (
     count_nonfinite,
@@ -53,9 +53,9 @@ class WeightsWatch:
         """At a step's start, before its forward: copy the buffers, learn what is new, count
         the buffers that turned non-finite (a device count: read with the step). Returns the
         notes of tensors that hold NaN/Inf by design, first seen now."""
-        self.buffers.begin()
+        buffers = self.buffers.begin()
         notes = self._learn(optimizers, step)
-        noted = [(k, b) for k, b in self.buffers.buffers if b.is_floating_point() or b.is_complex()]
+        noted = [(k, b) for k, b in buffers if b.is_floating_point() or b.is_complex()]
         self.buffers_nonfinite = None  # none can be non-finite (a bool mask, a counter)
         if noted:
             device = next((p.device for p in self.module.parameters()), torch.device("cpu"))
@@ -71,7 +71,7 @@ class WeightsWatch:
         at the first step, a resumed run's): where it is NaN/Inf already, that is by design.
         Looked at again only when a module registered something or a param group changed."""
         sizes = tuple(len(g["params"]) for opt in optimizers for g in opt.param_groups)
-        seen = (registrations(), *sizes)
+        seen = (self.buffers.registered, *sizes)  # (as counted by `begin`, just before)
         if seen == self._learned:
             return []
         first, self._learned = self._learned is None, seen
