@@ -378,9 +378,11 @@ def watch(ctx: click.Context, /, paths: tuple[str, ...], format_: str, **options
         raise click.BadParameter(str(exc), param_hint="'--webhook'") from None
     before = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C
     try:
-        with warnings_as_lines(sys.stderr, "stabilizer watch"):
-            outcomes = session.run()
-        signal.signal(signal.SIGTERM, before)
+        try:
+            with warnings_as_lines(sys.stderr, "stabilizer watch"):
+                outcomes = session.run()
+        finally:  # (the caller's handler back however the run ends)
+            signal.signal(signal.SIGTERM, before)
         for to_stderr, text in session.summary(outcomes):
             _tell(text) if to_stderr else _say(text)
     except _StdoutFailed:

@@ -279,3 +279,22 @@ def test_several_logs_at_once_and_a_restart_in_one(tmp_path: Path) -> None:
     seen = {(Path(a.path).name, a.segment, a.finding.kind, a.finding.step) for a in alerts}
     assert ("rank0.log", 1, "nonfinite_loss", 31) in seen
     assert ("rank1.log", 2, "nonfinite_loss", 21) in seen
+
+
+def test_watch_gives_back_the_callers_sigterm_handler_however_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`watch` takes SIGTERM as Ctrl-C while it runs; a run that raises (here the session's
+    `run`, a collaborator, made to fail) still puts the caller's handler back."""
+    import stabilizer.report.watching as watching
+
+    def fail(self: object) -> None:
+        raise RuntimeError("the session failed")
+
+    monkeypatch.setattr(watching.WatchSession, "run", fail)
+    log = tmp_path / "train.log"
+    log.write_text("iter 1: loss 2.0\n")
+    before = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(main, ["watch", str(log)])
+    assert isinstance(result.exception, RuntimeError)
+    assert signal.getsignal(signal.SIGTERM) is before

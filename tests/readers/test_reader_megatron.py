@@ -158,6 +158,7 @@ def test_a_bf16_nan_stretch_is_no_overflow_and_no_advice_to_switch_to_bf16(tmp_p
         "skipped iterations:   0 | number of nan iterations:   0",
         "skipped iterations:  10 | number of nan iterations:  10",
     )
+
     def finite(step: int) -> str:  # (a loss that moves, as a run's does: no frozen loss)
         loss = f"lm loss: {3.141593 - step / 1e5:.6E}"
         return bf16.replace(" 100/", f" {step}/").replace("lm loss: 3.141593E+00", loss)
