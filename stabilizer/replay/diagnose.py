@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from stabilizer.core.engine import Engine, is_restart
@@ -358,7 +359,7 @@ def diagnose(
     if replay.segment is None:
         name = "standard input" if path == "-" else path
         message = unreadable_message(name, stream.head_lines(), stream.format)
-        if format == "auto" and stream.format in _CONSOLE and path != "-":
+        if format == "auto" and stream.format in _CONSOLE and Path(path).is_file():
             return _as_generic(path, stream.format, message, sinks=sinks, wrap=wrap, bins=bins)
         raise LogReadError(message)
     replay.finish()
