@@ -334,7 +334,7 @@ class FrozenWatch:
             end_step=step,
             severity=Severity.WARNING,
             seen=f"loss {self.value:.10g} on {_FROZEN_RECORDS} records in a row, steps "
-            f"{self.first}-{step}, the same to its last printed digit: nothing the optimizer "
+            f"{self.first}-{step}, the same to 6 significant digits: nothing the optimizer "
             "does reaches the loss; check the LR, frozen parameters, an optimizer that does "
             "not step, and a model whose output no longer depends on its input",
             evidence={"level": self.value, "frozen_records": float(_FROZEN_RECORDS)},
