@@ -27,11 +27,11 @@ from stabilizer.core.signals import LOSS
 
 from ._keys import KeyMap
 from ._lines import Segments, text_lines
+from .aliases import HELD_OUT
 from .base import BaseReader, Item
 
 __all__ = ["LightningCsvReader"]
 
-_HELD_OUT = frozenset(("val", "valid", "validation", "test", "eval", "dev"))
 _WORD = re.compile(r"[^a-z0-9]+")
 
 
@@ -116,7 +116,7 @@ class _Columns:
             for i, name in enumerate(header)
             if name not in ("step", "epoch")
         ]
-        self.held_out = frozenset(name for _, name in self.named if _words(name)[0] in _HELD_OUT)
+        self.held_out = frozenset(name for _, name in self.named if _words(name)[0] in HELD_OUT)
 
     def cells(self, row: list[str]) -> tuple[int, dict[str, float]] | None:
         """A row's step and its non-empty cells by column name; None for a row without a step
@@ -133,7 +133,7 @@ class _Columns:
 
 
 def _words(name: str) -> list[str]:
-    return _WORD.split(name.lower().strip("_/ ")) or [""]
+    return _WORD.split(name.lower().strip("_/ "))
 
 
 def _loss_column(header: list[str]) -> str | None:
@@ -145,7 +145,7 @@ def _loss_column(header: list[str]) -> str | None:
         return None
     said = [
         name for name in header
-        if "loss" in (words := _words(name)) and words[0] not in _HELD_OUT
+        if "loss" in (words := _words(name)) and words[0] not in HELD_OUT
     ]  # fmt: skip
     stepwise = [name for name in said if _words(name)[-1] != "epoch"]
     said = stepwise or said

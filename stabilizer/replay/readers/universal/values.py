@@ -17,7 +17,7 @@ from typing import TypeGuard
 from stabilizer.core.signals import LOSS, LR
 
 from .._shapes import NUM
-from ..aliases import ALIASES, PPL, SIGNALS, VAL_LOSS
+from ..aliases import ALIASES, HELD_OUT, PPL, SIGNALS, VAL_LOSS
 from .steps import STEP_NAMES
 
 SUMMARY_LOSS = "summary/loss"
@@ -52,7 +52,7 @@ _AFTER = re.compile(  # a field of a list, its value before its name: "11.8750 l
 _JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
 _PREFIXES = ("train/", "train_", "training/")
 _FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
-_HELD_OUT = ("val", "valid", "test", "eval", "dev")  # a CamelCase loss of these is no training loss
+_HELD_OUT = HELD_OUT  # a CamelCase loss of these is no training loss
 _TRAINING = frozenset(("train", "training"))
 EVALUATING = re.compile(  # a word that says a line reports an evaluation, not a training step
     r"(?<![a-z0-9/._-])(?:val|valid|validation|validating|eval|evaluation|evaluating|evaluate"
