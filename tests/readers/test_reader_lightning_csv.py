@@ -101,3 +101,24 @@ def test_evaluation_rows_with_their_own_counter_are_no_restart() -> None:
     assert [getattr(item, "step", None) for item in found] == [49, 99, 149, 20, 20]
     assert found[0].values == {"loss": 2.9, "val_loss": 3.9}
     assert restarts(found) == [(20, 7, "step went back from 149 to 20")]
+
+
+def test_columns_map_once_a_header_with_percentages_and_norms_merged_by_name() -> None:
+    """The keys are worked out once a header: a percentage column (fairseq's ``clip``) lands
+    in 0..1; per-parameter norms of one step's rows merge by name (a later row's cell wins)
+    before their sum of squares; a row of held-out cells alone, with a dropped column beside
+    them, still counts at the last training step."""
+    text = (
+        "step,train_loss_step,clip,grad_2.0_norm/h.0.mlp.weight,grad_2.0_norm/h.0.attn.weight,"
+        "val_loss,stability/finding/loss_spike\n"
+        "5,2.0,25,3.0,,,\n5,,,9.0,4.0,,\n6,1.9,,,,,\n2,,,,,3.5,\n"
+    )
+    found = parse_items("lightning_csv", text, [])
+    first, second = found
+    assert first.step == 5 and first.values == {
+        "loss": 2.0,
+        "clipped": 0.25,
+        "grad_norm/block_00": math.sqrt(97.0),
+    }
+    assert second.step == 6 and second.values == {"loss": 1.9, "val_loss": 3.5}
+    assert not restarts(found)
