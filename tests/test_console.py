@@ -148,8 +148,9 @@ def _outcome(path: Path, module: TinyLM) -> tuple[list[Any], list[torch.Tensor]]
     for item in items:
         item.pop("cost", None)
         item.get("evidence", {}).pop("elapsed_s", None)
-        if "seen" in item:
-            item["seen"] = re.sub(r"replay \d+\.\d+ s", "replay _ s", item["seen"])
+        for text in ("seen", "message"):  # (a finding's message says the replay's time too)
+            if text in item:
+                item[text] = re.sub(r"replay \d+\.\d+ s", "replay _ s", item[text])
     return items[1:], [p.detach().clone() for p in module.parameters()]
 
 
