@@ -93,6 +93,9 @@ class _Reading:
             line, self.table = _row(line, self.table)
         low = line.lower()
         if any(map(low.__contains__, EARLY_NEEDS)) and (heard := heard_early(low)):
+            step, _ = steps.of(low)  # a bar's count the overflow is glued to: "378/2724 [..][ds]"
+            if step is not None and not steps.weak:
+                join.announce(step)
             return join.overflow(lineno, line, heard.values, heard.rank)
         step, where, values = _where(steps, line, low)
         if step is not None and not steps.weak and (LOSS in values or GRAD_NORM in values):
@@ -104,6 +107,8 @@ class _Reading:
             return join.heard(lineno, line, heard, {k: values[k] for k in signals})
         if step is not None or signals:  # "begin training epoch 1": a weak step, no record
             kept = values if signals or not steps.weak else {}  # (but one may follow)
+            if step is not None and not signals and not steps.weak:
+                join.announce(step)
             return join.line(lineno, line, (step, where), kept)
         if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
             return join.line(lineno, line, (None, ()), values)
