@@ -229,4 +229,3 @@ def test_a_message_after_a_step_that_printed_no_value_is_of_that_step() -> None:
     records = [item for item in items(text) if isinstance(item, StepRecord)]
     assert [r.step for r in records] == [20]
     assert math.isinf(records[0].values["grad_norm"]) and records[0].values["skipped"] == 1.0
-
