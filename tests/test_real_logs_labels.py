@@ -83,9 +83,6 @@ MISSES = {
     "qwen_issue117_full_sft_loss_1e11": "held out, round 5: a token loss of 2.5e11 from the first "
     "record is broken on its face (ln V ~ 12 at worst); the excerpt that begins broken is judged "
     "only by its changes",
-    "ms_swift_issue2391_string_counters_eval_nan_gradnorm_nan": "held out, round 5: the NaN "
-    "is found at 151, not step 105, which lives only in the string "
-    "'global_step/max_steps': '105/250250'",
     "llamafactory_issue251_baichuan_overflow_cascade_lr0": "held out, round 5: no finding; "
     "DeepSpeed's OVERFLOW lines run onto tqdm fragments, the scale halving 128 -> 8 a step",
     "pointer_summarizer_issue39_nan_at_8400": "held out, round 5: the NaN is found at "
@@ -110,6 +107,28 @@ MISSES = {
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: read now (as "
     "generic, after the HF reader its head chose found no step), but an epoch that repeats the "
     "last one's losses digit for digit, step for step, is no rule yet",
+    # Round 8's held-out set: its first-sight misses (docs/benchmarks.md, "First sight on a
+    # held-out set (round 8)"), scored on b106763 before anything was changed for them; what the
+    # round's general changes did not fix.
+    "zhrtvc_issue79_mellotron_train_loss_nan_grad_norm_nan": "held out, round 8: Tacotron 2's "
+    "'Train loss 130950 nan Grad Norm nan' prints the iteration between the name and the "
+    "value: the NaN is placed at the bar's count (667), its loss read as 130950",
+    "relernn_issue26_keras_epoch309_loss_nan": "held out, round 8: the label counts epochs "
+    "(309), the reader the batches across epochs (30899 = epoch 309's 99th of 100): both are the "
+    "log's numbers, the finding's is not the label's",
+    "deepj_issue49_keras_epoch65_loss_doubles_not_back": "held out, round 8: as relernn: a loss "
+    "spike found at 722964 (epoch 66's last batch of 10954), the label counts epochs (65-66)",
+    "deep_avsr_issue43_vo_pretrain_loss_rises_to_flat_cer_1": "held out, round 8: a loss that "
+    "rises over 5 records and sits flat with CER 1.0 is no rule (a stall, or a divergence)",
+    "opennmt_py_issue253_adam_lr1_ppl_at_exp100_cap_from_start": "held out, round 8: a "
+    "perplexity at OpenNMT's exp(100) cap from the first line, a loss of 100 nats against ln V "
+    "= 10 for the stated 22441-word vocabulary: broken on its face, but judged only by changes",
+    "qwen05_cls_trainer_state_near_zero_loss_bump_healthy": "held out, round 8: a false alarm: "
+    "a loss falling 0.109 -> 3.9e-5, then 0.0153 for one record and back (395x in ratio, 0.015 "
+    "in loss, the gradient norm flat); the falling excerpt's baseline is its last level",
+    "sockeye_issue811_checkpoint_88_perplexities_quoted_healthy": "held out, round 8: unread: "
+    "Sockeye's 'Checkpoint [88] Updates=440000' line and its 'Checkpoint [88] "
+    "Train-perplexity=2.603048' line below are one record no rule puts together",
 }
 
 

@@ -211,3 +211,15 @@ def test_a_message_that_reports_trouble_among_the_dicts_is_said() -> None:
     )
     said = [item for item in parse_items("hf_trainer", text) if isinstance(item, Finding)]
     assert [(f.kind, f.step) for f in said] == [("trainer_said", 1)]
+
+
+def test_ms_swift_dicts_count_their_step_in_a_string() -> None:
+    """ms-swift's dicts carry ``'global_step/max_steps': '105/250250'``: that is the step, not
+    the bar's count (ms-swift#2391: its NaN gradient norm had been placed at 151, not 105)."""
+    text = (
+        "Train:   0%|          | 150/250250 [4:46:55<156:07:10,  2.25s/it]"
+        "{'eval_loss': nan, 'epoch': 0.0, 'global_step/max_steps': '100/250250'}\n"
+        "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 8.4e-07, 'epoch': 0.0, "
+        "'global_step/max_steps': '105/250250', 'percentage': '0.04%'}\n"
+    )
+    assert [r.step for r in parse("hf_trainer", text)] == [100, 105]

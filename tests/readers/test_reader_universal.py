@@ -712,3 +712,44 @@ def test_held_out_parts_are_no_training_loss() -> None:
     assert "loss" not in record.values
     [parts] = records("step 5 box_loss 0.3 cls_loss 0.2 val/box_loss 0.4\n")
     assert parts.values["loss"] == 0.5
+
+
+def test_albef_json_lines_numbers_as_strings_loss_parts_behind_a_training_prefix() -> None:
+    """ALBEF, BLIP and TCL log ``{"train_" + name: "{:.3f}".format(meter)}`` a line per epoch
+    (TCL#18: unread before, "no training steps found"): the ``train_loss_*`` parts are the
+    parts of the loss, their sum its loss, the epoch the step."""
+    text = (
+        '{"train_lr": "0.000", "train_loss_mlm": "2.017", "train_loss_ita": "2.352", '
+        '"train_loss_itm": "0.451", "epoch": 0}\n'
+        '{"train_lr": "0.000", "train_loss_mlm": "1.364", "train_loss_ita": "2.032", '
+        '"train_loss_itm": "0.347", "epoch": 1}\n'
+    )
+    first, second = records(text)
+    assert (first.step, second.step) == (0, 1)
+    assert first.values["loss"] == pytest.approx(2.017 + 2.352 + 0.451)
+    assert first.values["train_loss_itm"] == 0.451
+
+
+def test_a_counter_keyed_with_its_total_and_a_quoted_value_is_the_step() -> None:
+    """ms-swift's JSON lines count their step only as ``"global_step/max_steps": "8280/11043"``
+    (ms-swift#2436: the NaN gradient norm had been placed at record 3)."""
+    line = (
+        '{{"loss": 1.4, "grad_norm": {norm}, "epoch": 0.75, "global_step/max_steps": '
+        '"{step}/11043", "train_speed(iter/s)": 0.4}}\n'
+    )
+    text = line.format(norm="3.48", step=8270) + line.format(norm="NaN", step=8280)
+    found = records(text)
+    assert [r.step for r in found] == [8270, 8280]
+    assert math.isnan(found[1].values["grad_norm"])
+
+
+def test_an_array_of_per_device_losses_gives_its_first() -> None:
+    """Paddle prints one loss a device, ``loss [     nan 9.211133 ...]`` (Paddle#11659: the
+    NaN was not read at all)."""
+    text = (
+        "Pass 0, batch 400, loss [9.351679 9.2102585 9.151485]\n"
+        "Pass 0, batch 500, loss [     nan 9.211133      nan]\n"
+    )
+    found = records(text)
+    assert [r.step for r in found] == [400, 500]
+    assert found[0].values["loss"] == 9.351679 and math.isnan(found[1].values["loss"])

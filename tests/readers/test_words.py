@@ -53,6 +53,7 @@ EXAMPLES = [
     "it cannot be clipped.",
     "RuntimeError: Function 'LogSoftmaxBackward0' returned nan values in its 0th output.",
     "WARNING: The grad norm is nan. Skipping updating the model.",
+    "WARN: rank 0 grad_norm is not finite: inf",
     "[WARN] bad grad_norm detected",
     "Detected inf/nan during batch_number=0",
     "Epoch 00012: reducing learning rate of group 0 to 1.0000e-04.",
@@ -213,3 +214,18 @@ def test_paddlenlp_says_the_scale_after_its_skip() -> None:
     #7537: 0.25 -> 0.125 -> 0.0625, a cascade far below 1)."""
     paddle = _heard("[ WARNING] - optimizer not run, scale_before: 0.125, scale_after: 0.0625")
     assert paddle is not None and paddle.values == {"skipped": 1.0, "loss_scale": 0.0625}
+
+
+def test_a_message_after_a_step_that_printed_no_value_is_of_that_step() -> None:
+    """verl prints where it is (``[Global Step: 20] ...``) and, on a NaN/Inf gradient norm,
+    only its words, on every rank (mm_search_r1#19: unread before, "no training steps found"):
+    the message is that step's record, a skipped update with that norm."""
+    text = (
+        "[Global Step: 20] Update Actor Starts ...\n"
+        "[Global Step: 20] Update Actor Ends ...\n"
+        " WARN: rank 0 grad_norm is not finite: inf\n"
+        "WARN: rank 1 grad_norm is not finite: inf\n"
+    )
+    records = [item for item in items(text) if isinstance(item, StepRecord)]
+    assert [r.step for r in records] == [20]
+    assert math.isinf(records[0].values["grad_norm"]) and records[0].values["skipped"] == 1.0

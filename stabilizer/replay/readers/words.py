@@ -176,6 +176,11 @@ WORDS: tuple[Words, ...] = (
           r"grad norm is " + _NAN.replace("(", "(?P<grad_norm>", 1)
           + r"\.\s*(?:skipping updating|do not update)",
           "a NaN/Inf gradient norm: ESPnet skipped the update", _SKIP),
+    Words("verl (dp_actor, dp_critic), RL trainers derived from it",
+          "verl/workers/actor/dp_actor.py, verl/workers/critic/dp_critic.py",
+          "grad_norm is not finite",
+          r"grad_norm is not finite: \[?(?:tensor\()?" + _NAN.replace("(", "(?P<grad_norm>", 1),
+          "a NaN/Inf gradient norm: verl zeroed the gradients and skipped the update", _SKIP),
     Words("custom loops (a common guard)", "e.g. `print(f'bad grad norm {gn}; skipping')`",
           "bad grad", r"bad grad(?:ient)?[ _]norm",
           "the trainer's guard found the gradient norm bad (NaN, Inf or beyond its bound)",

@@ -67,6 +67,11 @@ class Joiner:
     banner: str = ""  # a resume banner seen since the last record
     vocab: float | None = None  # the vocabulary a line stated, for the next record
     told: Told = field(default_factory=Told)  # the rows said in a finding already
+    announced: int | None = None
+    """A step a line named with no value (verl's ``[Global Step: 20] Update Actor Ends ...``)
+    and no record has yet: a message of the catalogue after it, with no step of its own, is of
+    that step (``WARN: rank 0 grad_norm is not finite: inf``), and so is every message after it
+    until a record comes, not placed after the last record."""
     lined: bool = False
     """Whether a line that is no progress bar has printed a loss: from then on, a bar's loss
     (tqdm's postfix or description: one batch's loss) is `BAR_LOSS`, a series of its own shown
@@ -164,10 +169,16 @@ class Joiner:
         self.pending.words, self.pending.last = heard.words, line
         return done
 
+    def announce(self, step: int) -> None:
+        """A line named ``step`` (a counter, not only its epoch) and printed no value."""
+        if self.logged is None or step >= self.logged:
+            self.announced = step
+
     def _message(
         self, lineno: int, line: str, values: _Values, rank: int | None, step: int | None = None
     ) -> list[Item]:
         done = self._finish()
+        step = self.announced if step is None else step
         where = () if rank is None else (rank,)
         self.pending = _Pending(step, where, values, line, lineno, lineno, overflow=True)
         return done
@@ -218,6 +229,7 @@ class Joiner:
         self.logged = self.last = pend.step
         self.previous = pend.values
         if pend.words is None:  # (most records: no message)
+            self.announced = None  # (the messages after an announced step are all of it)
             done.append(StepRecord(pend.step, total(pend.values)))
         else:
             done += self._record(pend.step, (pend.values, pend.words, pend.text))

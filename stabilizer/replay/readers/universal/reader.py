@@ -28,7 +28,7 @@ from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from .._lines import ANSI, IDLE, text_lines
 from ..base import BaseReader, Item
-from ..words import EARLY_NEEDS, heard_early, heard_in
+from ..words import EARLY_NEEDS, Heard, heard_early, heard_in
 from .joiner import MAX_HELD, Joiner
 from .shapes import SPLITS, Shapes
 from .steps import Steps, counted_by
@@ -93,7 +93,7 @@ class _Reading:
             line, self.table = _row(line, self.table)
         low = line.lower()
         if any(map(low.__contains__, EARLY_NEEDS)) and (heard := heard_early(low)):
-            return join.overflow(lineno, line, heard.values, heard.rank)
+            return self._overflow(lineno, line, low, heard)
         step, where, values = _where(steps, line, low)
         if step is not None and not steps.weak and (LOSS in values or GRAD_NORM in values):
             if self.table is None:
@@ -104,6 +104,8 @@ class _Reading:
             return join.heard(lineno, line, heard, {k: values[k] for k in signals})
         if step is not None or signals:  # "begin training epoch 1": a weak step, no record
             kept = values if signals or not steps.weak else {}  # (but one may follow)
+            if step is not None and not signals and not steps.weak:
+                join.announce(step)
             return join.line(lineno, line, (step, where), kept)
         if values and join.wraps(lineno, line, values):  # "learning rate: ... |"
             return join.line(lineno, line, (None, ()), values)
@@ -113,6 +115,14 @@ class _Reading:
         self.table, self.above = table_of(line, low, self.above), line
         join.other(line)
         return []
+
+    def _overflow(self, lineno: int, line: str, low: str, heard: Heard) -> list[Item]:
+        """An fp16 scaler's overflow line, at the count of the bar it is glued to, if any
+        (``378/2724 [13:58<86:18, 132.44s/it][...] [deepspeed] OVERFLOW!``)."""
+        step, _ = self.steps.of(low)
+        if step is not None and not self.steps.weak:
+            self.join.announce(step)
+        return self.join.overflow(lineno, line, heard.values, heard.rank)
 
 
 def _where(steps: Steps, line: str, low: str) -> tuple[int | None, tuple[int, ...], _Values]:

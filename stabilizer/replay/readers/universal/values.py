@@ -41,7 +41,8 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     # lets the regex scan for letters fast), after CJK text too ("整体测试集上的Loss: 262.6") and
     # after a rule of dashes ("-----loss-----:"); possessive: giving characters back finds nothing
     r"([A-Za-z_](?<![A-Za-z0-9_./][A-Za-z_])(?<![^-]-[A-Za-z_])[\w./-]*+(?: [A-Za-z]++)?)"
-    r"['\"\]]?(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+)"  # one word or two; "loss: [2.3]" (Paddle)
+    r"['\"\]]?(\s*[:=\uff1a]\s*\[?|\s+is\s+|\s+\[?\s*)"  # one word or two; "loss: [2.3]"
+    # and Paddle's arrays of per-device losses, "loss [   nan 9.21 ...]": the first device's
     r"(?:tensor\(|\*\*|(?<=[:=] )(['\"])|(?<=[:=])(['\"]))?"  # "tensor(2.3, ...)"; "'loss': 'nan'"
     r"(" + NUM + r")(?(3)['\"]|(?(4)['\"]|(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)))"  # (a dict of strings,
 )  # quoted both sides); "nanms", "12:30", "1/2", "6%", "0'" are no values; "**LOSS : nan**" and
@@ -80,17 +81,21 @@ def key_of(printed: str) -> str | None:
         return ALIASES.get(f"{before.lower()} {low}", f"{before}_{name}")
     if low in ALIASES:
         return ALIASES[low]
-    base = low.removesuffix("_step")
-    for prefix in _PREFIXES:
-        if base.startswith(prefix):
-            base = base[len(prefix) :]
-            break
+    base = _unprefixed(low.removesuffix("_step"))
     if name.endswith("Loss") and len(name) > 4 and name[-5].isalnum():  # CrossEntropyLoss, CTCLoss
         path, _, word = base[:-4].rpartition("/")
         return VAL_LOSS if (path or word).startswith(_HELD_OUT) else LOSS
     if base not in ALIASES and "/" in base:
         return _on_path(base) or name
     return ALIASES.get(base, name)
+
+
+def _unprefixed(name: str) -> str:
+    """A name without its training prefix (``train/``, ``train_``, ``training/``), if any."""
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
 
 
 def _on_path(base: str) -> str | None:
@@ -179,10 +184,12 @@ def _held_out(key: str) -> bool:
 
 
 def _part(key: str) -> bool:
-    """Whether a key is a part of the training loss (``loss_cls``, ``box_loss``)."""
+    """Whether a key is a part of the training loss (``loss_cls``, ``box_loss``; behind a
+    training prefix too: ALBEF's and BLIP's ``train_loss_itm``)."""
+    base = _unprefixed(key)
     return (
-        (key.startswith("loss_") or key.endswith("_loss"))
-        and key not in SIGNALS
+        (base.startswith("loss_") or base.endswith("_loss"))
+        and base not in SIGNALS
         and not _held_out(key)
     )
 
@@ -191,13 +198,7 @@ def known(values: dict[str, float]) -> set[str]:
     """The keys of ``values`` that make a line a record without a step: signals but the
     learning rate (alone it is a configuration: ``config: batch_size=32 lr=3e-4``), the parts of
     the training loss (``loss_cls``, ObjectGS's ``image_loss``)."""
-    return {
-        key
-        for key in values
-        if (key in SIGNALS and key != LR)
-        or key.startswith("loss_")
-        or (key.endswith("_loss") and _part(key))
-    }
+    return {key for key in values if (key in SIGNALS and key != LR) or _part(key)}
 
 
 def total(values: dict[str, float]) -> dict[str, float]:
