@@ -89,10 +89,12 @@ class CostMeter:
             self.seconds.clear()
             self.waited = 0.0
 
-    def batch_end(self, step: int) -> None:
-        """A training batch ended; `step` is the global step after it."""
+    def batch_end(self, step: int) -> Cost | None:
+        """A training batch ended; `step` is the global step after it. Returns the figures
+        once, when they exceed the budget (`check`): the caller warns."""
         if self._opened is not None:
             self._closed = (time.perf_counter(), step)
+        return self.check()
 
     def cost(self) -> Cost | None:
         """The window's figures so far; None before one optimizer step was measured."""

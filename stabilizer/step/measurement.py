@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from stabilizer.core.isolated import Isolated
-from stabilizer.core.signals import LR
 from stabilizer.live.probes import ActivationProbe, GradProbe
 from stabilizer.live.tensors import HostCopy, wide_dtype
 
@@ -38,7 +37,6 @@ __all__ = [
     "Probes",
     "WeightsCheck",
     "carried_scale",
-    "lr_key",
     "measure",
 ]
 
@@ -50,14 +48,6 @@ WeightsCheck = Callable[
 """``(optimizer, step) -> (tensors, counted)``: what the protection's check of the weights before
 a step covers (`stabilizer.step.weights.WeightsWatch.to_check`): the tensors the gradient probe
 tests in its pass, and a count already taken of the rest (or None)."""
-
-
-def lr_key(group: int) -> str:
-    """The logged key of a param group's LR: ``lr`` for the first, then ``lr/pg2``, ``lr/pg3`` …
-
-    Numbered from 1 as Lightning's ``LearningRateMonitor`` numbers them (its ``pg1`` is ``lr``).
-    """
-    return LR if group == 0 else f"{LR}/pg{group + 1}"
 
 
 def carried_scale(scaler: object, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
@@ -82,6 +72,8 @@ class Numbers:
     Args:
         grads: The gradient probe's values, ordered as its keys (``grad_norm``,
             ``nonfinite_grads``, then each depth group's norm).
+        grad_norm: The total norm (``grads[0]``).
+        nonfinite_grads: How many gradients hold NaN/Inf (``grads[1]``).
         loss: The step's loss (as the host handed it: scaled under a scaler), or None when no
             backward ran.
         scale: The grad scaler's scale (1 without one).
@@ -90,18 +82,12 @@ class Numbers:
     """
 
     grads: tuple[float, ...]
+    grad_norm: float
+    nonfinite_grads: float
     loss: float | None
     scale: float
     weights: float
     acts: tuple[float, ...]
-
-    @property
-    def grad_norm(self) -> float:
-        return self.grads[0]
-
-    @property
-    def nonfinite_grads(self) -> float:
-        return self.grads[1]
 
 
 @dataclass(frozen=True)
@@ -150,8 +136,10 @@ class Measurement:
         if self.numbers is None:
             return None
         host, n = self.numbers.read(), len(self.grad_keys)
-        loss = host[n] if self.has_loss else None
-        return Numbers(tuple(host[:n]), loss, host[n + 1], host[n + 2], tuple(host[n + 3 :]))
+        grads, loss = tuple(host[:n]), host[n] if self.has_loss else None
+        return Numbers(
+            grads, grads[0], grads[1], loss, host[n + 1], host[n + 2], tuple(host[n + 3 :])
+        )
 
 
 class Probes:
