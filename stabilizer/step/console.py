@@ -91,7 +91,12 @@ class Console:
         self.enabled = False
         self.jsonl: Path | None = None
         self.counts: Counter[Severity] = Counter()
-        self.skipped = 0  # steps whose update was skipped (guard or grad scaler)
+        # Steps whose update was skipped (guard or grad scaler), of the records it is given;
+        # a run's own count (`RunEnd.skipped`) replaces it at the end.
+        self.skipped = 0
+        # It takes a quiet step (no findings) only while repeats are folded: the records'
+        # steps say when their line is due (`stabilizer.step.live_outputs.Output`).
+        self.quiet = False
         self.applied = 0  # remedies applied
         self.worst: Finding | None = None
         self._intact: bool | None = None  # the monitor's last check of the weights
@@ -134,6 +139,7 @@ class Console:
             self._flush(lambda fold: record.step - fold.first >= self.fold_steps)
         for finding in found:
             self._finding(finding, record)
+        self.quiet = bool(self._folds)
 
     def close(self, end: RunEnd) -> None:
         """Print what is still folded, then the one end-of-run line (`summary`).
