@@ -72,8 +72,6 @@ class Numbers:
     Args:
         grads: The gradient probe's values, ordered as its keys (``grad_norm``,
             ``nonfinite_grads``, then each depth group's norm).
-        grad_norm: The total norm (``grads[0]``).
-        nonfinite_grads: How many gradients hold NaN/Inf (``grads[1]``).
         loss: The step's loss (as the host handed it: scaled under a scaler), or None when no
             backward ran.
         scale: The grad scaler's scale (1 without one).
@@ -82,12 +80,18 @@ class Numbers:
     """
 
     grads: tuple[float, ...]
-    grad_norm: float
-    nonfinite_grads: float
     loss: float | None
     scale: float
     weights: float
     acts: tuple[float, ...]
+
+    @property
+    def grad_norm(self) -> float:
+        return self.grads[0]
+
+    @property
+    def nonfinite_grads(self) -> float:
+        return self.grads[1]
 
 
 @dataclass(frozen=True)
@@ -136,10 +140,8 @@ class Measurement:
         if self.numbers is None:
             return None
         host, n = self.numbers.read(), len(self.grad_keys)
-        grads, loss = tuple(host[:n]), host[n] if self.has_loss else None
-        return Numbers(
-            grads, grads[0], grads[1], loss, host[n + 1], host[n + 2], tuple(host[n + 3 :])
-        )
+        loss = host[n] if self.has_loss else None
+        return Numbers(tuple(host[:n]), loss, host[n + 1], host[n + 2], tuple(host[n + 3 :]))
 
 
 class Probes:
