@@ -91,6 +91,17 @@ def test_one_warning_after_enough_steps_over_the_budget(clock: FakeClock) -> Non
     assert advice.endswith(CAUSES["activations"][1])
 
 
+def test_the_budget_is_judged_every_warn_after_steps(clock: FakeClock) -> None:
+    """A run that goes over its budget later is warned at the next judgement: every
+    `WARN_AFTER` steps, not at every batch's end."""
+    meter = CostMeter(budget=0.03)
+    assert _steps(meter, clock, WARN_AFTER + 5, {"measure": 0.01}, wall=1.0) == []
+    costly = {"activations": 0.5, "measure": 0.01}  # over the budget from here on
+    assert _steps(meter, clock, WARN_AFTER - 5, costly, wall=1.0) == []  # judged at 20 only
+    [cost] = _steps(meter, clock, 1, costly, wall=1.0)  # 40 steps in the window: judged again
+    assert cost.steps == 2 * WARN_AFTER and cost.over_budget
+
+
 def test_a_run_within_its_budget_is_not_warned_about(clock: FakeClock) -> None:
     meter = CostMeter(budget=0.03)
     assert _steps(meter, clock, 50, {"measure": 0.01}, wall=1.0) == []
