@@ -253,8 +253,7 @@ class RunMonitor:
     # --- inside optimizer.step: the guard's questions (`stabilizer.step.guard.Judge`) ----------
 
     def judge(self, optimizer: torch.optim.Optimizer) -> Decision:
-        """Decide `optimizer`'s step, measured now if no moment before did (a policy that
-        decides reads its numbers: `OptimizerStep.guard_values`)."""
+        """Decide `optimizer`'s step, measured now if no moment before did."""
         step = self.block.of(optimizer)
         if step is None or not step.open:
             step = self._measure(optimizer, before=False)

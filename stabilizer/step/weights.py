@@ -194,6 +194,8 @@ def _held_finding(held: Held, step: int, first: bool) -> Finding:
     return Finding(NONFINITE_HELD, step, step, Severity.INFO, message, evidence)
 
 
+# --- the buffers: copied at each step's start, put back when the step is skipped ------------
+
 _registrations = [0]  # submodules, parameters and buffers registered since the hooks
 _hooks: list[object] = []
 
