@@ -20,6 +20,7 @@ from test_protect import FAULT_STEPS, Fault, assert_intact, tiny
 from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding
+from stabilizer.hosts.loop import Stabilizer
 from stabilizer.live.tensors import optimizer_state_tensors
 
 
@@ -127,8 +128,6 @@ def test_only_a_deciding_policy_reads_the_numbers_inside_the_step(
     """Inside ``optimizer.step`` only a policy that decides (``protect``) waits for the step's
     numbers; ``observe`` lets the step through unread, and its deferred report reads them (on a
     GPU the step never waits for the copy)."""
-    from stabilizer.hosts.loop import Stabilizer
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
