@@ -237,6 +237,8 @@ class LightningHost:
         self.trainer, self.module = trainer, module
         self.recount = user_code_after(trainer, module, me)
         self.replays_loss = True  # the training step again: the loss as the step computed it
+        # The fp16 scaler: the precision plugin's, made with the Trainer and kept for the fit.
+        self.scaler: Any = getattr(trainer.precision_plugin, "scaler", None)
         # `trainer.log_dir` is a broadcast under DDP: every rank asks now, or rank 0 waits.
         log_dir = trainer.log_dir if trainer.loggers else None
         accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
@@ -266,10 +268,6 @@ class LightningHost:
     @property
     def schedulers(self) -> Sequence[Any]:
         return [config.scheduler for config in self.trainer.lr_scheduler_configs]
-
-    @property
-    def scaler(self) -> Any:
-        return getattr(self.trainer.precision_plugin, "scaler", None)
 
     @property
     def clip(self) -> float | None:

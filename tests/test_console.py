@@ -24,7 +24,7 @@ from stabilizer.core.detectors.grad_spike import GradSpike
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd
 from stabilizer.replay.diagnose import diagnose
-from stabilizer.step.console import STOP_LINE, Console, compact_groups
+from stabilizer.step.console import FOLD_STEPS, STOP_LINE, Console, compact_groups
 from stabilizer.step.cost import CAUSES, budget_verdict
 from stabilizer.step.live_outputs import LiveFacts
 
@@ -63,7 +63,12 @@ class TinyLM(pl.LightningModule):
 
 
 def _fit(
-    tmp_path: Path, module: pl.LightningModule, steps: int, clip: float | None = 1.0, **monitor: Any
+    tmp_path: Path,
+    module: pl.LightningModule,
+    steps: int,
+    clip: float | None = 1.0,
+    extra: tuple[pl.Callback, ...] = (),
+    **monitor: Any,
 ) -> None:
     torch.manual_seed(0)
     monitor.setdefault("cost_budget", None)  # a tiny model is over any budget: see its test
@@ -77,7 +82,7 @@ def _fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         gradient_clip_val=clip,
-        callbacks=[StabilityMonitor(**monitor)],
+        callbacks=[StabilityMonitor(**monitor), *extra],
     )
     trainer.fit(module, DataLoader(data, batch_size=4))
 
@@ -148,9 +153,8 @@ def _outcome(path: Path, module: TinyLM) -> tuple[list[Any], list[torch.Tensor]]
     for item in items:
         item.pop("cost", None)
         item.get("evidence", {}).pop("elapsed_s", None)
-        for text in ("seen", "message"):  # (a finding's message says the replay's time too)
-            if text in item:
-                item[text] = re.sub(r"replay \d+\.\d+ s", "replay _ s", item[text])
+        if "message" in item:  # (the JSONL's finding: its whole message)
+            item["message"] = re.sub(r"replay \d+\.\d+ s", "replay _ s", item["message"])
     return items[1:], [p.detach().clone() for p in module.parameters()]
 
 
@@ -242,6 +246,41 @@ def test_several_findings_at_one_step_fold_as_places(printed: list[str]) -> None
         console.write(StepRecord(step, {"loss": 2.0}), [risk])
     console.close(RunEnd(400))
     assert printed[2] == "overflow_risk at 2 more steps (300…310), 3 findings"
+
+
+class TwoNaNs(TinyLM):
+    """A NaN loss at steps 6 and 14 only: the second is folded, then every step is quiet."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step in (6, 14) else loss
+
+
+def test_a_quiet_step_reaches_the_console_only_while_a_fold_waits(
+    tmp_path: Path, printed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console prints findings: a step without any is given to it only while a folded
+    repeat waits for its line (due `FOLD_STEPS` after it), which still comes on time."""
+    quiet: list[int] = []
+    write = Console.write
+
+    def counted(self: Console, record: StepRecord | None, found: list[Finding]) -> None:
+        if record is not None and not found:
+            quiet.append(record.step)
+        write(self, record, found)
+
+    monkeypatch.setattr(Console, "write", counted)
+    folded = "NaN/Inf loss at 1 more step (14), each skipped; weights intact"
+    at: list[int] = []  # the step at which the fold line was printed
+
+    class Watch(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if folded in printed and not at:
+                at.append(trainer.global_step - 1)
+
+    _fit(tmp_path, TwoNaNs(), steps=70, extra=(Watch(),))
+    assert at == [14 + FOLD_STEPS]  # on time, not at the end
+    assert quiet == list(range(15, 15 + FOLD_STEPS))  # (every quiet step, before)
 
 
 def test_fold_lines_come_within_fold_steps(printed: list[str]) -> None:

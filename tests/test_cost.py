@@ -33,8 +33,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return fake
 
 
-def _steps(meter: CostMeter, clock: FakeClock, n: int, work: dict[str, float], wall: float) -> None:
-    """`n` batches of `wall` seconds, each spending `work[part]` seconds in each part."""
+def _steps(
+    meter: CostMeter, clock: FakeClock, n: int, work: dict[str, float], wall: float
+) -> list[Cost]:
+    """`n` batches of `wall` seconds, each spending `work[part]` seconds in each part; what
+    their ends warned of."""
+    warned = []
     for _ in range(n):
         step = int(clock.now / wall + 0.5)
         meter.batch_start(step)
@@ -42,7 +46,9 @@ def _steps(meter: CostMeter, clock: FakeClock, n: int, work: dict[str, float], w
             with meter.part(name):
                 clock.now += seconds
         clock.now += wall - sum(work.values())
-        meter.batch_end(step + 1)
+        over = meter.batch_end(step + 1)
+        warned += [over] if over is not None else []
+    return warned
 
 
 def test_a_nested_part_counts_for_itself_alone(clock: FakeClock) -> None:
@@ -75,21 +81,30 @@ def test_the_window_leaves_the_first_batch_out(clock: FakeClock) -> None:
 
 def test_one_warning_after_enough_steps_over_the_budget(clock: FakeClock) -> None:
     meter = CostMeter(budget=0.03)
-    _steps(meter, clock, WARN_AFTER, {"activations": 0.05, "measure": 0.01}, wall=1.0)
-    assert meter.check() is None  # WARN_AFTER - 1 steps in the window
-    _steps(meter, clock, 1, {"activations": 0.05, "measure": 0.01}, wall=1.0)
-    cost = meter.check()
-    assert cost is not None and cost.over_budget
-    assert meter.check() is None  # once
+    work = {"activations": 0.05, "measure": 0.01}
+    assert _steps(meter, clock, WARN_AFTER, work, wall=1.0) == []  # WARN_AFTER - 1 in the window
+    [cost] = _steps(meter, clock, 1, work, wall=1.0)
+    assert cost.over_budget
+    assert _steps(meter, clock, 5, work, wall=1.0) == []  # once
     advice = over_budget_advice(cost)
     assert advice.startswith("over its 3% budget: mostly sampled activation maxima (50.0 ms")
     assert advice.endswith(CAUSES["activations"][1])
 
 
+def test_the_budget_is_judged_every_warn_after_steps(clock: FakeClock) -> None:
+    """A run that goes over its budget later is warned at the next judgement: every
+    `WARN_AFTER` steps, not at every batch's end."""
+    meter = CostMeter(budget=0.03)
+    assert _steps(meter, clock, WARN_AFTER + 5, {"measure": 0.01}, wall=1.0) == []
+    costly = {"activations": 0.5, "measure": 0.01}  # over the budget from here on
+    assert _steps(meter, clock, WARN_AFTER - 5, costly, wall=1.0) == []  # judged at 20 only
+    [cost] = _steps(meter, clock, 1, costly, wall=1.0)  # 40 steps in the window: judged again
+    assert cost.steps == 2 * WARN_AFTER and cost.over_budget
+
+
 def test_a_run_within_its_budget_is_not_warned_about(clock: FakeClock) -> None:
     meter = CostMeter(budget=0.03)
-    _steps(meter, clock, 50, {"measure": 0.01}, wall=1.0)
-    assert meter.check() is None
+    assert _steps(meter, clock, 50, {"measure": 0.01}, wall=1.0) == []
 
 
 def test_every_cause_names_what_it_is_and_its_knob() -> None:

@@ -20,6 +20,7 @@ from test_protect import FAULT_STEPS, Fault, assert_intact, tiny
 from stabilizer.callbacks.demo.run import run_scenario
 from stabilizer.callbacks.monitor import StabilityMonitor
 from stabilizer.core.records import Finding
+from stabilizer.hosts.loop import Stabilizer
 from stabilizer.live.tensors import optimizer_state_tensors
 
 
@@ -118,3 +119,27 @@ def test_auto_acts_under_the_deferred_report(tmp_path: Path) -> None:
     assert watch.untouched == {step: True for step in FAULT_STEPS}
     applied = [f for f in found if f.kind == "remedy_applied"]
     assert applied  # applied at the next step boundary, for the finding's step
+
+
+@pytest.mark.parametrize(("policy", "read"), [("observe", False), ("protect", True)])
+def test_only_a_deciding_policy_reads_the_numbers_inside_the_step(
+    tmp_path: Path, policy: str, read: bool
+) -> None:
+    """Inside ``optimizer.step`` only a policy that decides (``protect``) waits for the step's
+    numbers; ``observe`` lets the step through unread, and its deferred report reads them (on a
+    GPU the step never waits for the copy)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 4)
+    with Stabilizer(model, optimizer, policy, log_dir=tmp_path) as stab:
+        for i in range(3):
+            with stab.step():
+                assert stab.run is not None
+                stab.run.reporter.defer = True  # as on a GPU
+                stab.backward(model(x).pow(2).mean())
+                optimizer.step()
+                step = stab.run.block.steps[-1]
+                assert (step.numbers is not None) is read, i
+                optimizer.zero_grad(set_to_none=True)
+            assert step.checked is read  # observe's: read at its report, a step later

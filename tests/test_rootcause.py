@@ -19,7 +19,7 @@ from stabilizer.live.locate import (
 )
 from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import all_finite, optimizer_state_tensors
-from stabilizer.step.replay import _finding
+from stabilizer.step.own_findings import _finding
 
 TINY = {"vocab_size": 64, "n_layer": 3, "n_head": 2, "n_embd": 16, "block_size": 8}
 

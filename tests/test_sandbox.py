@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from stabilizer.live.buffers import BufferWatch
 from stabilizer.live.sandbox import sandbox
+from stabilizer.step.weights import BufferWatch
 
 
 class Counting(nn.Module):

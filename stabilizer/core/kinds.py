@@ -144,6 +144,11 @@ class Kind:
         """`noun`, or the kind's name."""
         return self.noun or self.name
 
+    def advises_setup(self, severity: Severity) -> bool:
+        """Whether its finding at `severity` is advice on the set-up (the preflight's
+        ``config_risk``), not an episode of the training (`setup_up_to`)."""
+        return self.setup_up_to is not None and severity <= self.setup_up_to
+
 
 TABLE: tuple[Kind, ...] = (
     Kind(

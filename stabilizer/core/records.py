@@ -184,6 +184,15 @@ class Finding:
         """The whole line: what was seen, then the advice after ``": "``."""
         return f"{self.seen}{_JOIN}{self.advice}" if self.advice else self.seen
 
+    @property
+    def observation(self) -> str:
+        """What was seen, when the remedies carry the advice; else the whole message.
+
+        ``"loss spiked from 2.5 to 7.5 (3.0x) at step 121, back after 8 steps"`` for the message
+        ``"...back after 8 steps: clip gradients (norm 1.0)"``.
+        """
+        return self.seen if self.remedies else self.message
+
     def __str__(self) -> str:
         """One line for a human: step range, severity, kind, location, message, remedies.
 

@@ -54,12 +54,14 @@ class HeldNonFinite:
     """
 
     def __init__(self) -> None:
-        self._held: dict[Hashable, Tensor] = {}  # key -> bool mask of the held positions
+        # key -> bool mask of the held positions; empty while the model holds nothing by design
+        # (nearly always), and then a caller may skip this class entirely, as the checks do
+        self.masks: dict[Hashable, Tensor] = {}
         self._by_id: dict[int, tuple[weakref.ref[Tensor], Hashable]] = {}
         self._seen: set[Hashable] = set()
 
     def __bool__(self) -> bool:
-        return bool(self._held)
+        return bool(self.masks)
 
     def learn(self, named: Iterable[tuple[Hashable, str, Tensor]]) -> list[Held]:
         """Learn the tensors never seen before (an exact check: one host sync per dtype), and
@@ -78,7 +80,7 @@ class HeldNonFinite:
                 continue
             with torch.no_grad():
                 mask = ~torch.isfinite(t.detach())
-            self._held[key] = mask
+            self.masks[key] = mask
             self._by_id[id(t)] = (weakref.ref(t), key)
             found.append(Held(name, int(mask.sum()), t.numel(), _sample(t.detach()[mask])))
         return found
@@ -97,12 +99,12 @@ class HeldNonFinite:
             tensors: The tensors to check.
             keys: Their keys (buffers); by default each tensor's identity.
         """
-        if not self._held:
+        if not self.masks:
             return list(tensors), []
         whole, partial = [], []
         for i, t in enumerate(tensors):
             key = keys[i] if keys is not None else self.key_of(t)
-            mask = self._held.get(key) if key is not None else None
+            mask = self.masks.get(key) if key is not None else None
             if mask is None or mask.shape != t.shape:
                 whole.append(t)
             else:

@@ -120,8 +120,7 @@ def _heading(rows: Sequence[Finding], as_of: int | None) -> str:
 def is_setup(finding: Finding) -> bool:
     """Whether ``finding`` is advice on the set-up (the preflight's ``config_risk``), not an
     episode of the training (as the reports of ``diagnose`` tell them apart)."""
-    up_to = kind_of(finding.kind).setup_up_to
-    return up_to is not None and finding.severity <= up_to
+    return kind_of(finding.kind).advises_setup(finding.severity)
 
 
 def _markdown(findings: Sequence[Finding], as_of: int | None) -> str:

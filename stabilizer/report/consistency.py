@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stabilizer.core.records import Finding
-from stabilizer.outputs.wording import observation
 from stabilizer.replay.diagnose import Segment
 
 __all__ = ["came_back", "refuted", "what"]
@@ -43,7 +42,7 @@ def what(finding: Finding, segment: Segment, where: str) -> str:
     """A finding's own words, and, where the log refutes the loss it says came back, what the
     log shows (``"..., back after 1 step; but the loss is non-finite from step 51 to the end
     of the log"``)."""
-    text = observation(finding)
+    text = finding.observation
     since = refuted([finding], segment)
     if since is None:
         return text

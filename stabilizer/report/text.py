@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from stabilizer.core.advice import RunFacts
 from stabilizer.core.records import Finding, Severity
 from stabilizer.core.run import RunHeader
-from stabilizer.outputs.wording import counted, observation
+from stabilizer.outputs.wording import counted
 from stabilizer.replay.diagnose import Diagnosis, Failure, Segment, exit_code
 
 from .causes import advice_for
@@ -133,7 +133,7 @@ def render_text(diagnosis: Diagnosis, fail_on: Severity = Severity.WARNING) -> s
 
 def setup_line(finding: Finding, facts: RunFacts | None = None) -> str:
     """``"INFO  no gradient clipping: ... -> clip the global gradient norm to 1.0"``."""
-    text = f"{finding.severity.name}  {observation(finding)}"
+    text = f"{finding.severity.name}  {finding.observation}"
     if finding.location:
         text += f" [{', '.join(finding.location)}]"
     if finding.remedies:

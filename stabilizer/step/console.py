@@ -31,8 +31,7 @@ from stabilizer.core.kinds import REMEDY_APPLIED, Kind, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
 from stabilizer.core.run import Cost, RunEnd
 from stabilizer.core.signals import NONFINITE_UPDATE, NONFINITE_WEIGHTS, OTHER, SKIPPED, block_index
-from stabilizer.outputs.findings_table import is_setup
-from stabilizer.outputs.wording import counted, observation
+from stabilizer.outputs.wording import counted
 
 from .cost import budget_verdict
 from .fold import Fold
@@ -92,7 +91,12 @@ class Console:
         self.enabled = False
         self.jsonl: Path | None = None
         self.counts: Counter[Severity] = Counter()
-        self.skipped = 0  # steps whose update was skipped (guard or grad scaler)
+        # Steps whose update was skipped (guard or grad scaler), of the records it is given;
+        # a run's own count (`RunEnd.skipped`) replaces it at the end.
+        self.skipped = 0
+        # It takes a quiet step (no findings) only while repeats are folded: the records'
+        # steps say when their line is due (`stabilizer.step.live_outputs.Output`).
+        self.quiet = False
         self.applied = 0  # remedies applied
         self.worst: Finding | None = None
         self._intact: bool | None = None  # the monitor's last check of the weights
@@ -135,6 +139,7 @@ class Console:
             self._flush(lambda fold: record.step - fold.first >= self.fold_steps)
         for finding in found:
             self._finding(finding, record)
+        self.quiet = bool(self._folds)
 
     def close(self, end: RunEnd) -> None:
         """Print what is still folded, then the one end-of-run line (`summary`).
@@ -185,7 +190,7 @@ class Console:
         kind = kind_of(finding.kind)
         where = self._where(finding)
         text = f"{_span(finding)} {finding.severity.name.lower()} {finding.kind}{where}: "
-        text += observation(finding)
+        text += finding.observation
         if _of_the_step(kind) and record is not None:
             text += "; " + _fate(record, self.policy)
         if finding.remedies and not kind.action:
@@ -196,7 +201,7 @@ class Console:
         """An episode's update as printed: span, the severity it escalated to (if it did),
         kind, where, what it is now."""
         head = _span(finding) + (f" {finding.severity.name.lower()}" if escalated else "")
-        return f"{head} {finding.kind}{self._where(finding)}, update: {observation(finding)}"
+        return f"{head} {finding.kind}{self._where(finding)}, update: {finding.observation}"
 
     def _where(self, finding: Finding) -> str:
         """``" [embed, block_00…block_11]"``; nothing where a finding names every depth group
@@ -231,7 +236,8 @@ class Console:
             self.worst = now
 
     def _finding(self, finding: Finding, record: StepRecord | None) -> None:
-        if is_setup(finding):  # advice on the set-up: no episode, each its own line
+        kind = kind_of(finding.kind)
+        if kind.advises_setup(finding.severity):  # advice on the set-up: no episode, own line
             self.setup[finding.severity] += 1
             log.log(int(finding.severity), "stabilizer: %s", self.line(finding, record))
             return
@@ -240,7 +246,7 @@ class Console:
         self.counts[finding.severity] += 1
         self.applied += finding.kind == REMEDY_APPLIED
         key = (finding.kind, finding.severity)
-        folds = not kind_of(finding.kind).action and finding.severity < Severity.CRITICAL
+        folds = not kind.action and finding.severity < Severity.CRITICAL
         if not folds or key not in self._shown:
             self._shown.add(key)
             log.log(int(finding.severity), "stabilizer: %s", self.line(finding, record))

@@ -20,7 +20,8 @@ from stabilizer.core.run import Cost
 __all__ = ["CAUSES", "WARN_AFTER", "CostMeter", "budget_verdict", "over_budget_advice"]
 
 WARN_AFTER = 20
-"""Optimizer steps measured before the monitor judges its cost against the budget."""
+"""Optimizer steps measured before the monitor judges its cost against the budget, and between
+two of its judgements (a batch's end costs no sum and sort of the parts in between)."""
 
 CAUSES: Mapping[str, tuple[str, str]] = {
     "measure": (
@@ -61,6 +62,7 @@ class CostMeter:
         self._batches = 0
         self._opened: tuple[float, int] | None = None  # (time, global step) at the window start
         self._closed: tuple[float, int] | None = None
+        self._judged = 0  # window steps at the last judgement of the budget
         self.warned = False
 
     @contextmanager
@@ -89,10 +91,12 @@ class CostMeter:
             self.seconds.clear()
             self.waited = 0.0
 
-    def batch_end(self, step: int) -> None:
-        """A training batch ended; `step` is the global step after it."""
+    def batch_end(self, step: int) -> Cost | None:
+        """A training batch ended; `step` is the global step after it. Returns the figures
+        once, when they exceed the budget (`check`): the caller warns."""
         if self._opened is not None:
             self._closed = (time.perf_counter(), step)
+        return self.check()
 
     def cost(self) -> Cost | None:
         """The window's figures so far; None before one optimizer step was measured."""
@@ -111,9 +115,16 @@ class CostMeter:
         )  # fmt: skip
 
     def check(self) -> Cost | None:
-        """The figures, once, when `WARN_AFTER` steps are measured and they exceed the budget."""
+        """The figures, once, when they exceed the budget: judged every `WARN_AFTER` steps
+        measured, from the `WARN_AFTER`-th."""
+        if self.warned or self._opened is None or self._closed is None:
+            return None
+        steps = self._closed[1] - self._opened[1]
+        if steps < self._judged + WARN_AFTER:
+            return None
+        self._judged = steps
         cost = self.cost()
-        if self.warned or cost is None or cost.steps < WARN_AFTER or not cost.over_budget:
+        if cost is None or not cost.over_budget:
             return None
         self.warned = True
         return cost

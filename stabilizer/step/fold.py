@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stabilizer.core.records import Finding
-from stabilizer.outputs.wording import counted, observation
+from stabilizer.outputs.wording import counted
 
 __all__ = ["Fold"]
 
@@ -42,9 +42,9 @@ class Fold:
             more = f", {self.count} findings" if self.count > self.steps else ""
             text = f"{noun} at {counted(self.steps, 'more step')} ({span}){more}"
         if self.largest is not None and _size(self.largest) > 0 and self.count > 1:
-            text += f"; the largest: {observation(self.largest)}"
+            text += f"; the largest: {self.largest.observation}"
         elif self.largest is not None and _size(self.largest) > 0:
-            text += f": {observation(self.largest)}"
+            text += f": {self.largest.observation}"
         return text
 
 

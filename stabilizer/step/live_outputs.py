@@ -52,9 +52,12 @@ log = logging.getLogger("stabilizer")
 
 
 class Output(Protocol):
-    """Where the monitor's records and findings go."""
+    """Where the monitor's records and findings go. An output that speaks only of findings is
+    not given a quiet step (a record without findings) while its `quiet` is False, as the
+    engine feeds no records to a detector that is ``done``."""
 
     name: str
+    quiet: bool  # it takes a quiet step's record now
 
     def write(self, record: StepRecord | None, found: Sequence[Finding]) -> None: ...
 
@@ -86,6 +89,7 @@ class JsonlOutput:
     """``stability.jsonl``: the run's header, each record and finding, the end line."""
 
     name = "jsonl"
+    quiet = True
 
     def __init__(self, writer: JsonlWriter) -> None:
         self.writer = writer
@@ -114,6 +118,7 @@ class LoggerOutput:
     """
 
     name = "loggers"
+    quiet = True
 
     def __init__(self, loggers: Sequence[MetricsLogger], every: int = 1) -> None:
         self.loggers, self.every = list(loggers), max(1, every)
@@ -154,6 +159,7 @@ class NotifyOutput:
     """Notifications (`stabilizer.outputs.notify.Notifier`), sent from a background thread."""
 
     name = "notify"
+    quiet = False  # it sends findings only
 
     def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
@@ -275,6 +281,8 @@ class LiveOutputs:
             found = self.facts.advise(found)
         logged = stream_record(record, stream) if record is not None else None
         for out in self._outputs:
+            if not (found or out.quiet):
+                continue
             with self._part(out.name):
                 self._safely(out.name, out.write, record if out is self.console else logged, found)
 

@@ -51,6 +51,7 @@ class TensorBoardOutput:
     """
 
     name = "tensorboard"
+    quiet = True
 
     def __init__(
         self,

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from stabilizer.core.isolated import Isolated
-from stabilizer.core.signals import LR
 from stabilizer.live.probes import ActivationProbe, GradProbe
 from stabilizer.live.tensors import HostCopy, wide_dtype
 
@@ -38,7 +37,6 @@ __all__ = [
     "Probes",
     "WeightsCheck",
     "carried_scale",
-    "lr_key",
     "measure",
 ]
 
@@ -50,14 +48,6 @@ WeightsCheck = Callable[
 """``(optimizer, step) -> (tensors, counted)``: what the protection's check of the weights before
 a step covers (`stabilizer.step.weights.WeightsWatch.to_check`): the tensors the gradient probe
 tests in its pass, and a count already taken of the rest (or None)."""
-
-
-def lr_key(group: int) -> str:
-    """The logged key of a param group's LR: ``lr`` for the first, then ``lr/pg2``, ``lr/pg3`` …
-
-    Numbered from 1 as Lightning's ``LearningRateMonitor`` numbers them (its ``pg1`` is ``lr``).
-    """
-    return LR if group == 0 else f"{LR}/pg{group + 1}"
 
 
 def carried_scale(scaler: object, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:

@@ -39,7 +39,7 @@ from stabilizer.core.run import RunHeader
 
 from .auto import AutoRemedies
 from .console import STOP_LINE, Console
-from .cost import CostMeter
+from .cost import CostMeter, over_budget_advice
 from .first_batch import Preflight
 from .guard import OVERFLOW, Decision, StepGuard
 from .host import Host
@@ -253,12 +253,11 @@ class RunMonitor:
     # --- inside optimizer.step: the guard's questions (`stabilizer.step.guard.Judge`) ----------
 
     def judge(self, optimizer: torch.optim.Optimizer) -> Decision:
-        """Decide `optimizer`'s step, measured now if no moment before did (the numbers read)."""
+        """Decide `optimizer`'s step, measured now if no moment before did."""
         step = self.block.of(optimizer)
         if step is None or not step.open:
             step = self._measure(optimizer, before=False)
         with self.cost.part("guard"):
-            step.read()  # the step's one host read
             stepping_past = self.remedies.stepping_past(step.step)
             decision = self.runtime.decide(step, optimizer, stepping_past)
             step.decide(decision)
@@ -310,7 +309,9 @@ class RunMonitor:
         with self.cost.part("guard"):
             self._act(*self.runtime.end(taken), taken[-1] if taken else None)
         self._act(*self.reporter.steps(taken), self.reporter.last)
-        self.cost.batch_end(at)
+        over = self.cost.batch_end(at)
+        if over is not None and self.host.facts.is_global_zero:
+            log.warning("stabilizer: %s, %s", over.describe(), over_budget_advice(over))
         return bool(taken)
 
     def _abandon(self, step: OptimizerStep) -> None:

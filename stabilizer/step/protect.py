@@ -13,7 +13,7 @@ them without asking which policy it has (`stabilizer.step.monitor.RUNTIMES`).
   step that finds a value turned non-finite is skipped and reported as critical, the weights
   are not intact, and the run stops (`Auto` rolls back instead);
 - a skipped step's buffers put back; the first bad step of an episode replayed to name its
-  cause (`stabilizer.step.replay.root_cause`), with no optimizer able to step inside;
+  cause (`stabilizer.step.own_findings.root_cause`), with no optimizer able to step inside;
 - the counting: each step's end (`after`) answers ``(should_stop, reason)``, as Lightning's
   ``EarlyStopping`` does; the run acts on it in one place.
 """
@@ -35,10 +35,9 @@ from stabilizer.live.tensors import count_nonfinite
 from .guard import BAD_LR, BAD_WEIGHTS, UNCHECKED, Decision, decide, risky_arithmetic
 from .host import Host
 from .measurement import WeightsCheck
-from .own_findings import first_bad, weights_not_intact
+from .own_findings import first_bad, root_cause, weights_not_intact
 from .policies import Observe, Protect
 from .ranks import Ranks
-from .replay import root_cause
 from .step import InFlight, OptimizerStep, Stage
 from .weights import WeightsWatch
 

@@ -25,7 +25,7 @@ from stabilizer.core.isolated import isolated
 from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.run import RunEnd
 
-from .cost import CostMeter, over_budget_advice
+from .cost import CostMeter
 from .host import Host
 from .live_outputs import LiveOutputs, stream_record
 from .protect import Remedies
@@ -50,7 +50,7 @@ class Reporter:
         host: The training loop.
         make_engine: Makes a fresh detection engine (one per optimizer).
         outputs: Where records and findings go.
-        cost: The monitor's cost meter (reporting is a part of it; it warns over budget).
+        cost: The monitor's cost meter (reporting is a part of it).
         remedies: The policy's remedies (they answer each step's findings).
         strict: Raise an internal error instead of stopping the reports.
         on_restart: Called when a remedy restarted training from a snapshot.
@@ -162,7 +162,6 @@ class Reporter:
 
     def _report(self, step: OptimizerStep) -> None:
         with self.cost.part("report"):
-            step.read()
             values, i = step.values(), step.optimizer_index
             record = StepRecord(step.step, values) if values is not None else None
             found = _of_optimizer(i, self._engine(i).observe(record) if record else [])
@@ -179,6 +178,3 @@ class Reporter:
         m = step.measurement
         numbers = m.numbers if m is not None else None
         self.cost.waited += numbers.waited if numbers is not None else 0.0
-        cost = self.cost.check()
-        if cost is not None and self.host.facts.is_global_zero:
-            log.warning("stabilizer: %s, %s", cost.describe(), over_budget_advice(cost))

@@ -47,6 +47,7 @@ from stabilizer.core.signals import (
     GRAD_NORM,
     LOSS,
     LOSS_SCALE,
+    LR,
     NEW_DATA,
     NONFINITE_GRADS,
     NONFINITE_UPDATE,
@@ -59,7 +60,7 @@ from stabilizer.live.tensors import wide_dtype
 from .carried import Carried
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, STEPPING_PAST, UNCHECKED, Decision
 from .host import MicroBatch
-from .measurement import Measurement, Numbers, lr_key
+from .measurement import Measurement, Numbers
 
 __all__ = ["InFlight", "OptimizerStep", "Stage", "StageError", "parameters"]
 
@@ -212,8 +213,8 @@ class OptimizerStep:
 
     def values(self) -> dict[str, float] | None:
         """The step record's values (None when it could not be measured), float32-rounded as
-        TensorBoard keeps them (replay parity)."""
-        m, numbers = self.measurement, self.numbers
+        TensorBoard keeps them (replay parity); its numbers read if they were not yet."""
+        m, numbers = self.measurement, self.read()
         if m is None or numbers is None:
             return None
         values = {k: _f32(v) for k, v in zip(m.grad_keys, numbers.grads, strict=True)}
@@ -224,7 +225,7 @@ class OptimizerStep:
         if numbers.loss is not None:
             loss = _f32(numbers.loss)
             values[LOSS] = float(np.float32(loss / scale)) if m.scaled else loss
-        values.update((lr_key(i), lr) for i, lr in enumerate(m.lrs) if lr is not None)
+        values.update((_lr_key(i), lr) for i, lr in enumerate(m.lrs) if lr is not None)
         if m.scaled:
             values[LOSS_SCALE] = scale
         if m.clip:
@@ -243,14 +244,23 @@ class OptimizerStep:
 
     def guard_values(self) -> dict[str, float]:
         """What the guard decides on: the total norm, the non-finite count and the loss (when
-        a backward ran); empty when the step could not be measured."""
-        numbers = self.numbers
+        a backward ran); empty when the step could not be measured. Its numbers are read here,
+        at the decision (the step's one host read, where a policy decides)."""
+        numbers = self.read()
         if numbers is None:
             return {}
         values = {GRAD_NORM: numbers.grad_norm, NONFINITE_GRADS: numbers.nonfinite_grads}
         if numbers.loss is not None:
             values[LOSS] = numbers.loss
         return values
+
+
+def _lr_key(group: int) -> str:
+    """The logged key of a param group's LR: ``lr`` for the first, then ``lr/pg2``, ``lr/pg3`` …
+
+    Numbered from 1 as Lightning's ``LearningRateMonitor`` numbers them (its ``pg1`` is ``lr``).
+    """
+    return LR if group == 0 else f"{LR}/pg{group + 1}"
 
 
 def _f32(value: float) -> float:

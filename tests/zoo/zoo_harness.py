@@ -255,7 +255,7 @@ def _measured(jsonl: Path) -> int:
 
 
 def _raised(e: BaseException) -> str:
-    """``RuntimeError: ... (raised at live/buffers.py:106 in end)``, with the deepest frame of
+    """``RuntimeError: ... (raised at step/weights.py:250 in end)``, with the deepest frame of
     the project's code on the way when the exception came from elsewhere."""
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if "/callbacks/" in f.filename or "/stabilizer/" in f.filename]
