@@ -21,6 +21,8 @@ from stabilizer.demo.scenarios import get_scenario
 from stabilizer.replay.diagnose import LIVE_KINDS
 from stabilizer.replay.readers import read_log
 
+pytestmark = pytest.mark.xdist_group("scenarios")  # one worker trains each scenario once
+
 
 def _kinds(found: list[Finding], at_least: Severity = Severity.WARNING) -> list[str]:
     return [f.kind for f in found if f.severity >= at_least]

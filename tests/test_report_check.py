@@ -23,6 +23,8 @@ from stabilizer.replay.readers import LogReadError
 from stabilizer.report import render_markdown, render_text
 from stabilizer.report.check import check
 
+pytestmark = pytest.mark.xdist_group("scenarios")  # one worker trains each scenario once
+
 TESTS = Path(__file__).parent
 LOGS = sorted(
     [

@@ -17,6 +17,8 @@ from scenario_sweep import SEEDS, THREADS, margins
 from conftest import TracedRun
 from stabilizer.demo.scenarios import SCENARIOS, ActivationFault, Scenario, get_scenario
 
+pytestmark = pytest.mark.xdist_group("scenarios")  # one worker trains each scenario once
+
 
 def _broken(name: str, curves: Curves, twins: Mapping[str, Curves]) -> list[str]:
     return [str(m) for m in claims(name, curves, twins) if not m.holds]

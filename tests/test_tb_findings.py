@@ -33,6 +33,8 @@ from stabilizer.outputs.findings_table import (
 )
 from stabilizer.outputs.tensorboard import findings_text
 
+pytestmark = pytest.mark.xdist_group("scenarios")  # one worker trains each scenario once
+
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 BAND = tuple(f"block_{i:02d}" for i in range(9))
 

@@ -84,7 +84,9 @@ def test_stdin_format_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
     assert list(stream) == records("megatron_healthy.log")
 
 
-@pytest.mark.parametrize("data", [b"", gzip.compress(b""), b"iter 1: loss 2.0, time 1ms\n"])
+@pytest.mark.parametrize(
+    "data", [b"", gzip.compress(b"", mtime=0), b"iter 1: loss 2.0, time 1ms\n"]
+)
 def test_stdin_is_never_closed(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     """Regression: an empty stdin was closed by `open_source`, a read one on collection."""
     stdin = io.TextIOWrapper(io.BytesIO(data))
