@@ -110,9 +110,6 @@ MISSES = {
     # Round 8's held-out set: its first-sight misses (docs/benchmarks.md, "First sight on a
     # held-out set (round 8)"), scored on b106763 before anything was changed for them; what the
     # round's general changes did not fix.
-    "zhrtvc_issue79_mellotron_train_loss_nan_grad_norm_nan": "held out, round 8: Tacotron 2's "
-    "'Train loss 130950 nan Grad Norm nan' prints the iteration between the name and the "
-    "value: the NaN is placed at the bar's count (667), its loss read as 130950",
     "relernn_issue26_keras_epoch309_loss_nan": "held out, round 8: the label counts epochs "
     "(309), the reader the batches across epochs (30899 = epoch 309's 99th of 100): both are the "
     "log's numbers, the finding's is not the label's",

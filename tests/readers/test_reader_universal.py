@@ -753,3 +753,19 @@ def test_an_array_of_per_device_losses_gives_its_first() -> None:
     found = records(text)
     assert [r.step for r in found] == [400, 500]
     assert found[0].values["loss"] == 9.351679 and math.isnan(found[1].values["loss"])
+
+
+def test_a_loss_printed_after_its_iteration() -> None:
+    """NVIDIA's Tacotron 2 and its forks print ``Train loss {iteration} {loss:.6f}`` and
+    ``Validation loss {iteration}:  {loss:9f}``: the integer is the step, the number after it the
+    loss (Mellotron#79: the NaN was placed at the bar's count, its loss read as 130950; apex#493:
+    every validation loss read as its iteration)."""
+    text = (
+        "Train loss 130949 0.412345 Grad Norm 1.234567 2.11s/it\n"
+        "Validation loss 130949:  0.501234\n"
+        "Train loss 130950 nan Grad Norm nan 2.11s/it\n"
+    )
+    first, second = records(text)
+    assert (first.step, second.step) == (130949, 130950)
+    assert first.values["loss"] == 0.412345 and first.values["val_loss"] == 0.501234
+    assert math.isnan(second.values["loss"]) and math.isnan(second.values["grad_norm"])

@@ -27,6 +27,7 @@ from stabilizer.core.records import StepRecord
 from stabilizer.core.signals import GRAD_NORM, LOSS
 
 from .._lines import ANSI, IDLE, text_lines
+from ..aliases import VAL_LOSS
 from ..base import BaseReader, Item
 from ..words import EARLY_NEEDS, Heard, heard_early, heard_in
 from .joiner import MAX_HELD, Joiner
@@ -34,7 +35,7 @@ from .shapes import SPLITS, Shapes
 from .steps import Steps, counted_by
 from .tables import numbered_blocks, row_of, table_of
 from .templates import Templates
-from .values import EVALUATING, held_out, known, named_after, values_of
+from .values import COUNT_THEN_LOSS, EVALUATING, held_out, known, named_after, values_of
 
 __all__ = ["MAX_HELD", "UniversalReader", "unreadable_message"]
 
@@ -133,6 +134,9 @@ def _where(steps: Steps, line: str, low: str) -> tuple[int | None, tuple[int, ..
     values = values_of(line) or (named_after(line) if "," in line else {})
     if step is None and "/" in line and (counted := counted_by(values)) is not None:
         step, where = counted, (counted,)
+    said = step is None and (LOSS in values or VAL_LOSS in values)
+    if said and (before := COUNT_THEN_LOSS.search(low)) is not None:  # "Train loss 130950 0.41"
+        step, where = int(before[1]), (int(before[1]),)
     if LOSS in values and (at := low.find("loss")) > 2 and EVALUATING.search(low, 0, at):
         held_out(values)  # an evaluation's line: its batch counts no training step
         step, where = None, ()

@@ -25,6 +25,7 @@ SUMMARY_LOSS = "summary/loss"
 _SUMMARY = "train_runtime"  # the HF Trainer's end-of-training dict (hf_trainer.py skips it too)
 
 __all__ = [
+    "COUNT_THEN_LOSS",
     "EVALUATING",
     "SUMMARY_LOSS",
     "Span",
@@ -47,6 +48,13 @@ _PAIR = re.compile(  # a name starts where a word does (the lookbehind after its
     r"(" + NUM + r")(?(3)['\"]|(?(4)['\"]|(?=[\s,;|)\]}*]|[:.](?:\s|$)|$)))"  # (a dict of strings,
 )  # quoted both sides); "nanms", "12:30", "1/2", "6%", "0'" are no values; "**LOSS : nan**" and
 # "loss: **1.97**" (markdown bold, in a pasted log) hold one
+COUNT_THEN_LOSS = re.compile(  # Tacotron 2 and its forks: "Train loss {iteration} {loss:.6f}"
+    r"(?<![\w.])loss (\d+):? +([-+]?\d*\.\d+(?:e[-+]?\d+)?|nan|[-+]?inf)(?![\w.])"
+)
+"""An integer right after ``loss`` and a number with decimals (or NaN) after it, in a lower-cased
+line: the integer is the iteration, the number the loss (NVIDIA's Tacotron 2, WaveGlow,
+Mellotron, Flowtron and their forks print ``Train loss 130950 nan Grad Norm nan 2.11s/it`` and
+``Validation loss 6312:  0.149928``)."""
 _AFTER = re.compile(  # a field of a list, its value before its name: "11.8750 loss, 1e-12 LR"
     r"(?:^|[,;|])\s*(" + NUM + r")\s+([A-Za-z_][\w/]*+(?: [A-Za-z]++)?)\s*(?=[,;|]|$)"
 )
@@ -126,6 +134,9 @@ def values_of(line: str) -> dict[str, float]:
                 values[key] = math.nan
     if _total_is_loss(values, line):
         values[LOSS] = values["total"]  # "[Losses: x 0.1, ..., cls 0.3, total 0.9]"
+    loss = LOSS if LOSS in values else VAL_LOSS if VAL_LOSS in values else None
+    if loss and values[loss].is_integer() and (before := COUNT_THEN_LOSS.search(line.lower())):
+        values[loss] = float(before[2])  # "Train loss 130950 nan": the iteration, then the loss
     return values
 
 
