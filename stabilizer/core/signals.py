@@ -30,6 +30,7 @@ __all__ = [
     "NONFINITE_UPDATE",
     "NONFINITE_WEIGHTS",
     "OTHER",
+    "PPL",
     "SKIPPED",
     "SO_FAR_PREFIX",
     "TB_PREFIX",
@@ -60,6 +61,7 @@ LR = "lr"  # learning rate of the first parameter group, after the scheduler
 # stage); live only. A jump of the loss there is the run's own doing, not a divergence (LossSpike)
 NEW_DATA = "new_data"
 VOCAB_SIZE = "vocab_size"  # the vocabulary (or class count) a log states: chance level is ln of it
+PPL = "ppl"  # a perplexity a log prints: exp of its per-token loss (the loss where none is)
 ACT_ABSMAX_PREFIX = "act_absmax/"  # + module name: max |output activation|; sampled steps only
 
 TB_PREFIX = "stability/"  # loggers write every key under this prefix; readers strip it

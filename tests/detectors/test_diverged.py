@@ -117,3 +117,32 @@ def test_the_bounds_stay_far_from_healthy_runs() -> None:
 def test_records_must_be_positive() -> None:
     with pytest.raises(ValueError, match="`records` must be >= 1, got 0"):
         Diverged(records=0)
+
+
+def _perplexities(ppls: list[float], vocab: float | None = None, first: int = 200) -> list[Finding]:
+    detector, found = Diverged(), []
+    for i, ppl in enumerate(ppls):
+        values = {"loss": math.log(ppl), "ppl": ppl}
+        if vocab is not None:
+            values["vocab_size"] = vocab
+        found += detector.update(StepRecord(first + 200 * i, values))
+    return found + detector.finish()
+
+
+def test_a_perplexity_worse_than_any_uniform_guess_is_broken_from_the_start() -> None:
+    """PyTorch's word_language_model at LR 20 (nlpia2's log: ``loss 17.74 | ppl 50880577``,
+    ...) and OpenNMT's perplexity at its exp(100) cap from its first line: a per-token
+    cross-entropy 1.25x ln V above every vocabulary's chance level, from the first record on.
+    Silent on a language model at its start (ppl about V, up to 5% above ln V) and on one that
+    learns from there; a stated vocabulary sets the bar."""
+    word_lm = [50880577.49, 85943523.12, 67171329.34, 73022626.80, 101587935.59]
+    first, found = _perplexities(word_lm)  # when the records are in; at the log's end
+    assert (first.kind, first.step, first.end_step) == ("diverged", 200, 600)
+    assert (found.kind, found.step, found.end_step) == ("diverged", 200, 1000)
+    assert found.evidence["ppl"] == max(word_lm) and "grad_norm" not in found.evidence
+    assert "worse than a uniform guess" in found.message
+    assert _perplexities([math.exp(100)] * 5, vocab=22441)[-1].evidence["records"] == 5.0
+    start = [256000 * 1.7, 256000 * 1.2, 30000.0, 9000.0, 2000.0]  # ln V + 5%, then learning
+    assert _perplexities(start) == []
+    assert _perplexities([50257.0**1.3] * 5) == []  # beyond GPT-2's, not Gemma's chance level
+    assert _perplexities([50257.0**1.3] * 5, vocab=50257)[0].kind == "diverged"

@@ -292,7 +292,14 @@ PENDING = {
     name
     for name, case in LABELS.items()
     if case.get("added")
-    in ("round5", "round5-holdout", "round6-holdout", "round7-holdout", "round8-holdout")
+    in (
+        "round5",
+        "round5-holdout",
+        "round6-holdout",
+        "round7-holdout",
+        "round8-holdout",
+        "round8-holdout2",
+    )
 } - set(SEEN)
 
 

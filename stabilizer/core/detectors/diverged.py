@@ -7,11 +7,19 @@ from typing import Any, ClassVar
 
 from stabilizer.core.kinds import DIVERGED, kind_of
 from stabilizer.core.records import Finding, Severity, StepRecord
-from stabilizer.core.signals import GRAD_NORM, LOSS
+from stabilizer.core.signals import GRAD_NORM, LOSS, PPL, VOCAB_SIZE
 
+from ._chance import VOCABULARIES
 from .base import check_at_least
 
-__all__ = ["GRAD_ALONE", "GRAD_WITH_LOSS", "LOSS_WITH_GRAD", "OUT_OF_PROPORTION", "Diverged"]
+__all__ = [
+    "BEYOND_CHANCE",
+    "GRAD_ALONE",
+    "GRAD_WITH_LOSS",
+    "LOSS_WITH_GRAD",
+    "OUT_OF_PROPORTION",
+    "Diverged",
+]
 
 _WHOLE = 2  # a log this long or longer, out of range on every record, is broken as a whole
 
@@ -42,16 +50,30 @@ cross-entropy (ln of the largest vocabulary is 12.5) or summed loss of a healthy
 (1e4)."""
 
 
+BEYOND_CHANCE = 1.25
+"""How many times the chance level ln V a perplexity's log (its per-token loss, in nats) must be
+to be worse than any model that learnt, or started, anything: a uniform guess over V tokens has
+perplexity V, an initialised language model about V (its loss ln V, up to ~5% above); 1.25 ln V
+is a perplexity of V^1.25 (2.6e6 for 130k tokens). V is the vocabulary the log states, else the
+largest of the tokenizers' (`VOCABULARIES`): PyTorch's word_language_model at LR 20 prints ``loss
+17.74 | ppl 50880577`` on WikiText-2 (33k words); OpenNMT caps its printed perplexity at exp(100)
+(2.7e43) and prints that from its first line when the run is broken."""
+
+_LARGEST = float(max(VOCABULARIES))
+
+
 class Diverged:
     """A run broken before its log begins: the first records are already far out of range.
 
-    Requires: ``grad_norm``; ``loss`` when logged.
+    Requires: ``grad_norm`` or ``ppl``; ``loss`` when logged.
     Rule: from the first record of the stream on, `records` records or more in a row (or, out of
     all proportion, every record of a log of 2 or more that ends before `records`) with a
     gradient norm of `GRAD_ALONE` or more and `OUT_OF_PROPORTION` times its loss or more (or no
     loss logged), or, in a log that begins after its run's start, of `GRAD_WITH_LOSS` or more
     beside a loss of `LOSS_WITH_GRAD` or more (openpi#814: from step 5900, gradient norms
-    5e5-1.2e6, losses 2e8-7e8, every record). A log begins at its run's start when its first
+    5e5-1.2e6, losses 2e8-7e8, every record), or with a perplexity whose log is `BEYOND_CHANCE`
+    times ln V or more (worse than a uniform guess: a perplexity is known to be a per-token
+    cross-entropy's exp, which a loss is not). A log begins at its run's start when its first
     step is 1 or less, or no more than the steps between its first two records (a run logged
     every 100 steps from step 100): its first levels are then the run's own scale, never a
     divergence from an earlier healthy level (a live run from step 0 is one).
@@ -70,7 +92,7 @@ class Diverged:
     """
 
     name: ClassVar[str] = "diverged"
-    requires: ClassVar[tuple[str, ...]] = (GRAD_NORM,)
+    requires: ClassVar[tuple[str, ...]] = (GRAD_NORM, PPL)
 
     def __init__(self, records: int = 3) -> None:
         check_at_least("records", records, 1)
@@ -86,27 +108,33 @@ class Diverged:
         self._count = 0  # out-of-range records so far
         self._reported = 0  # their count when reported (0: not yet)
         self._worst = (0.0, 0.0)  # the largest gradient norm and loss seen in the stretch
+        self._ppl = 0.0  # the largest perplexity beyond chance seen in the stretch
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.done:
             return []
-        grad = record.values.get(GRAD_NORM)
-        if grad is None:  # (a record without a gradient norm changes nothing)
+        values = record.values
+        grad, ppl = values.get(GRAD_NORM), values.get(PPL)
+        if grad is None and ppl is None:  # (a record without either changes nothing)
             return []
-        loss = record.values.get(LOSS)
+        loss = values.get(LOSS)
         if self._first is None:
             self._first = record.step
             self._begins = True if record.step <= 1 else None
         elif self._begins is None:
             self._begins = self._first <= record.step - self._first
-        alone = _out_of_proportion(grad, loss)
+        beyond = ppl is not None and _beyond_chance(ppl, values.get(VOCAB_SIZE))
+        alone = beyond or (grad is not None and _out_of_proportion(grad, loss))
         self._by_level = self._by_level or not alone
-        if not (alone or _out_of_range(grad, loss)) or (self._begins and self._by_level):
+        ranged = alone or (grad is not None and _out_of_range(grad, loss))
+        if not ranged or (self._begins and self._by_level):
             return self._close()
         self._start = record.step if self._start is None else self._start
         self._end, self._count = record.step, self._count + 1
         level = loss if loss is not None and math.isfinite(loss) else 0.0
-        self._worst = (max(self._worst[0], grad), max(self._worst[1], level))
+        self._worst = (max(self._worst[0], grad or 0.0), max(self._worst[1], level))
+        if beyond and ppl is not None:
+            self._ppl = max(self._ppl, ppl)
         if self._count == self.records:
             self._reported = self._count
             return [self._finding("")]
@@ -128,7 +156,17 @@ class Diverged:
             "beyond a healthy language or vision model's (their gradient norms stay below "
             "~1e4): the run had diverged before its first logged step"
         )
-        evidence = {"grad_norm": grad, "records": float(self._count)}
+        if self._ppl:  # (by its perplexity: worse than guessing)
+            seen = (
+                f"perplexity up to {self._ppl:.3g} on every one of the {self._count} records "
+                f"since step {self._start}, the first of the log{outcome}: worse than a uniform "
+                "guess over any vocabulary (a perplexity above V^1.25 for V tokens): the run "
+                "had diverged before its first logged step"
+            )
+        evidence = {} if self._ppl and not grad else {"grad_norm": grad}
+        evidence["records"] = float(self._count)
+        if self._ppl:
+            evidence["ppl"] = self._ppl
         if loss:
             evidence["loss"] = loss
         return Finding(
@@ -166,6 +204,7 @@ class Diverged:
             "count": self._count,
             "reported": self._reported,
             "worst": list(self._worst),
+            "ppl": self._ppl,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -178,6 +217,14 @@ class Diverged:
         self._reported = int(state["reported"])
         grad, loss = state["worst"]
         self._worst = (float(grad), float(loss))
+        self._ppl = float(state.get("ppl", 0.0))
+
+
+def _beyond_chance(ppl: float, stated: float | None) -> bool:
+    """A perplexity whose log is `BEYOND_CHANCE` times ln V or more (V: the vocabulary the log
+    states, else the largest we know); NaN is not (`NonFinite`'s)."""
+    vocabulary = stated if stated is not None and stated >= 2 else _LARGEST
+    return ppl > 1.0 and math.log(ppl) >= BEYOND_CHANCE * math.log(vocabulary)
 
 
 def _out_of_proportion(grad: float, loss: float | None) -> bool:

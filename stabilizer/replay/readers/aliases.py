@@ -8,12 +8,11 @@ the names of structured logs by `_keys.KeyMap`.
 
 from __future__ import annotations
 
-from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR
+from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, PPL
 
 __all__ = ["ALIASES", "BAR_LOSS", "HELD_OUT", "PPL", "SIGNALS", "VAL_LOSS"]
 
 VAL_LOSS = "val_loss"  # a validation loss: reported beside the training loss, never as it
-PPL = "ppl"  # a perplexity: exp of the loss, the loss where none is printed
 HELD_OUT = ("val", "valid", "validation", "test", "eval", "dev")
 """First words of the names of held-out (evaluation) metrics: never the training loss."""
 BAR_LOSS = "bar/loss"  # a progress bar's loss beside the trainer's own: shown, never judged
