@@ -140,7 +140,8 @@ def test_a_perplexity_worse_than_any_uniform_guess_is_broken_from_the_start() ->
     assert (first.kind, first.step, first.end_step) == ("diverged", 200, 600)
     assert (found.kind, found.step, found.end_step) == ("diverged", 200, 1000)
     assert found.evidence["ppl"] == max(word_lm) and "grad_norm" not in found.evidence
-    assert "worse than a uniform guess" in found.message
+    assert "above V^1.25 for V = 256000 tokens (the largest vocabulary we know)" in found.message
+    assert _perplexities([math.inf] * 5) == []  # (a non-finite loss is NonFinite's)
     assert _perplexities([math.exp(100)] * 5, vocab=22441)[-1].evidence["records"] == 5.0
     start = [256000 * 1.7, 256000 * 1.2, 30000.0, 9000.0, 2000.0]  # ln V + 5%, then learning
     assert _perplexities(start) == []

@@ -109,6 +109,7 @@ class Diverged:
         self._reported = 0  # their count when reported (0: not yet)
         self._worst = (0.0, 0.0)  # the largest gradient norm and loss seen in the stretch
         self._ppl = 0.0  # the largest perplexity beyond chance seen in the stretch
+        self._vocab = _LARGEST  # the vocabulary it was judged against
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.done:
@@ -135,6 +136,7 @@ class Diverged:
         self._worst = (max(self._worst[0], grad or 0.0), max(self._worst[1], level))
         if beyond and ppl is not None:
             self._ppl = max(self._ppl, ppl)
+            self._vocab = _vocabulary(values.get(VOCAB_SIZE))
         if self._count == self.records:
             self._reported = self._count
             return [self._finding("")]
@@ -157,11 +159,12 @@ class Diverged:
             "~1e4): the run had diverged before its first logged step"
         )
         if self._ppl:  # (by its perplexity: worse than guessing)
+            what = "the largest vocabulary we know" if self._vocab == _LARGEST else "as stated"
             seen = (
                 f"perplexity up to {self._ppl:.3g} on every one of the {self._count} records "
-                f"since step {self._start}, the first of the log{outcome}: worse than a uniform "
-                "guess over any vocabulary (a perplexity above V^1.25 for V tokens): the run "
-                "had diverged before its first logged step"
+                f"since step {self._start}, the first of the log{outcome}: above V^1.25 for "
+                f"V = {self._vocab:.0f} tokens ({what}), worse than a uniform guess over them: "
+                "the run had diverged before its first logged step"
             )
         evidence = {} if self._ppl and not grad else {"grad_norm": grad}
         evidence["records"] = float(self._count)
@@ -205,6 +208,7 @@ class Diverged:
             "reported": self._reported,
             "worst": list(self._worst),
             "ppl": self._ppl,
+            "vocab": self._vocab,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -218,13 +222,20 @@ class Diverged:
         grad, loss = state["worst"]
         self._worst = (float(grad), float(loss))
         self._ppl = float(state.get("ppl", 0.0))
+        self._vocab = float(state.get("vocab", _LARGEST))
+
+
+def _vocabulary(stated: float | None) -> float:
+    """The V of `BEYOND_CHANCE`: the vocabulary the log states, else the largest we know."""
+    return stated if stated is not None and stated >= 2 else _LARGEST
 
 
 def _beyond_chance(ppl: float, stated: float | None) -> bool:
-    """A perplexity whose log is `BEYOND_CHANCE` times ln V or more (V: the vocabulary the log
-    states, else the largest we know); NaN is not (`NonFinite`'s)."""
-    vocabulary = stated if stated is not None and stated >= 2 else _LARGEST
-    return ppl > 1.0 and math.log(ppl) >= BEYOND_CHANCE * math.log(vocabulary)
+    """A perplexity whose log is `BEYOND_CHANCE` times ln V or more; NaN and Inf are not (a
+    non-finite loss is `NonFinite`'s)."""
+    if not (math.isfinite(ppl) and ppl > 1.0):
+        return False
+    return math.log(ppl) >= BEYOND_CHANCE * math.log(_vocabulary(stated))
 
 
 def _out_of_proportion(grad: float, loss: float | None) -> bool:
