@@ -9,10 +9,9 @@ from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
 from . import _loss_words as words
-from ._early import Early, never_back
 from ._excerpt import short_spike
 from ._level import RunChanges, ends_far, fall_rate, made_new_level
-from ._regime import Regime
+from ._regime import Early, Regime, never_back
 from ._robust import RobustWindow, SpikeTracker
 from .base import check_at_least
 
@@ -163,7 +162,7 @@ class LossSpike:
     def _short(self, loss: float, window: RobustWindow) -> tuple[float, float] | None:
         """`_classify` on a short excerpt (`_excerpt.short_spike`)."""
         if not self._early.done:
-            self._rise = loss - window.median()  # (the first records' bumps: `_early`)
+            self._rise = loss - window.median()  # (the first records' bumps: `Early`)
         lowest = window.ordered[0]
         if lowest > 0.0 and loss < self.min_ratio * lowest:
             return None  # most losses: under `min_ratio`x every baseline the rule can take
@@ -207,11 +206,11 @@ class LossSpike:
     def _settle(
         self, step: int, loss: float, rise: float, ended: dict[str, Any] | None, fresh: bool
     ) -> list[Finding]:
-        """`update` where an episode ended or the first records are not over (`_early`: note
+        """`update` where an episode ended or the first records are not over (`Early`: note
         the record's rise; once the baseline is long enough, judge the spikes held)."""
         early, tracker = self._early, self._tracker
-        if not early.done:
-            early.note(step, rise)
+        if not early.done and len(early.rises) < early.keep:
+            early.rises.append((step, rise))  # (`Early.note` without its call: the first records)
         found = [] if ended is None else self._ended(ended, step)
         if not early.done and len(tracker.window.values) >= self.min_history:
             found += self._release()
