@@ -120,9 +120,6 @@ MISSES = {
     "qwen05_cls_trainer_state_near_zero_loss_bump_healthy": "held out, round 8: a false alarm: "
     "a loss falling 0.109 -> 3.9e-5, then 0.0153 for one record and back (395x in ratio, 0.015 "
     "in loss, the gradient norm flat); the falling excerpt's baseline is its last level",
-    "sockeye_issue811_checkpoint_88_perplexities_quoted_healthy": "held out, round 8: unread: "
-    "Sockeye's 'Checkpoint [88] Updates=440000' line and its 'Checkpoint [88] "
-    "Train-perplexity=2.603048' line below are one record no rule puts together",
     # Round 8's second held-out set: its first-sight misses, scored on f4de524 (docs/benchmarks.md,
     # "A second held-out set (round 8, at the round's end)").
     "chinese_llama_alpaca2_issue97_deepspeed_loss_scale_zero_overflow": "held out, round 8 "

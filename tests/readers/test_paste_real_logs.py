@@ -52,8 +52,6 @@ DIFFER = {
     "then classifier: plain, the second run's steps go back (a restart), so its first loss "
     "(0.137) starts a new segment; behind a prefix the two runs are read as one series and the new "
     "task's first loss, falling after at the run's rate, is called a spike from the MLM's 0.0014",
-    "sockeye_issue811_checkpoint_88_perplexities_quoted_healthy": "round 8's held-out Sockeye "
-    "checkpoint lines are unread, plain or not (tests/test_real_logs_labels.py's MISSES)",
 }
 
 

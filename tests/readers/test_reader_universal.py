@@ -769,3 +769,24 @@ def test_a_loss_printed_after_its_iteration() -> None:
     assert (first.step, second.step) == (130949, 130950)
     assert first.values["loss"] == 0.412345 and first.values["val_loss"] == 0.501234
     assert math.isnan(second.values["loss"]) and math.isnan(second.values["grad_norm"])
+
+
+def test_one_record_logged_as_several_entries_of_one_moment() -> None:
+    """Sockeye logs each checkpoint as log entries of one second: ``Checkpoint [88]
+    Updates=440000 ...`` (the step: its plural counter), then ``Checkpoint [88]
+    Train-perplexity=2.603048`` (a training value behind a hyphenated prefix): one record
+    (sockeye#811 was unread). An entry of another second is a record of its own."""
+    fit = "INFO:sockeye.training:fit] Checkpoint"
+    text = (
+        f"[2020-05-14:17:46:36:{fit} [88] Updates=440000 Epoch=16 Samples=280841176 "
+        "Time-cost=2919.597 Updates/sec=1.713\n"
+        f"[2020-05-14:17:46:36:{fit} [88] Train-perplexity=2.603048\n"
+        f"[2020-05-14:18:35:12:{fit} [89] Updates=445000 Epoch=16 Samples=284032011 "
+        "Time-cost=2916.204 Updates/sec=1.715\n"
+        f"[2020-05-14:18:35:12:{fit} [89] Train-perplexity=2.601230\n"
+    )
+    first, second = records(text)
+    assert (first.step, second.step) == (440000, 445000)
+    assert first.values["ppl"] == 2.603048 and second.values["ppl"] == 2.60123
+    assert math.isclose(first.values["loss"], math.log(2.603048))
+    assert "Updates" not in first.values  # the step's counter is none of its values

@@ -318,11 +318,20 @@ def _alone(pend: _Pending, values: _Values, line: str) -> bool:
 
 
 def _wraps(pend: _Pending, values: _Values, line: str) -> bool:
-    """Whether a line without a step continues the pending record's line (see the module doc)."""
+    """Whether a line without a step continues the pending record's line (see the module doc):
+    a line that is no new log entry, or an entry of the same moment as the record's (Sockeye
+    logs ``Checkpoint [88] Updates=440000 ...`` and ``Checkpoint [88] Train-perplexity=2.6``
+    as two entries of one second), with signals the record lacks."""
     known = {key for key in values if key in SIGNALS or key.startswith("loss_")}
     return (
         bool(known)
         and not (pend.bar and LOSS in values)  # (a bar's loss, then the trainer's: 2 series)
         and not known.intersection(pend.values)
-        and not _HEADER.search(line)
+        and (not _HEADER.search(line) or _same_moment(line, pend.text))
     )
+
+
+def _same_moment(line: str, text: str) -> bool:
+    """Whether two log entries print the same time of day (to the second, or finer)."""
+    now, then = _TIME.search(line), _TIME.search(text)
+    return now is not None and then is not None and now[0] == then[0]

@@ -35,7 +35,7 @@ COUNTERS = (  # of two counters on a line, the earlier in this list is the step
     Counter("total_step"),
     Counter("step", r"step(?:s(?=\s*:))?"),  # "Steps : 9", but not "steps = 9"
     Counter("num_updates"),
-    Counter("update"),
+    Counter("update", r"update(?:s(?=\s*[:=]))?"),  # Sockeye's "Updates=440000"
     Counter("up.", r"up\."),  # Marian's "Up. 14000"
     Counter("iteration"),
     Counter("iter"),
@@ -44,9 +44,10 @@ COUNTERS = (  # of two counters on a line, the earlier in this list is the step
 )
 """The counters of the step, in the order that wins (``iter 8 step 1`` is step 1)."""
 
-STEP_NAMES = frozenset((*(counter.name for counter in COUNTERS), "steps", "epoch"))
-"""Names that say where a record is and are none of its values (the plural ``Steps`` and the
-epoch too): a table of these first, a ``| name | value |`` row of them, is the step."""
+STEP_NAMES = frozenset((*(counter.name for counter in COUNTERS), "steps", "updates", "epoch"))
+"""Names that say where a record is and are none of its values (the plurals ``Steps`` and
+``Updates`` and the epoch too): a table of these first, a ``| name | value |`` row of them, is
+the step."""
 
 _KEYED = frozenset(
     name + plural

@@ -59,7 +59,7 @@ _AFTER = re.compile(  # a field of a list, its value before its name: "11.8750 l
     r"(?:^|[,;|])\s*(" + NUM + r")\s+([A-Za-z_][\w/]*+(?: [A-Za-z]++)?)\s*(?=[,;|]|$)"
 )
 _JUNK_NAN = re.compile(r"([A-Za-z_][\w./-]*)\s*[:=]\s*([nN]a[nN][A-Za-z]+)")  # "nanxxx"
-_PREFIXES = ("train/", "train_", "training/")
+_PREFIXES = ("train/", "train_", "train-", "training/")  # MXNet's and Sockeye's "Train-perplexity"
 _FILLER = frozenset(("the", "info", "debug", "warning", "error", "current"))  # no qualifiers
 _HELD_OUT = HELD_OUT  # a CamelCase loss of these is no training loss
 _TRAINING = frozenset(("train", "training"))
