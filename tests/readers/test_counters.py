@@ -86,3 +86,37 @@ def test_a_dict_counted_only_by_its_epoch_key_is_stepped_by_it(quote: str) -> No
     lines = [f"{{{q}train_loss{q}: 11.09, {q}epoch{q}: {e}}}" for e in (151, 152)]
     assert [r.step for r in _records("\n".join(lines) + "\n")] == [151, 152]
     assert [r.step for r in _records("epoch 151 loss 11.09\nepoch 152 loss 11.09\n")] == [151, 152]
+
+
+@pytest.mark.parametrize(
+    ("lines", "steps", "onward"),
+    [
+        # a count that starts over each epoch counts on from the epoch before (one run)
+        (["epoch: 1, iter: 100", "epoch: 1, iter: 200", "epoch: 2, iter: 100"], [100, 200, 300], 1),
+        (
+            ["Epoch 1 Batch 0", "Epoch 1 Batch 10", "Epoch 2 Batch 0", "Epoch 2 Batch 10"],
+            [0, 10, 11, 21],
+            1,
+        ),
+        # a count that did not start over counts the run (fairseq's num_updates)
+        (["epoch 001 | num_updates 100", "epoch 002 | num_updates 250"], [100, 250], 0),
+        # an epoch that went back, or a count that went back within one, is a new run
+        (["epoch 1 iter 100", "epoch 2 iter 50", "epoch 1 iter 10"], [100, 150, 10], 1),
+        (["epoch 3 iter 300", "epoch 3 iter 100"], [300, 100], 0),
+    ],
+)
+def test_a_count_with_no_total_counts_on_across_epochs(
+    lines: list[str], steps: list[int], onward: int
+) -> None:
+    """``print(f"epoch: {epoch}, iter: {i}, loss: {loss}")``: each epoch was read as a new run
+    (a restart at each epoch, the baselines started over); its count is within the epoch, and
+    the notes say the steps count on."""
+    where = Steps()
+    assert [where.of(line.lower())[0] for line in lines] == steps
+    text = "".join(f"{line} loss {2.5 - k / 10}\n" for k, line in enumerate(lines))
+    reader = UniversalReader()
+    read = list(reader.read_lines(text_lines(io.BytesIO(text.encode()), [])))
+    restarts = [item for item in read if not isinstance(item, StepRecord)]
+    assert bool(restarts) == (steps != sorted(steps))
+    said = [note for note in reader.notes if "starts over each epoch" in note.message]
+    assert len(said) == onward

@@ -75,6 +75,13 @@ class UniversalReader(BaseReader):
             else:
                 yield from reading.line(lineno, line)
         yield from join.end()
+        if steps.onward is not None:
+            epoch, count, step = steps.onward
+            self.note(
+                "format",
+                f"the count starts over each epoch: steps count on across epochs (epoch {epoch}'s "
+                f"{count} is step {step})",
+            )
 
 
 class _Reading:

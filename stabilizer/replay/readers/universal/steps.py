@@ -100,6 +100,8 @@ class Steps:
         self.weak = False  # whether the last line's step is only its epoch
         self.counted: tuple[int | None, int, int] | None = None  # last count: epoch, n, offset
         self.run_on: int | None = None  # the offset of counts that run on across epochs
+        self.within: tuple[int, int, int] | None = None  # a count with no total: epoch, n, offset
+        self.onward: tuple[int, int, int] | None = None  # the first counted on: epoch, n, step
         self.counter: int | None = None
         """The last step a counter or a count gave: a line that names
         only its epoch, below it, has no step of its own (fairseq's ``| epoch 003 | valid on
@@ -179,10 +181,30 @@ class Steps:
         return step
 
     def _on(self, count: int, total: str, in_epoch: bool) -> int:
-        """A count, counted on from the epochs before this one when it is one of ``total``."""
-        if not (total and in_epoch and self.epoch is not None and self.first is not None):
+        """A count, counted on from the epochs before this one: ``total`` of them an epoch, or,
+        where no total is printed, as far as the epoch before counted (`_within`)."""
+        if not (in_epoch and self.epoch is not None and self.first is not None):
             return count
-        return (self.epoch - self.first) * int(total) + count
+        if total:
+            return (self.epoch - self.first) * int(total) + count
+        return self._within(count, self.epoch)
+
+    def _within(self, count: int, epoch: int) -> int:
+        """A count with no total on a line that names its epoch (``epoch: 2, iter: 100``). Where
+        the epoch went up and the count started over, the count is within the epoch: it counts
+        on from the last count of the epoch before (one more where it starts at 0), not a new
+        run. A count that did not start over counts the run (fairseq's ``num_updates``); an
+        epoch that went back, or a count that went back within one, is a new run's."""
+        offset = 0
+        if self.within is not None:
+            before, last, offset = self.within
+            if epoch > before and count <= last:
+                offset += last + (count == 0)
+                self.onward = self.onward or (epoch, count, offset + count)
+            elif epoch < before:
+                offset = 0
+        self.within = (epoch, count, offset)
+        return offset + count
 
 
 def counter_spans(low: str) -> list[tuple[int, int]]:
