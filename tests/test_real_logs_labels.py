@@ -122,9 +122,6 @@ MISSES = {
     "in loss, the gradient norm flat); the falling excerpt's baseline is its last level",
     # Round 8's second held-out set: its first-sight misses, scored on f4de524 (docs/benchmarks.md,
     # "A second held-out set (round 8, at the round's end)").
-    "chinese_llama_alpaca2_issue97_deepspeed_loss_scale_zero_overflow": "held out, round 8 "
-    "(second set): DeepSpeed's loss-scale cascade to 0 is found, but placed at record 1, not "
-    "at steps 94-95",
     "litgpt_issue2151_ptl_trainer_lr_zero_weights_frozen_stall": "held out, round 8 (second "
     "set): an LR printed 0.0 and weights' statistics the same to six digits over six steps: a "
     "stall by its LR, too short for the frozen-loss rule",

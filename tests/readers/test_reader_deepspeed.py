@@ -38,6 +38,18 @@ def test_overflow_variants_and_progress() -> None:
     ]
 
 
+def test_an_overflow_glued_to_a_progress_bar_is_at_its_count() -> None:
+    """The HF Trainer under DeepSpeed: tqdm's bar, then the scaler's line on the same line
+    (Chinese-LLaMA-Alpaca-2#97: placed at steps 1 and 2 where the bar said 94 and 95)."""
+    overflow = (
+        "[2023-08-07 18:38:05,632] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] "
+        "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 0, reducing to 0"
+    )
+    bar = "  0%|          | {}/97976 [1:27:41<1515:27:58, 55.74s/it]"
+    text = f"{bar.format(94)}{overflow}\n{bar.format(95)}{overflow}\n"
+    assert [r.step for r in parse("deepspeed", text)] == [94, 95]
+
+
 def test_healthy_fp16_run_is_healthy_through_the_engine() -> None:
     recs = records("deepspeed_healthy.log")
     skipped = [r.step for r in recs if r.values.get("skipped") == 1.0]

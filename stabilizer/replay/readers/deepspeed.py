@@ -7,12 +7,12 @@ Lines read (with or without the ``[date] [INFO] [file:line:func]`` logging prefi
     [Rank 0] step=100, skipped=2, lr=[0.0001], mom=[(0.9, 0.999)]
     steps: 100 loss: 2.3456 iter time (s): 0.512 samples/sec: 62.5
 
-An overflow is a skipped step at the attempted scale (the scale in force). Overflow lines carry
-no step: the k-th after step P is placed at P + k (``Grad overflow on iteration: I`` gives it
-exactly, I + 1). Progress lines give ``lr``, ``skipped`` 0 and the last known scale. The first
-rank that prints an overflow is read, the others' copies not. A message of the trainers'
-catalogue that reports trouble (``Current loss scale already at minimum``) is said in a finding
-(`words`). Why: docs/readers.md.
+An overflow is a skipped step at the attempted scale (the scale in force). Overflow lines carry no
+step: the k-th after step P is placed at P + k (``Grad overflow on iteration: I`` gives it exactly,
+I + 1; a progress bar glued before it, the HF Trainer's ``94/97976 [...]``, its count). Progress
+lines give ``lr``, ``skipped`` 0 and the last known scale. The first rank that prints an overflow
+is read, the others' copies not. A message of the trainers' catalogue that reports trouble
+(``Current loss scale already at minimum``) is said in a finding (`words`). Why: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ _OVERFLOW = re.compile(
 _ITERATION = re.compile(r"Grad overflow on iteration:? (\d+)")
 _PROGRESS = re.compile(r"\bstep=(\d+), skipped=(\d+), lr=\[?" + _NUMBER)
 _LOSS = re.compile(r"\bsteps: (\d+) loss: " + _NUMBER)
+_BAR = re.compile(r"(?<![\w./:-])(\d+)/\d+ \[")  # a tqdm bar's count: "94/97976 [1:27:41<..."
 _WEAK = re.compile(r"deepspeed|DeepSpeedEngine|\[Rank \d+\]", re.IGNORECASE)
 
 
@@ -93,7 +94,8 @@ class _Skips:
         if overflow is not None and self.rank is None:
             self.rank = overflow.group(1)  # (a pipeline's last stage may print them, not rank 0)
         if overflow is not None and overflow.group(1) in (None, self.rank):
-            exact, placed = self.exact, self.placed
+            bar = _BAR.search(line, 0, overflow.start())  # the HF Trainer's bar, glued before it
+            exact, placed = int(bar[1]) if bar is not None else self.exact, self.placed
             self.placed = exact if exact is not None and exact > placed else placed + 1
             self.exact, attempted, reduced = None, overflow.group(2), overflow.group(3)
             values = {SKIPPED: 1.0}
