@@ -213,10 +213,10 @@ TABLE: tuple[Kind, ...] = (
     ),
     Kind(
         DIVERGED,
-        "diverged from the first record",
-        "the run blew up before its first logged step (an LR far too high, unnormalised inputs "
-        "or targets, a loss summed where it should be averaged): its gradient norm is orders of "
-        "magnitude beyond any healthy run's from the first record on",
+        "diverged beyond any healthy level",
+        "the run blew up (an LR far too high, unnormalised inputs or targets, a loss summed "
+        "where it should be averaged): its gradient norm is orders of magnitude beyond any "
+        "healthy run's from the first record on, or its perplexity worse than a uniform guess",
         detector="diverged",
         remedies=(ROLLBACK, SCALE_LR, CLIP_GRADIENTS),
     ),

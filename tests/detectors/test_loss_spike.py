@@ -309,3 +309,24 @@ def test_the_excerpt_rule_is_asked_only_where_it_could_find_a_spike() -> None:
         expected = short_spike(loss, window, detector)
         got = detector._short(loss, window)
         assert got == (None if expected is None else expected[:2]), (list(window.values), loss)
+
+
+def _at(steps: list[int], losses: list[float]) -> list[tuple[str, int, str]]:
+    detector, found = LossSpike(), []
+    for step, loss in zip(steps, losses, strict=True):
+        found += detector.update(StepRecord(step, {"loss": loss}))
+    found += detector.finish()
+    return [(f.kind, f.step, f.severity.name) for f in found]
+
+
+def test_a_jump_back_to_the_runs_starting_loss_is_a_spike_whatever_its_ratio() -> None:
+    """A GPT-2 LoRA run evaluated every 500 steps: 9.23 at step 0, 6.95, 6.58, 6.65, then 9.58
+    at step 2000 (back to its untrained level) and 6.64. At 1.4x its level the jump was under
+    every ratio bar of a short log, and it came back: nothing was said. It undid all the run had
+    learnt. An excerpt from mid-run does not show the run's start: a batch's noise back to its
+    first loss is no spike (EfficientDet at step 121505: 0.289, 0.263, 0.209, then 0.303)."""
+    losses = [9.227, 6.95, 6.58, 6.65, 9.585, 6.64]
+    assert _at([0, 500, 1000, 1500, 2000, 2500], losses) == [("loss_spike", 2000, "WARNING")]
+    assert _at([121000 + 500 * k for k in range(6)], losses) == []
+    assert _at([121505, 121967, 121999, 122429], [0.289, 0.263, 0.209, 0.303]) == []
+    assert _at([0, 500, 1000, 1500, 2000], [9.227, 8.5, 8.3, 8.4, 9.3]) == []  # (fell < 1/6)

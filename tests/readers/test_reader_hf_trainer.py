@@ -223,3 +223,14 @@ def test_ms_swift_dicts_count_their_step_in_a_string() -> None:
         "'global_step/max_steps': '105/250250', 'percentage': '0.04%'}\n"
     )
     assert [r.step for r in parse("hf_trainer", text)] == [100, 105]
+
+
+def test_a_step_printed_before_the_dict_is_its_step() -> None:
+    """text-generation-webui's training tab prints ``Step:      3 {'loss': ...}`` every 4
+    steps: the records were numbered 1, 2, 3 by their lines (a finding at "step 1" of a run
+    whose first logged step is 3)."""
+    text = (
+        "Step:      3 {'loss': 2.4395, 'grad_norm': inf, 'learning_rate': 8e-06, 'epoch': 0.02}\n"
+        "Step:      7 {'loss': 2.4141, 'grad_norm': inf, 'learning_rate': 1.6e-05, 'epoch': 0.04}\n"
+    )
+    assert [r.step for r in parse("hf_trainer", text)] == [3, 7]

@@ -171,3 +171,21 @@ def test_a_bf16_nan_stretch_is_no_overflow_and_no_advice_to_switch_to_bf16(tmp_p
     found = [item.finding for item in diagnose(str(path)).findings]
     assert {f.kind for f in found} == {"nonfinite_loss"}
     assert not any("bf16" in f.message or "overflow" in f.message for f in found)
+
+
+def test_deepspeeds_own_skip_marks_the_next_iteration_skipped() -> None:
+    """Megatron-DeepSpeed in fp16: DeepSpeed skips the step and says so before the iteration's
+    line, whose ``number of skipped iterations`` stays 0 (it counts Megatron's own skips only).
+    A 1.3B LLaMA's run at its scale floor of 1 was read as no skip at all: no cascade."""
+    iteration = (
+        " iteration     {}/    2500 | learning rate: 1.371E-04 | lm loss: 1.267467E+01 | loss "
+        "scale: 1.0 | grad norm: 2.265 | number of skipped iterations:   0 | number of nan "
+        "iterations:   0 |\n"
+    )
+    said = (
+        "[2023-08-15 07:22:30,556] [INFO] [logging.py:96:log_dist] [Rank 0] Overflow detected. "
+        "Skipping step. Attempted loss scale: 1, reducing to 1\n"
+    )
+    text = iteration.format(2497) + said + iteration.format(2498) + iteration.format(2499)
+    records = parse("megatron", text)
+    assert [(r.step, r.values["skipped"]) for r in records] == [(2497, 0), (2498, 1), (2499, 0)]

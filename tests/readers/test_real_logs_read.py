@@ -299,6 +299,7 @@ PENDING = {
         "round7-holdout",
         "round8-holdout",
         "round8-holdout2",
+        "round9-holdout",
     )
 } - set(SEEN)
 

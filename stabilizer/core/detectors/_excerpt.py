@@ -7,7 +7,12 @@ that rose record after record is measured from where the rise began ("rise": Meg
 the loss over the log interval, so one bad iteration is a ramp, 6.37, 6.60, 7.31, 9.12, 10.24);
 a loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
 has reached (1.9), not the median of its fall; three records at least make a fall: one low record
-after a high one is a dip (a partial logging window, 357.8 then 14.8), not a level reached.
+after a high one is a dip (a partial logging window, 357.8 then 14.8), not a level reached. A jump
+back to the loss the run started from (its first record at step 0 or 1), where it had come down
+by a sixth or more, counts whatever its ratio, and at once: it undid all the run had learnt (a
+GPT-2 LoRA run evaluated every 500 steps, 9.23 at step 0, 6.95, 6.58, 6.65, then 9.58: back to
+its untrained level, 1.4x; then 6.64). An excerpt from mid-run does not show that level: its
+first loss is one batch's (EfficientDet's 0.289, 0.263, 0.209, then 0.303: noise).
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from typing import Protocol
 
 from ._robust import RobustWindow
 
-__all__ = ["Bars", "short_spike"]
+__all__ = ["UNDONE", "Bars", "short_spike"]
+
+UNDONE = 1.2
+"""How far below the loss it started from (1/1.2 of it, or lower) a run must have come for a jump
+back to that loss to count whatever its ratio: the jump undid all it had learnt."""
 
 
 class Bars(Protocol):
@@ -32,15 +41,19 @@ class Bars(Protocol):
     recover_k: float
 
 
-def short_spike(loss: float, window: RobustWindow, bars: Bars) -> tuple[float, float, str] | None:
+def short_spike(
+    loss: float, window: RobustWindow, bars: Bars, start: float | None = None
+) -> tuple[float, float, str] | None:
     """``(baseline, recovery limit, how)`` when ``loss`` is a spike over the few losses of
     ``window``, else None; ``how`` is ``""``, ``"provisional"`` (it must stay up) or ``"rise"``.
+    ``start``: the loss the run started from, where the log shows its start (else None).
 
     The jump is a doubling of a positive level, or `min_jump` over one that is not (no ratio of
     a level at or below 0); a level of exactly 0 with no spread is no baseline at all (#31).
     """
     values = window.values
     falling = len(values) >= 3 and all(b <= a for a, b in pairwise(values))
+    undone = start is not None and len(values) >= 3 and loss >= start >= UNDONE * min(values)
     start = _rise_start(values, loss)
     spread: RobustWindow | None = window if not falling else None
     how = ""
@@ -52,9 +65,9 @@ def short_spike(loss: float, window: RobustWindow, bars: Bars) -> tuple[float, f
     low, high = med * bars.min_ratio, med * ratio
     if med <= 0:
         low = high = med + bars.min_jump
-    if loss < low:
+    if loss < low and not undone:
         return None
-    if loss < high:
+    if loss < high and not undone:
         if len(values) < 2:
             return None
         how = "provisional"

@@ -36,17 +36,34 @@ class Trend:
     def falling(self, by: float, t: float = _T) -> bool:
         """Whether the losses fall: the slope ``t`` standard errors below 0, and the line's fall
         over the records at least ``by``."""
-        n = self.n
-        if n < 3:
+        if self.n < 3:
             return False
+        slope, error = self._line()
+        return slope < -t * error and -slope * (self.n - 1) >= by
+
+    def may_fall(self, by: float, noise: float, t: float = _T) -> bool:
+        """Whether the losses may fall by ``by`` over the records for all they show: a line
+        ``t`` standard errors steeper than the fitted one falls that far (too few records, or
+        too noisy, to say the loss stays where it is). ``noise``: the losses' spread about
+        their level, measured robustly by the caller (a spike the line went through would
+        inflate the spread about it, and a short one says nothing of the run's noise)."""
+        if self.n < 3:
+            return True
+        slope, _ = self._line()
+        n = self.n
+        error = noise / math.sqrt((n - 1) * n * (n + 1) / 12.0)  # (the positions' spread)
+        return -(slope - t * error) * (n - 1) >= by
+
+    def _line(self) -> tuple[float, float]:
+        """The slope of the least-squares line and its standard error."""
+        n = self.n
         sx, sxx = n * (n - 1) / 2.0, (n - 1) * n * (2 * n - 1) / 6.0  # of 0, 1, ..., n-1
         dxx = sxx - sx * sx / n
         dxy = self.sxy - sx * self.sy / n
         dyy = self.syy - self.sy * self.sy / n
         slope = dxy / dxx
         residual = max(dyy - slope * dxy, 0.0) / (n - 2)  # the variance about the line
-        error = math.sqrt(residual / dxx)
-        return slope < -t * error and -slope * (n - 1) >= by
+        return slope, math.sqrt(residual / dxx)
 
     def state(self) -> dict[str, Any]:
         """The sums, as plain data."""

@@ -63,7 +63,8 @@ _LARGEST = float(max(VOCABULARIES))
 
 
 class Diverged:
-    """A run broken before its log begins: the first records are already far out of range.
+    """A run broken before its log begins (the first records far out of range), or, by its
+    perplexity, anywhere in it.
 
     Requires: ``grad_norm`` or ``ppl``; ``loss`` when logged.
     Rule: from the first record of the stream on, `records` records or more in a row (or, out of
@@ -76,7 +77,9 @@ class Diverged:
     cross-entropy's exp, which a loss is not). A log begins at its run's start when its first
     step is 1 or less, or no more than the steps between its first two records (a run logged
     every 100 steps from step 100): its first levels are then the run's own scale, never a
-    divergence from an earlier healthy level (a live run from step 0 is one).
+    divergence from an earlier healthy level (a live run from step 0 is one). A perplexity is
+    judged past the first records too: `records` in a row beyond chance anywhere in a log are a
+    run that diverged there (no healthy model, started or trained, is worse than guessing).
 
     The other detectors judge change against the run's own earlier records; an excerpt that
     starts already broken has no healthy record to compare with. A person still sees it: a
@@ -110,6 +113,7 @@ class Diverged:
         self._worst = (0.0, 0.0)  # the largest gradient norm and loss seen in the stretch
         self._ppl = 0.0  # the largest perplexity beyond chance seen in the stretch
         self._vocab = _LARGEST  # the vocabulary it was judged against
+        self._later = False  # past the first records: only perplexities are judged (`_past`)
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.done:
@@ -118,6 +122,8 @@ class Diverged:
         grad, ppl = values.get(GRAD_NORM), values.get(PPL)
         if grad is None and ppl is None:  # (a record without either changes nothing)
             return []
+        if self._later:
+            return self._past(record.step, ppl, values.get(VOCAB_SIZE))
         loss = values.get(LOSS)
         if self._first is None:
             self._first = record.step
@@ -129,7 +135,7 @@ class Diverged:
         self._by_level = self._by_level or not alone
         ranged = alone or (grad is not None and _out_of_range(grad, loss))
         if not ranged or (self._begins and self._by_level):
-            return self._close()
+            return self._close(ppl is not None)
         self._start = record.step if self._start is None else self._start
         self._end, self._count = record.step, self._count + 1
         level = loss if loss is not None and math.isfinite(loss) else 0.0
@@ -142,11 +148,31 @@ class Diverged:
             return [self._finding("")]
         return []
 
-    def _close(self) -> list[Finding]:
-        """The stretch of out-of-range records is over (or never began): judging ends."""
-        self.done = True
+    def _close(self, perplexity: bool) -> list[Finding]:
+        """The stretch of out-of-range records is over (or never began): judging ends, but for
+        the perplexities of a log that prints one (``perplexity``), judged from here on."""
         grew = self._reported and self._count > self._reported
-        return [self._finding(f", in range again after step {self._end}")] if grew else []
+        found = [self._finding(f", in range again after step {self._end}")] if grew else []
+        self.done, self._later = not perplexity, perplexity
+        self._start, self._count, self._reported, self._ppl = None, 0, 0, 0.0
+        self._worst, self._by_level = (0.0, 0.0), False
+        return found
+
+    def _past(self, step: int, ppl: float | None, stated: float | None) -> list[Finding]:
+        """A record past the first ones: a perplexity beyond chance, `records` in a row, is a
+        run that diverged mid-log (PyTorch's word_language_model at LR 20, an excerpt of its
+        epoch 4: ppl 2e5-7e5, then 1.2e6, 8.7e6, 3.0e7 and staying)."""
+        if ppl is None:
+            return []  # (a record without a perplexity: a gradient norm's, an evaluation's)
+        if not _beyond_chance(ppl, stated):
+            return self._close(True) if self._start is not None else []
+        self._start = step if self._start is None else self._start
+        self._end, self._count = step, self._count + 1
+        self._ppl, self._vocab = max(self._ppl, ppl), _vocabulary(stated)
+        if self._count == self.records:
+            self._reported = self._count
+            return [self._finding("")]
+        return []
 
     def _finding(self, outcome: str) -> Finding:
         assert self._start is not None
@@ -160,11 +186,14 @@ class Diverged:
         )
         if self._ppl:  # (by its perplexity: worse than guessing)
             what = "the largest vocabulary we know" if self._vocab == _LARGEST else "as stated"
+            first, when = ", the first of the log", "had diverged before its first logged step"
+            if self._later:
+                first, when = "", f"diverged at step {self._start}"
             seen = (
                 f"perplexity up to {self._ppl:.3g} on every one of the {self._count} records "
-                f"since step {self._start}, the first of the log{outcome}: above V^1.25 for "
-                f"V = {self._vocab:.0f} tokens ({what}), worse than a uniform guess over them: "
-                "the run had diverged before its first logged step"
+                f"since step {self._start}{first}{outcome}: above V^1.25 for V = "
+                f"{self._vocab:.0f} tokens ({what}), worse than a uniform guess over them: the "
+                f"run {when}"
             )
         evidence = {} if self._ppl and not grad else {"grad_norm": grad}
         evidence["records"] = float(self._count)
@@ -187,7 +216,7 @@ class Diverged:
         if self.done:
             return []
         self.done = True
-        if not self._reported and self._count >= _WHOLE and not self._by_level:
+        if not self._reported and self._count >= _WHOLE and not (self._by_level or self._later):
             # An excerpt whose every record has a gradient norm out of all proportion, fewer than
             # `records` of them: nothing in it says the run was ever in range (mmdetection#3446:
             # 3.8e12, 4.1e10 beside losses of 6e4, 2e4). The bounds by level are nearer healthy
@@ -209,6 +238,7 @@ class Diverged:
             "worst": list(self._worst),
             "ppl": self._ppl,
             "vocab": self._vocab,
+            "later": self._later,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,6 +253,7 @@ class Diverged:
         self._worst = (float(grad), float(loss))
         self._ppl = float(state.get("ppl", 0.0))
         self._vocab = float(state.get("vocab", _LARGEST))
+        self._later = bool(state.get("later", False))
 
 
 def _vocabulary(stated: float | None) -> float:

@@ -128,6 +128,7 @@ class LossSpike:
         self._changes = RunChanges()
         self._records, self._last = 0, 0.0  # finite losses, the last one
         self._first: float | None = None  # the first finite loss
+        self._started = False  # whether that loss is the run's start's (its step is 0 or 1)
         self._zero = False  # whether the log's first record is step 0's, the next steps later
         self._lost: dict[str, Any] | None = None  # the closing of a blow-up from the start
         self._kind = ""  # how `_classify` opened the last spike ("", "provisional", "rise")
@@ -164,9 +165,10 @@ class LossSpike:
         if not self._early.done:
             self._rise = loss - window.median()  # (the first records' bumps: `Early`)
         lowest = window.ordered[0]
-        if lowest > 0.0 and loss < self.min_ratio * lowest:
-            return None  # most losses: under `min_ratio`x every baseline the rule can take
-        spike = short_spike(loss, window, self)
+        start = self._first if self._started else None  # (the loss the run started from)
+        if lowest > 0.0 and loss < self.min_ratio * lowest and (start is None or loss < start):
+            return None  # most losses: under `min_ratio`x every baseline, and the run's start
+        spike = short_spike(loss, window, self, start)
         if spike is None:
             return None
         self._kind = spike[2]
@@ -235,10 +237,9 @@ class LossSpike:
             self._zero = step == 0
         elif len(window.values) == 1 and step == 1:
             self._zero = False  # the next record is the next step: step 0 is a baseline
-        self._records += 1
+        self._records, self._last = self._records + 1, loss
         if self._first is None:
-            self._first = loss
-        self._last = loss
+            self._first, self._started = loss, step <= 1
 
     def _open(self, episode: dict[str, Any], window: RobustWindow) -> None:
         """Note how a new episode was opened, and whether the run changed itself there."""
@@ -376,7 +377,7 @@ class LossSpike:
 
     def state_dict(self) -> dict[str, Any]:
         run: dict[str, Any] = {"records": self._records, "first": self._first}
-        run.update(last=self._last, zero=self._zero, lost=self._lost)
+        run.update(last=self._last, zero=self._zero, lost=self._lost, started=self._started)
         return {
             **self._tracker.state(),
             "regime": self._regime.state(),
@@ -395,4 +396,5 @@ class LossSpike:
         self._records, self._first = int(run.get("records", 0)), run.get("first")
         self._last = float(run.get("last", 0.0))
         self._zero, self._lost = bool(run.get("zero", state.get("zero"))), run.get("lost")
+        self._started = bool(run.get("started", False))
         self._tracker.load(state)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from stabilizer.core.kinds import STALL, kind_of
@@ -33,12 +33,14 @@ class Stall:
     """A run that never learns: the loss stays where it started, or at chance level.
 
     Requires: ``loss``; ``lr`` and ``vocab_size`` when logged.
-    Rule: at step `steps` (after any LR warm-up), the median of the last 5 losses, and the median
-    of every 20 consecutive losses so far, have stayed within `tolerance` of the first 5 (or of
-    ln(`vocab_size`) when known), over at least 10 losses, while the LR is non-zero, and the
-    losses of the last two thirds of those steps are not falling (their least-squares slope is
-    not 2 standard errors below 0, or adds up to less than 1% of the start: a run that learns
-    slowly is not a stall). A loss that
+    Rule: at step `steps` or later (after any LR warm-up), once 10 losses are in, the median of
+    the last 5 losses, and the median of every 20 consecutive losses so far, have stayed within
+    `tolerance` of the first 5 (or of ln(`vocab_size`) when known), while the LR is non-zero,
+    and the losses of the last two thirds of those steps are not falling (their least-squares
+    slope is not 2 standard errors below 0, or adds up to less than 1% of the start: a run that
+    learns slowly is not a stall) and surely flat: a line 2 standard errors steeper than theirs
+    would not fall by `tolerance` over them (too few or too noisy losses: not yet, looked at
+    again with twice the losses). A loss that
     fell and came back up is a divergence (`LossSpike`'s), not a stall.
     Rule (chance level, at any step): 8 losses in a row flat at ln(N), the loss of a uniform
     guess over N outputs: a common tokenizer size within 1%, a round class count (10, 100, 1000)
@@ -96,6 +98,8 @@ class Stall:
         self._last: deque[float] = deque(maxlen=_SAMPLE)  # the latest losses
         self._recent: deque[float] = deque(maxlen=_LOW)
         self._lowest = math.inf  # the lowest median of `_LOW` consecutive losses so far
+        self._waiting = False  # decided "not surely flat": weighed again at `_look` losses
+        self._look = _MIN_RECORDS  # the count of losses at which the start rule decides next
         self._count = 0  # finite losses counted by the start rule
         self._losses = 0  # finite losses seen
         self._lr: float | None = None  # the latest LR
@@ -170,11 +174,13 @@ class Stall:
             reference = median(self._first)
             if not self._zero.falling(_MIN_FALL * reference):
                 self._done = True
-                return self._decide(step, zero=self._zero.n)
-        if step < self.steps or len(self._first) < _SAMPLE or self._rising:
-            return []
-        self._done = True
-        return self._decide(step)
+                return self._decide(step, zero=self._zero.n) or []
+        if step < self.steps or self._count < self._look or self._rising:
+            return []  # (a log that prints every 100 steps: the 10th loss, not step 300, decides)
+        found = self._decide(step)
+        self._done, self._waiting = found is not None, found is None  # (None: not surely flat)
+        self._look = 2 * self._count  # (not surely flat: looked at again with twice the losses)
+        return found or []
 
     def _note(self, values: Mapping[str, float]) -> None:
         """Note a record's LR and the vocabulary it states."""
@@ -192,19 +198,23 @@ class Stall:
             self._rising = self._lr is not None and lr > self._lr
             self._lr = lr
 
-    def _decide(self, step: int, zero: int = 0) -> list[Finding]:
+    def _decide(self, step: int, zero: int = 0) -> list[Finding] | None:
         """The start rule's decision at ``step`` (``zero``: records in a row, up to it, with a
-        gradient norm of exactly 0)."""
+        gradient norm of exactly 0); None while the losses are too few, or too noisy, to rule
+        out that the run learns (their line may still fall by `tolerance`): no decision yet."""
         assert self._first_step is not None
         start, level = median(self._first), median(self._last)
         chance = math.log(self.vocab_size) if self.vocab_size else None
         reference = start if chance is None else min(start, chance)
         if reference <= 0.0 or self._lr == 0.0 or self._count < _MIN_RECORDS:
             return []  # a loss at zero has nothing left to learn (or is not a likelihood)
-        if min(level, self._lowest) < (1.0 - self.tolerance) * reference:
+        now = self._lowest if self._waiting else min(level, self._lowest)  # (weighed again and
+        if now < (1.0 - self.tolerance) * reference:  # again: 5 noisy losses would dip at last)
             return []  # it learned (and maybe came back up: a divergence, not a stall)
         if self._trend.falling(_MIN_FALL * reference):
             return []  # it learns, slowly: a fine-tune at 2.12 -> 2.00 by step 300 is no stall
+        if not zero and self._trend.may_fall(self.tolerance * reference, _spread(self._recent)):
+            return None  # too few losses, or too noisy, to rule out that it learns: wait
         where = f"where it started ({start:.4g})"
         if chance is not None:
             where += f", chance level ln({self.vocab_size}) = {chance:.4g}"
@@ -248,6 +258,8 @@ class Stall:
             "rising": self._rising,
             "recent": list(self._recent),
             "lowest": None if math.isinf(self._lowest) else self._lowest,
+            "waiting": self._waiting,
+            "look": self._look,
             "count": self._count,
             "losses": self._losses,
             "stated": self._stated,
@@ -266,6 +278,8 @@ class Stall:
         self._recent = deque((float(v) for v in state.get("recent", ())), maxlen=_LOW)
         lowest = state.get("lowest")
         self._lowest = math.inf if lowest is None else float(lowest)
+        self._waiting = bool(state.get("waiting", False))
+        self._look = int(state.get("look", _MIN_RECORDS))
         self._count = int(state.get("count", len(self._first)))
         self._losses = int(state.get("losses", self._count))
         stated = state.get("stated")
@@ -279,6 +293,14 @@ class Stall:
         self._chance = ChanceWatch()
         if "chance" in state:
             self._chance.load_state_dict(state["chance"])
+
+
+def _spread(losses: Iterable[float]) -> float:
+    """The robust standard deviation of ``losses`` (1.4826 MADs): their batch-to-batch noise,
+    whatever spike or fall is among them."""
+    values = list(losses)
+    middle = median(values)
+    return 1.4826 * median([abs(value - middle) for value in values])
 
 
 def digits(value: float) -> int:

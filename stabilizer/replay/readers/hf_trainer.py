@@ -6,14 +6,14 @@ A line (Python dict syntax, often glued to a tqdm bar)::
 
 The dict is parsed by a regex over ``'key': number`` pairs, never evaluated. The dicts carry no
 step: a record takes the count of the training bar printed since the record before (``4711/12000
-[``), else counts on; a dict's own ``step`` wins (ms-swift's
-``'global_step/max_steps': '105/250'`` too); eval dicts land on the current step; the final
-summary is skipped. The Trainer hides NaN losses by default (``logging_nan_inf_filter``):
-`HiddenNan` notes the traces, and reads a window of NaN steps, which it logs as a loss of
-exactly 0, as the NaN it was. Overflow lines of DeepSpeed or apex among the dicts are skipped
-steps (`words`), and a message of the trainers' catalogue that reports trouble is said in a
-finding; so is the fp16 scaler's start-up probing the dicts show as ``'grad_norm': nan``
-at the first steps (`Probing`). The rules in full: docs/readers.md.
+[``), else counts on; a dict's own ``step`` wins (ms-swift's ``'global_step/max_steps': '105/250'``
+too), and so does a step printed before it (text-generation-webui's ``Step: 3 {'loss': ...}``);
+eval dicts land on the current step; the final summary is skipped. The Trainer hides NaN losses by
+default (``logging_nan_inf_filter``): `HiddenNan` notes the traces, and reads a window of NaN
+steps, which it logs as a loss of exactly 0, as the NaN it was. Overflow lines of DeepSpeed or apex
+among the dicts are skipped steps (`words`), and a message of the trainers' catalogue that reports
+trouble is said in a finding; so is the fp16 scaler's start-up probing the dicts show as
+``'grad_norm': nan`` at the first steps (`Probing`). The rules in full: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ _PAIR = re.compile(r"'(\w+)': ([^,}]+)")
 _WRAPPED = re.compile(r"'(\w+)': [\w.]+\(([^,)]+)")  # tensor(0.9, device=...), np.float32(0.9)
 _STRONG = re.compile(r"\{'(?:loss|grad_norm|learning_rate|eval_loss|train_runtime)': ")
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")  # tqdm: " 14%|█▍  | 378/2724 [13:58<86:18"
+_BEFORE = re.compile(r"\bstep\s*[:=]?\s*(\d+)[\s\]|:,-]*$", re.IGNORECASE)  # "Step:  3 {'loss'"
 _COUNTED = re.compile(r"'(?:global_)?step/(?:max|total)_\w+': '(\d+)/\d+'")  # ms-swift's dicts
 _WEAK = re.compile(r"\*{5} Running training \*{5}|Num examples =|transformers", re.IGNORECASE)
 
@@ -200,6 +201,8 @@ def _dict(line: str, keys: KeyMap) -> tuple[dict[str, float], bool, int | None] 
     logged = values.pop("step") if "'step'" in line and "step" in values else None
     if logged is None and "step/" in line and (counted := _COUNTED.search(line, start)):
         logged = float(counted[1])
+    if logged is None and start and (before := _BEFORE.search(line[:start])):
+        logged = float(before[1])  # a step printed before the dict (text-generation-webui's)
     if logged is not None and not (math.isfinite(logged) and logged == int(logged)):
         return ()
     return values, "'eval_" not in line, None if logged is None else int(logged)

@@ -9,7 +9,10 @@ A line (new layouts prefix a ``[2024-05-01 12:00:00]`` timestamp; old ones carry
 The losses are averages over the log interval, so the record sits at the interval's last
 iteration and a one-step spike is diluted (a note says so). What the fields mean is written
 once, in `_values`. Early Megatron-LM printed no colons (``| lm loss 1.020020E+01 |``); a record
-printed over several lines is one record. More: docs/readers.md.
+printed over several lines is one record. Under Megatron-DeepSpeed, DeepSpeed's scaler skips a
+step with its own words (``[deepspeed] OVERFLOW! ... Skipping step``, ``Overflow detected.
+Skipping step. Attempted loss scale: 1``) before the iteration's line, whose ``number of skipped
+iterations`` does not count it: such a record is ``skipped`` 1. More: docs/readers.md.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from stabilizer.core.signals import GRAD_NORM, LOSS, LOSS_SCALE, LR, SKIPPED, VO
 from ._lines import IDLE, Segments, numbered_lines
 from ._shapes import vocab_of
 from .base import BaseReader, Item
-from .words import Told
+from .words import Told, overflow_of
 
 __all__ = ["MegatronReader"]
 
@@ -39,6 +42,7 @@ _KEYS = {  # the labels read → their keys
     "number of nan iterations": "nan_iterations",
     VOCAB_SIZE: VOCAB_SIZE,  # (``padded vocab (size: N)`` above, on the next record)
 }
+_SKIPPED_BY_SCALER = "deepspeed skipped"  # a field no line prints: DeepSpeed said it skipped
 _WEAK = re.compile(r"- arguments -|> building \w+ model|using world size:|megatron", re.I)
 
 
@@ -63,6 +67,8 @@ def _values(fields: dict[str, str]) -> dict[str, float]:
         values[LOSS] = math.nan
     if "skipped_iterations" in values:
         values[SKIPPED] = 1.0 if values["skipped_iterations"] > 0 else 0.0
+    if _SKIPPED_BY_SCALER in fields:
+        values[SKIPPED] = 1.0
     return values
 
 
@@ -100,6 +106,7 @@ class MegatronReader(BaseReader):
     _interval = 0  # the log interval, once known
     _scaled = False  # whether a loss scale other than 1.0 was printed: an fp16 scaler
     _fixed = False  # whether the constant scale of 1.0 was noted
+    _overflowed = False  # whether DeepSpeed said it skipped a step since the last record
 
     @classmethod
     def sniff(cls, head: list[str]) -> float:
@@ -112,6 +119,7 @@ class MegatronReader(BaseReader):
         step, fields = 0, dict[str, str]()  # the record being read: its step and fields
         stated: float | None = None  # the vocabulary a line stated, for the next record
         told = Told()  # the trainer's words that report trouble ("Spiky loss"), said once
+        self._overflowed = False
         for lineno, line in numbered_lines(stream, self.notes):
             if line is IDLE and fields:  # a followed log waits: the record is done
                 yield self._record(step, fields)
@@ -124,8 +132,7 @@ class MegatronReader(BaseReader):
                 if fields:
                     yield self._record(step, fields)
                     fields = {}
-                segments.other(line)
-                yield from told.said(line, step)
+                yield from self._other(line, step, segments, told)
                 continue
             if fields:
                 yield self._record(step, fields)
@@ -135,11 +142,28 @@ class MegatronReader(BaseReader):
                 yield restart
             else:
                 self._note_interval(last, step, lineno)
-            fields = _fields(line[match.end() :]) or {"iteration": match[1]}
+            fields = self._opened(line[match.end() :], match[1])
             if stated is not None:
                 fields[VOCAB_SIZE], stated = str(stated), None
         if fields:
             yield self._record(step, fields)
+
+    def _opened(self, text: str, iteration: str) -> dict[str, str]:
+        """The fields of an iteration's line (after its count), with DeepSpeed's skip since the
+        last record, if it said one (Megatron's own count of skipped iterations does not hold
+        it)."""
+        fields = _fields(text) or {"iteration": iteration}
+        if self._overflowed:
+            fields[_SKIPPED_BY_SCALER], self._overflowed = "1", False
+        return fields
+
+    def _other(self, line: str, step: int, segments: Segments, told: Told) -> Iterator[Item]:
+        """A line that is no iteration's: a restart's banner, the trainer's words, DeepSpeed
+        saying it skipped a step (the next iteration's)."""
+        if "verflow" in line and overflow_of(line) is not None:
+            self._overflowed = True
+        segments.other(line)
+        yield from told.said(line, step)
 
     def _record(self, step: int, fields: dict[str, str]) -> StepRecord:
         """The record of an interval's fields. A loss scale of 1.0 on every line so far is no

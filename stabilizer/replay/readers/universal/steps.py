@@ -67,9 +67,10 @@ _STEP = re.compile(  # each name starts a word: a lookbehind after its first let
         rf"{p[0]}(?<![\w./-]{p[0]}){p[1:]}"
         for p in (counter.pattern or re.escape(counter.name) for counter in COUNTERS)
     )
-    + r")(?:/(?:max|total)_\w+)?(?:\(train\))?['\"\]]?\s*[:=#]?\s*['\"]?\[?\s*(\d+)"
-    + r"(?:\s*/\s*(\d+))?\]?(?![\w%]|\.\w)"  # "1%" and "1.5" are none; "{'step': 5}" (a
-)  # dict's key), "Step: 121505. Epoch: 262", ms-swift's "'global_step/max_steps': '5/9'" are one
+    + r")(?:/(?:max|total)_\w+)?(?:\(train\))?['\"\]]?\s*[:=#]?\s*['\"]?[\[(]?\s*(\d+)"
+    + r"(?:\s*/\s*(\d+))?[\])]?(?![\w%]|\.\w)"  # "1%" and "1.5" are none; "{'step': 5}" (a
+)  # dict's key), "Step: 121505. Epoch: 262", ms-swift's "'global_step/max_steps': '5/9'", ST-GCN's
+# "Batch(100/1879) done." are one
 _RANGE = re.compile(r"\d+-(\d+)batch\b")  # ESPnet: the batches a summary line covers
 _EPOCH = re.compile(
     r"(?<![\w./-])epoch(?:\(train\))?['\"]?\s*[:=#]?\s*\[?\s*(\d+)(?![\d.])\]?(?:\s*/\s*(\d+))?"

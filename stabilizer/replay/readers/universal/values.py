@@ -196,8 +196,9 @@ def _held_out(key: str) -> bool:
 
 def _part(key: str) -> bool:
     """Whether a key is a part of the training loss (``loss_cls``, ``box_loss``; behind a
-    training prefix too: ALBEF's and BLIP's ``train_loss_itm``)."""
-    base = _unprefixed(key)
+    training prefix too: ALBEF's and BLIP's ``train_loss_itm``; in any case: an AutoML
+    controller's ``Minibatch Loss= 1.0120``)."""
+    base = _unprefixed(key.lower())
     return (
         (base.startswith("loss_") or base.endswith("_loss"))
         and base not in SIGNALS
