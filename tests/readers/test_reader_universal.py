@@ -790,3 +790,24 @@ def test_one_record_logged_as_several_entries_of_one_moment() -> None:
     assert first.values["ppl"] == 2.603048 and second.values["ppl"] == 2.60123
     assert math.isclose(first.values["loss"], math.log(2.603048))
     assert "Updates" not in first.values  # the step's counter is none of its values
+
+
+def test_a_loss_named_in_capitals_and_a_count_in_parentheses() -> None:
+    """An AutoML controller's ``Step 4000, Minibatch Loss= 1.0120, Current accuracy= 0.730``:
+    a loss part in any case is one (it was ``Minibatch_Loss``, no loss: the jump to ln 10 that
+    stayed went unseen); ST-GCN's ``Batch(100/1879) done. Loss: 5.9635`` counts in parentheses
+    (the 17 lines were one record, at the epoch line's step)."""
+    first, second = records(
+        "Step 4000, Minibatch Loss= 1.0120, Current accuracy= 0.730\n"
+        "Step 4100, Minibatch Loss= 0.9515, Current accuracy= 0.690\n"
+    )
+    assert (first.step, first.values["loss"], second.values["loss"]) == (4000, 1.012, 0.9515)
+    text = "[ Wed Jun  6 16:01:01 2018 ] Training epoch: 1\n" + "".join(
+        f"[ Wed Jun  6 16:02:39 2018 ] \tBatch({n}/1879) done. Loss: 5.9{n // 100}  lr:0.100000\n"
+        for n in (0, 100, 200)
+    )
+    assert [(r.step, r.values["loss"]) for r in records(text)] == [
+        (0, 5.9),
+        (100, 5.91),
+        (200, 5.92),
+    ]
