@@ -115,9 +115,6 @@ MISSES = {
     "spike found at 722964 (epoch 66's last batch of 10954), the label counts epochs (65-66)",
     "deep_avsr_issue43_vo_pretrain_loss_rises_to_flat_cer_1": "held out, round 8: a loss that "
     "rises over 5 records and sits flat with CER 1.0 is no rule (a stall, or a divergence)",
-    "qwen05_cls_trainer_state_near_zero_loss_bump_healthy": "held out, round 8: a false alarm: "
-    "a loss falling 0.109 -> 3.9e-5, then 0.0153 for one record and back (395x in ratio, 0.015 "
-    "in loss, the gradient norm flat); the falling excerpt's baseline is its last level",
     # Round 8's second held-out set: its first-sight misses, scored on f4de524 (docs/benchmarks.md,
     # "A second held-out set (round 8, at the round's end)").
     "litgpt_issue2151_ptl_trainer_lr_zero_weights_frozen_stall": "held out, round 8 (second "

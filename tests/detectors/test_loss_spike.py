@@ -330,3 +330,14 @@ def test_a_jump_back_to_the_runs_starting_loss_is_a_spike_whatever_its_ratio() -
     assert _at([121000 + 500 * k for k in range(6)], losses) == []
     assert _at([121505, 121967, 121999, 122429], [0.289, 0.263, 0.209, 0.303]) == []
     assert _at([0, 500, 1000, 1500, 2000], [9.227, 8.5, 8.3, 8.4, 9.3]) == []  # (fell < 1/6)
+
+
+def test_a_falling_excerpts_jump_must_give_back_a_quarter_of_its_fall() -> None:
+    """A Qwen2.5-0.5B classifier's trainer_state.json (round 8's one false alarm): 0.109, 0.059,
+    0.0041, 0.00037, 3.9e-5, then 0.0153 and back to 5.3e-5. Against the level the fall reached
+    that is 394x, but it gives back 14% of the fall: one harder batch of a solved task. A warm-up
+    (12, 9, 4, 2.6, 1.9) that jumps to 8 gives back 60% of it: a spike."""
+    steps = [5, 10, 15, 20, 25, 30, 35, 40]
+    classifier = [0.109, 0.059, 0.0041, 0.00037, 3.9e-5, 0.0153, 5.3e-5, 8.1e-5]
+    assert _at(steps, classifier) == []
+    assert _at(steps, [12.0, 9.0, 4.0, 2.6, 1.9, 8.0, 1.8, 1.7]) == [("loss_spike", 30, "WARNING")]

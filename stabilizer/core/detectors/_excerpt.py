@@ -6,8 +6,11 @@ spread: a doubling counts at once; a smaller jump of `min_ratio` counts only if 
 that rose record after record is measured from where the rise began ("rise": Megatron averages
 the loss over the log interval, so one bad iteration is a ramp, 6.37, 6.60, 7.31, 9.12, 10.24);
 a loss that has been falling (a warm-up: 12, 9, 4, 2.6, 1.9) is measured against the level it
-has reached (1.9), not the median of its fall; three records at least make a fall: one low record
-after a high one is a dip (a partial logging window, 357.8 then 14.8), not a level reached. A jump
+has reached (1.9), not the median of its fall, and must give back a quarter of that fall at
+least (8 gives back 60% of 12 -> 1.9: a spike; near a loss's floor, where one hard batch
+multiplies a level of 4e-5 by hundreds, a ratio says nothing and a share of the fall does); three
+records at least make a fall: one low record after a high one is a dip (a partial logging window,
+357.8 then 14.8), not a level reached. A jump
 back to the loss the run started from (its first record at step 0 or 1), where it had come down
 by a sixth or more, counts whatever its ratio, and at once: it undid all the run had learnt (a
 GPT-2 LoRA run evaluated every 500 steps, 9.23 at step 0, 6.95, 6.58, 6.65, then 9.58: back to
@@ -23,7 +26,12 @@ from typing import Protocol
 
 from ._robust import RobustWindow
 
-__all__ = ["UNDONE", "Bars", "short_spike"]
+__all__ = ["GIVES_BACK", "UNDONE", "Bars", "short_spike"]
+
+GIVES_BACK = 0.25
+"""The share of its fall a falling excerpt's jump must give back to be judged at all: a smaller
+one leaves the loss where the fall had it a record or two before (a classifier's 0.109 ... 3.9e-5,
+then 0.0153: 394x its level, 14% of its fall, one harder batch of a task it has solved)."""
 
 UNDONE = 1.2
 """How far below the loss it started from (1/1.2 of it, or lower) a run must have come for a jump
@@ -67,6 +75,8 @@ def short_spike(
         low = high = med + bars.min_jump
     if loss < low and not undone:
         return None
+    if falling and loss - med < GIVES_BACK * (values[0] - med):
+        return None  # (a jump within the fall the excerpt shows: see the module's docstring)
     if loss < high and not undone:
         if len(values) < 2:
             return None
