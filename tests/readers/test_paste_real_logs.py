@@ -48,10 +48,6 @@ DIFFER = {
     "llm_shearing_issue24_composer_ce_at_ln_vocab": "Composer prints a record as a header line "
     "and 40 indented lines; behind a logger's prefix on every line, the prefix's separator takes "
     "the indentation with it, so the lines are not joined under the [batch=366] header",
-    "hf_trainer_bert_mlm_then_classifier_new_task_level_healthy": "round 7's held-out BERT MLM "
-    "then classifier: plain, the second run's steps go back (a restart), so its first loss "
-    "(0.137) starts a new segment; behind a prefix the two runs are read as one series and the new "
-    "task's first loss, falling after at the run's rate, is called a spike from the MLM's 0.0014",
 }
 
 

@@ -811,3 +811,26 @@ def test_a_loss_named_in_capitals_and_a_count_in_parentheses() -> None:
         (100, 5.91),
         (200, 5.92),
     ]
+
+
+def test_a_bracketed_count_that_begins_a_line_of_values_is_its_step() -> None:
+    """Dreamer prints a summary every 1000 environment steps, ``[5000] expl_amount 0.0 /
+    model_grad_norm nan / ... / model_loss 5864.5``: its records were numbered 1, 2, 3 (the
+    model's inf loss placed at "step 3" where the log says 7000)."""
+    text = (
+        "[5000] expl_amount 0.0 / model_grad_norm nan / model_loss 5864.5 / value_loss 6.4\n"
+        "Train episode of length 1000 with return 13.9.\n"
+        "[6000] expl_amount 0.3 / model_grad_norm 4468751873343488.0 / model_loss 152175.0\n"
+    )
+    assert [r.step for r in records(text)] == [5000, 6000]
+
+
+def test_a_pasted_log_history_excerpt_is_one_record_an_object() -> None:
+    """Entries of a ``trainer_state.json``'s ``log_history`` pasted without the file around them:
+    ``{``, a member a line, ``"step": 1440`` after the loss, ``},``. Each object was no record
+    with its step: the losses were numbered 1, 2, 3 by their order. An object that holds a
+    nested one (a configuration) is no record."""
+    entry = '    {{\n      "epoch": 4.59,\n      "loss": {},\n      "step": {}\n    }},\n'
+    text = entry.format(11.3599, 1440) + entry.format(6.9149, 1441)
+    text += '{\n  "lr": 0.1,\n  "optimizer": {\n    "betas": [0.9, 0.95]\n  }\n}\n'
+    assert [(r.step, r.values["loss"]) for r in records(text)] == [(1440, 11.3599), (1441, 6.9149)]

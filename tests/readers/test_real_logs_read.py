@@ -300,6 +300,7 @@ PENDING = {
         "round8-holdout",
         "round8-holdout2",
         "round9-holdout",
+        "round9-holdout2",
     )
 } - set(SEEN)
 

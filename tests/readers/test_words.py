@@ -29,6 +29,9 @@ EXAMPLES = [
     "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. "
     "Try lowering the learning rate, using gradient clipping or increasing the batch size.",
     "ERROR:tensorflow:Model diverged with loss = NaN.",
+    "2024-01-14 01:03:00,826 WARNING [train.py:1057] (2/4) Grad scale is small: "
+    "1.2924697071141057e-26",
+    "RuntimeError: grad_scale is too small, exiting: 8.470329472543003e-22",
     "tensorflow.python.training.basic_session_run_hooks.NanLossDuringTrainingError: NaN loss "
     "during training.",
     "Batch 3: Invalid loss, terminating training",

@@ -118,6 +118,13 @@ WORDS: tuple[Words, ...] = (
           r"minimum loss scale reached \((?P<scale>NUM)\)", "fp16 overflow at the smallest loss "
           "scale: fairseq "
           "stops (its loss is probably exploding)", _SKIP, "error"),
+    Words("icefall (k2-fsa) and recipes that copy its loop", "egs/*/ASR/zipformer/train.py",
+          "grad scale is small", r"grad scale is small: (?P<scale>NUM)",
+          "the fp16 grad scaler's scale is below 0.01: step after step overflows (icefall saves "
+          "a bad model and stops below 1e-5)", _SKIP, "warning"),
+    Words("icefall (k2-fsa) and recipes that copy its loop", "egs/*/ASR/zipformer/train.py",
+          "grad_scale is too small", r"grad_scale is too small, exiting: (?P<scale>NUM)",
+          "the fp16 grad scaler's scale fell below 1e-5: icefall stops the run", _SKIP, "error"),
     # A NaN/Inf loss the trainer stopped on.
     Words("TensorFlow (estimator, NanTensorHook)",
           "tensorflow/python/training/basic_session_run_hooks.py", "diverged",

@@ -33,7 +33,7 @@ from ..words import EARLY_NEEDS, Heard, heard_early, heard_in
 from .joiner import MAX_HELD, Joiner
 from .shapes import SPLITS, Shapes
 from .steps import Steps, counted_by
-from .tables import numbered_blocks, row_of, table_of
+from .tables import numbered_blocks, objects, row_of, table_of
 from .templates import Templates
 from .values import COUNT_THEN_LOSS, EVALUATING, held_out, known, named_after, values_of
 
@@ -66,7 +66,7 @@ class UniversalReader(BaseReader):
         """The records of decoded lines (``\\r`` already split, as `text_lines` gives them)."""
         reading = _Reading()
         steps, join, templates = reading.steps, reading.join, reading.templates
-        for lineno, line in numbered_blocks(lines):
+        for lineno, line in numbered_blocks(objects(lines)):
             if line is IDLE:  # a followed log waits: the pending record is done
                 yield from join.done()
             elif reading.table is None and (read := templates.read(line)) is not None:

@@ -79,7 +79,9 @@ _AFTER_EPOCH = re.compile(  # "Epoch 3/10 [120/500]", "Epoch:[0/2](7000/293491)"
     r"[\s,:;|\]]*[\[(]?\s*(\d+)\s*/\s*(\d+)(?![\w.])"
 )
 _BAR = re.compile(r"(?<![\w./:-])(\d+)/(\d+) \[")
-_LEADING = re.compile(r"\s*(?:\[\s*\d+\s*\]\s+)?(\d+)\s*\|\|?\s")  # "420 | x", "[  3]  2210 || B:"
+_LEADING = re.compile(  # "420 | x", "[  3]  2210 || B:", Dreamer's "[5000] expl_amount 0.0 / ..."
+    r"\s*(?:(?:\[\s*\d+\s*\]\s+)?(\d+)\s*\|\|?\s|\[(\d+)\]\s+[a-z_]+\s+-?\d)"
+)
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\)\s*)?\]")
 _BRACKETS = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")  # [epoch/E][n/N]
 
@@ -152,7 +154,7 @@ class Steps:
             return self._counted(int(count[1]), count[2], epoch is not None)
         leading = _LEADING.match(low)
         if leading is not None:
-            return int(leading[1])
+            return int(leading[1] or leading[2])
         if epoch is None:
             return None
         step = int(epoch[1])

@@ -4,6 +4,9 @@
   diffusion), one record each: `numbered_blocks` joins a block into one line.
 - A header of names (a counter first, a loss among them: YOLO, fastai), or the names above a
   ruler of dashes (spaCy): `table_of` reads the columns, `row_of` writes each row below out.
+- Pretty-printed JSON objects of scalar members, ``{`` and ``}`` on lines of their own and a
+  member a line (an excerpt of a ``trainer_state.json``'s ``log_history`` pasted without the
+  file around it, ``"step": 1440`` after the loss): `objects` joins each into one line.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .._lines import IDLE
 from .._shapes import NUM
 from .steps import STEP_NAMES
 
-__all__ = ["numbered_blocks", "row_of", "table_of"]
+__all__ = ["numbered_blocks", "objects", "row_of", "table_of"]
 
 _CELL = re.compile(r"[^\s|]+")  # a table's cell: what blanks and bars separate
 _NAME = re.compile(r"[A-Za-z_][\w()/.-]*")  # a column's name
@@ -27,7 +30,34 @@ _DASHES = re.compile(r"-+")
 _RULED_NAMES = {"e": "epoch", "#": "step"}  # spaCy's columns: the epoch, the step
 _YOLO_PARTS = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss"}
 
+_MEMBER = re.compile(r'\s*"[^"\n]{1,100}"\s*:\s*[^{}\[\]\n]{0,100}?,?\s*')  # "loss": 11.3599,
+_MEMBERS = 64  # members of one object at most: a longer block is no record (a config dump)
 _KV_ROW = re.compile(r"\|\s*([A-Za-z_][\w./-]*)\s*\|\s*(" + NUM + r")\s*\|\s*")
+
+
+def objects(lines: Iterable[str]) -> Iterator[str]:
+    """``lines``, each pretty-printed JSON object of scalar members joined into one line in place
+    of its ``{`` line, its other lines ``""`` (every line keeps its number); a block that holds
+    anything else (a nested object, a list, a line of text) passes through as it was."""
+    block: list[str] = []
+    for line in lines:
+        if block:
+            end = line is not IDLE and line.strip() in ("}", "},")
+            if end:
+                yield "{" + " ".join(member.strip() for member in block[1:]).rstrip(",") + "}"
+                yield from [""] * len(block)  # (its members and its "}")
+                block = []
+                continue
+            if line is not IDLE and len(block) <= _MEMBERS and _MEMBER.fullmatch(line):
+                block.append(line)
+                continue
+            yield from block
+            block = []
+        if line is not IDLE and line.strip() == "{":
+            block = [line]
+            continue
+        yield line
+    yield from block
 
 
 def numbered_blocks(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
