@@ -57,7 +57,7 @@ from stabilizer.core.signals import (
 from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import wide_dtype
 
-from .carried import Carried
+from .carried import Carried, let_go
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, STEPPING_PAST, UNCHECKED, Decision
 from .host import MicroBatch
 from .measurement import Measurement, Numbers
@@ -310,6 +310,8 @@ class InFlight:
         """A backward is about to run on `loss` (divided by the accumulation, under it)."""
         loss = loss.detach().to(wide_dtype(loss.device))  # a finite 1e300 (64-true) stays finite
         self._settle()
+        if self._losses and not any(p.grad is not None for p in self.params()):
+            self.micro, self._losses = let_go(self.micro, self._losses)  # (SAM's first pass)
         self._losses.append(loss)
         if self.micro:
             self.micro[-1].losses.append(loss)
