@@ -43,6 +43,7 @@ from stabilizer.step.view import RunView
 from .calls import Call, ModelCalls, ReplaysCalls, unwrap
 from .fabric import FabricSetup
 from .moments import AfterUnscale
+from .precision import weights_precision
 from .scalars import ScalarLogger
 
 __all__ = ["LoopHost", "Stabilizer", "inner_optimizer"]
@@ -62,7 +63,8 @@ class Stabilizer(RunView):
             (drop the loop's own ``clip_grad_norm_``); None: no clipping by the Stabilizer.
         precision: The run's precision in Lightning's names (``"32-true"``, ``"16-mixed"``,
             ``"bf16-mixed"``, ...): which advice fits, what the set-up check reads. Default:
-            ``"16-mixed"`` with an enabled `scaler`, else ``"32-true"`` (say ``"bf16-mixed"``).
+            ``"16-mixed"`` with an enabled `scaler`, else the weights' (``"32-true"``;
+            ``"16-true"`` for a ``.half()`` model, ``"bf16-true"``; say ``"bf16-mixed"``).
         log_dir: Where ``stability.jsonl`` goes (default: ``stability_logs/version_<N>/``).
         tensorboard: A ``SummaryWriter``: the records as scalars, and TensorBoard's extras.
         fabric: A ``lightning.fabric.Fabric``: its backward, scaler, precision and loggers.
@@ -104,7 +106,7 @@ class Stabilizer(RunView):
             log_dir = log_dir or setup.log_dir
         enabled = scaler if scaler is not None and bool(scaler.is_enabled()) else None
         if precision is None:
-            precision = "16-mixed" if enabled is not None else "32-true"
+            precision = "16-mixed" if enabled is not None else weights_precision(model)
         facts = _facts(model, precision, Path(log_dir) if log_dir else None, strategy)
         self.host = LoopHost(model, opts, schedulers, enabled, facts, clip)
         self._sinks = Sinks(loggers, 1, tensorboard)
