@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from setups_harness import BATCH, STEPS, Ctx, Net, mse
-from setups_loop import Loop, frame, simple
+from setups_loop import Loop, frame, scaled, simple
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -388,19 +388,7 @@ def gradscaler_skips(ctx: Ctx) -> Any:
     ctx.nan(net.a)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-
-    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
-        with torch.autocast("cpu", torch.float16):
-            loss = mse(net(x), y)
-        if loop.stab is not None:
-            loop.stab.backward(loss)
-        else:
-            scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-
-    return frame(ctx, net, opt, body, scaler=scaler)
+    return frame(ctx, net, opt, scaled(net, opt, scaler, clip=None), scaler=scaler)
 
 
 def fabric_gan(ctx: Ctx) -> Any:
