@@ -594,3 +594,22 @@ def lookahead(ctx: Ctx) -> Any:
 
 
 LOOP9["lookahead-wrapper"] = lookahead
+
+
+def inner_updates(ctx: Ctx) -> Any:
+    """Two updates of one optimizer in one block (each after its own forward and backward: an
+    inner loop, as meta-learning's and RL's K epochs over one batch write it)."""
+    net = Net()
+    ctx.nan(net.a)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        for _ in range(2):
+            loop.backward(mse(net(x), y))
+            opt.step()
+            opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
+
+
+LOOP9["two-updates-a-block"] = inner_updates

@@ -21,7 +21,7 @@ from setups_r9_lightning import LIGHTNING9
 from setups_r9_loop import LOOP9
 
 SETUPS = {**LOOP9, **LIGHTNING9, **HF9}
-OPTIMIZERS = {"fabric-gan-two-models": 2}
+OPTIMIZERS = {"fabric-gan-two-models": 2, "two-updates-a-block": 2}
 SCALER_SKIPS = {"gradscaler-own-skips": 2}
 OWN_TEST = {  # (checked below: what holds there is not the harness's three runs)
     "pl-detect_anomaly",
@@ -225,3 +225,14 @@ def test_a_wrapper_optimizer_is_one_step_a_block_under_each_policy(
                         opt.step()
                         opt.zero_grad()
         assert [r["step"] for r in _rows(jsonl) if r["type"] == "step"] == list(range(6)), kind
+
+
+def test_two_updates_in_one_block_are_two_steps(tmp_path: Path) -> None:
+    """One optimizer stepping twice in one ``with stab.step()`` block (an inner loop): each
+    update is a step of its own, numbered in turn (both were recorded at the block's step:
+    two records per step number, "steps 3-3 (2 records)", the end line at half the steps)."""
+    t = check(SETUPS["two-updates-a-block"], tmp_path, optimizers=2)["nan"]
+    steps = [r["step"] for r in t.rows if r["type"] == "step"]
+    assert steps == list(range(12))
+    assert [r["step"] for r in t.rows if r["type"] == "step" and r["values"]["skipped"]] == [6, 7]
+    assert any(line.startswith("stabilizer: done at step 12") for line in t.lines)

@@ -304,7 +304,7 @@ class LoopHost(ReplaysCalls):
         self.model, self.module = model, unwrap(model)
         self.optimizers, self.schedulers = list(optimizers), list(schedulers)
         self.scaler, self.facts, self.clip = scaler, facts, clip
-        self.step = 0  # the blocks in which an optimizer step was taken
+        self.step = 0  # the steps taken: a block each (two where an optimizer stepped twice)
         self._hooks: list[Any] = []
 
     def clip_after_measuring(self) -> None:
@@ -315,8 +315,9 @@ class LoopHost(ReplaysCalls):
     def set_clip(self, value: float) -> None:
         self.clip = value
 
-    def ended(self, taken: bool) -> None:
-        """A block ended (`taken`: an optimizer step was taken in it)."""
+    def ended(self, taken: int) -> None:
+        """A block ended (`taken`: the step numbers its optimizer steps took; one optimizer
+        stepping twice in it takes two)."""
         self.step += taken
 
     def resume_at(self, step: int) -> None:

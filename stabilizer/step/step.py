@@ -336,13 +336,13 @@ class InFlight:
     ) -> OptimizerStep:
         """A new step of `optimizer` (READY): the losses since the last step are its loss (a
         second optimizer stepping on the same backward shares the last one's), with those of
-        earlier blocks whose gradients it takes (`Carried`)."""
+        earlier blocks whose gradients it takes (`Carried`). A second step of one optimizer at
+        a host's step that did not advance (a plain loop's block) is the step after it."""
+        if (earlier := self._open.get(id(optimizer))) is not None:
+            step = max(step, earlier.step + 1)
         self._settle()
-        if self._losses:
-            total = self._losses[0]
-            for loss in self._losses[1:]:
-                total = total + loss
-            self._losses, self._last = [], total
+        if self._losses:  # (summed in order: the micro-batches' shares of the step's loss)
+            self._losses, self._last = [], sum(self._losses[1:], self._losses[0])
         opened = OptimizerStep(step, index, self._last, self.micro, new_data, guarded)
         self.steps.append(opened)
         self._open[id(optimizer)] = opened
