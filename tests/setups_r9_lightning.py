@@ -242,3 +242,42 @@ def lookahead(ctx: Ctx) -> Any:
 
 
 LIGHTNING9["pl-lookahead-wrapper"] = lookahead
+
+
+class ManualClosure(Lit):
+    """Manual optimization with a closure (Lightning's docs: ``opt.step(closure=closure)``,
+    the closure doing ``zero_grad`` and ``manual_backward``)."""
+
+    def __init__(self, ctx: Ctx, lbfgs: bool = False) -> None:
+        super().__init__(ctx)
+        self.automatic_optimization, self.lbfgs = False, lbfgs
+
+    def training_step(self, batch: tuple[Tensor, Tensor], i: int) -> None:
+        opt: Any = self.optimizers()
+
+        def closure() -> Tensor:
+            loss = ((self(batch[0]) - batch[1]) ** 2).mean()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            return loss
+
+        opt.step(closure=closure)
+
+    def configure_optimizers(self) -> Any:
+        if self.lbfgs:
+            return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=3)
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def manual_closure(ctx: Ctx) -> Any:
+    return fit(ctx, ManualClosure(ctx))
+
+
+def manual_lbfgs(ctx: Ctx) -> Any:
+    return fit(ctx, ManualClosure(ctx, lbfgs=True))
+
+
+LIGHTNING9.update({
+    "pl-manual-closure": manual_closure,
+    "pl-manual-lbfgs-closure": manual_lbfgs,
+})  # fmt: skip
