@@ -284,3 +284,15 @@ HF9.update({
     "hf-peft-lora-gradient-checkpointing": lora_checkpointing,
     "hf-iterable-dataset": iterable,
 })  # fmt: skip
+
+
+def epoch_ends_mid_accumulation(ctx: Ctx) -> Any:
+    """``num_train_epochs=1`` over 7 batches with ``gradient_accumulation_steps=2``: the
+    epoch's last step has one micro-batch."""
+    model = decoder("Llama")
+    ctx.nan(model.model.layers[0].mlp)
+    data = [{"input_ids": row, "labels": row} for row in ids(7 * BATCH)]
+    return hf(ctx, accumulate=2, model=model, data=data, max_steps=-1, num_train_epochs=1)
+
+
+HF9["hf-epoch-ends-mid-accumulation"] = epoch_ends_mid_accumulation

@@ -613,3 +613,77 @@ def inner_updates(ctx: Ctx) -> Any:
 
 
 LOOP9["two-updates-a-block"] = inner_updates
+
+
+def zero_first(ctx: Ctx) -> Any:
+    """The tutorials' order: ``zero_grad()`` first, then forward, backward, step."""
+    net = Net()
+    ctx.nan(net.a)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        opt.zero_grad()
+        loop.backward(mse(net(x), y))
+        opt.step()
+
+    return frame(ctx, net, opt, body)
+
+
+def plain_backward(ctx: Ctx) -> Any:
+    """``loss.backward()`` left as it was (the ``stab.backward`` line not changed): the step
+    is measured inside ``optimizer.step``, with no loss."""
+    net = Net()
+    ctx.nan(net.a)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        mse(net(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
+
+
+def frozen_group(ctx: Ctx) -> Any:
+    """Param groups with their own LRs, one at ``lr=0`` (frozen by its LR), one with no decay."""
+    net = Net()
+    ctx.nan(net.norm)
+    opt = torch.optim.AdamW(
+        [
+            {"params": net.a.parameters(), "lr": 0.0},
+            {"params": net.norm.parameters(), "weight_decay": 0.0},
+            {"params": net.b.parameters(), "lr": 3e-3},
+        ],
+        lr=1e-2,
+    )
+    return simple(ctx, net, opt)
+
+
+LOOP9.update({
+    "zero_grad-first": zero_first,
+    "loss.backward-not-stab.backward": plain_backward,
+    "param-groups-lr-0": frozen_group,
+})  # fmt: skip
+
+
+def compiled_step(ctx: Ctx) -> Any:
+    """torch's recipe "compiling the optimizer": ``opt.step()`` inside a ``torch.compile``d
+    function (a tensor LR, so that a scheduler does not recompile it)."""
+    torch._dynamo.reset()
+    net = Net()
+    ctx.nan(net.a)
+    opt = torch.optim.AdamW(net.parameters(), lr=torch.tensor(1e-2))
+
+    @torch.compile(backend="eager")
+    def step() -> None:
+        opt.step()
+
+    def body(loop: Loop, x: Tensor, y: Tensor) -> None:
+        loop.backward(mse(net(x), y))
+        step()
+        opt.zero_grad()
+
+    return frame(ctx, net, opt, body)
+
+
+LOOP9["compiled-optimizer-step"] = compiled_step

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
-from stabilizer.live.tensors import all_finite, held_tensors
+from stabilizer.live.tensors import all_finite, held_tensors, outside_compile
 
 from .inner import stepped_through
 from .verify import restore, snapshot
@@ -65,6 +65,8 @@ BAD_WEIGHTS = "the weights are already non-finite"
 UNCHECKED = "the step could not be measured"
 STEPPING_PAST = "stepping past bad data after a rollback"
 OVERFLOW = "the fp16 grad scaler's overflow (it skips the step and lowers its scale)"
+
+_SKIPPED = object()  # (`StepGuard._decide`: the step is withheld)
 
 HUGE_GRAD_NORM = 1e18
 """A gradient norm from which an Adam-style second moment (the gradient squared) can overflow
@@ -235,7 +237,10 @@ class StepGuard:
             guard._decided.discard(id(judged))
             judge.ran(judged, "stepped")
 
-        self._hooks += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
+        self._hooks += [
+            opt.register_step_pre_hook(outside_compile(before)),
+            opt.register_step_post_hook(outside_compile(after)),
+        ]
         self._guarded[id(opt)] = (opt, None)
         base = stepped_through(opt) if of is None else None
         if base is not None and id(base) not in self._guarded:
@@ -258,7 +263,17 @@ class StepGuard:
                 return None
             if evaluates:
                 return guard._evaluating_step(self, inner, closure, kwargs)
-            return guard._step(judged, inner, closure, kwargs, stepping=self)
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()  # the monitor measures inside (on_before_optimizer_step)
+            saved = guard._decide(judged, kwargs, self)
+            if saved is not _SKIPPED:
+                try:  # (the optimizer's own step: traced where the user compiles it)
+                    inner(**kwargs)
+                finally:
+                    guard._stepped(judged, self, saved)
+            return loss
 
         # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks. The
         # signature stays the optimizer's own: a grad scaler passes `grad_scaler=` to a step
@@ -275,39 +290,35 @@ class StepGuard:
         if base is not None and id(base) not in self._guarded:
             self._wrap(base, of=opt)
 
-    def _step(
-        self,
-        opt: torch.optim.Optimizer,
-        inner: Callable[..., Any],
-        closure: Callable[[], Any] | None,
-        kwargs: dict[str, Any],
-        stepping: torch.optim.Optimizer,
+    @outside_compile
+    def _decide(
+        self, opt: torch.optim.Optimizer, kwargs: Mapping[str, Any], stepping: torch.optim.Optimizer
     ) -> Any:
-        """`opt`'s step, run by `stepping`'s `inner` step (itself, or the one it steps
-        through: that one's state is what a copy-and-check copies)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()  # the monitor measures inside (on_before_optimizer_step)
+        """`opt`'s step, to be run by `stepping` (itself, or the one it steps through: that
+        one's state is what a copy-and-check copies): `_SKIPPED`, or the copy to check against
+        (None: no copy). Python, never traced: a compiled ``optimizer.step()`` (torch's
+        "compiling the optimizer") keeps only the optimizer's own step in its graph."""
         judge = self._judge
         decision = judge.judge(opt)
         if decision.skip:
             _scaler_whole(opt, kwargs)
             self.skipped += 1
             judge.ran(opt, "skipped")
-            return loss
-        saved = snapshot(stepping) if decision.verify else None
+            return _SKIPPED
         self._running.add(id(opt))
-        try:
-            inner(**kwargs)
-        finally:
-            self._running.discard(id(opt))
-        judge.ran(opt, "stepped")
+        return snapshot(stepping) if decision.verify else None
+
+    @outside_compile
+    def _stepped(
+        self, opt: torch.optim.Optimizer, stepping: torch.optim.Optimizer, saved: Any
+    ) -> None:
+        """`opt`'s step ran (or raised): said, and undone where its copy-check fails."""
+        self._running.discard(id(opt))
+        self._judge.ran(opt, "stepped")
         if saved is not None and not all_finite(held_tensors(stepping)):
             restore(stepping, saved)
             self.reverted += 1
-            judge.ran(opt, "reverted")
-        return loss
+            self._judge.ran(opt, "reverted")
 
     def _evaluating_step(
         self,
