@@ -66,7 +66,7 @@ UNCHECKED = "the step could not be measured"
 STEPPING_PAST = "stepping past bad data after a rollback"
 OVERFLOW = "the fp16 grad scaler's overflow (it skips the step and lowers its scale)"
 
-_SKIPPED = object()  # (`StepGuard._decide`: the step is withheld)
+_SKIPPED, _RAISED = object(), object()  # (`StepGuard._decide`: withheld; the step raised)
 
 HUGE_GRAD_NORM = 1e18
 """A gradient norm from which an Adam-style second moment (the gradient squared) can overflow
@@ -247,9 +247,8 @@ class StepGuard:
             self._watch(base, of=opt)
 
     def _wrap(self, opt: torch.optim.Optimizer, of: torch.optim.Optimizer | None = None) -> None:
-        """Guard `opt`'s step; with `of`, `opt` is the optimizer `of` steps through
-        (`stepped_through`): inside `of`'s own step it passes through, and called on its own
-        (SAM's ``second_step``) it is judged as `of`'s step."""
+        """Guard `opt`'s step; with `of`, the one `of` steps through (`stepped_through`): let
+        through inside `of`'s own step, judged as `of`'s when called alone (SAM's)."""
         previous = opt.__dict__.get("step")
         inner = opt.step  # bound: the class's step, or a wrapper set on the instance before us
         guard, generation = self, self._generation
@@ -267,12 +266,15 @@ class StepGuard:
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()  # the monitor measures inside (on_before_optimizer_step)
-            saved = guard._decide(judged, kwargs, self)
+            decide, stepped = _OUTSIDE if torch.compiler.is_compiling() else _INSIDE
+            saved = decide(guard, judged, kwargs, self)
             if saved is not _SKIPPED:
-                try:  # (the optimizer's own step: traced where the user compiles it)
+                ran = _RAISED
+                try:
                     inner(**kwargs)
+                    ran = saved
                 finally:
-                    guard._stepped(judged, self, saved)
+                    stepped(guard, judged, self, ran)
             return loss
 
         # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks. The
@@ -290,14 +292,9 @@ class StepGuard:
         if base is not None and id(base) not in self._guarded:
             self._wrap(base, of=opt)
 
-    @outside_compile
-    def _decide(
-        self, opt: torch.optim.Optimizer, kwargs: Mapping[str, Any], stepping: torch.optim.Optimizer
-    ) -> Any:
-        """`opt`'s step, to be run by `stepping` (itself, or the one it steps through: that
-        one's state is what a copy-and-check copies): `_SKIPPED`, or the copy to check against
-        (None: no copy). Python, never traced: a compiled ``optimizer.step()`` (torch's
-        "compiling the optimizer") keeps only the optimizer's own step in its graph."""
+    def _decide(self, opt: torch.optim.Optimizer, kwargs: Mapping[str, Any], by: Any) -> Any:
+        """`opt`'s step, run `by` it or the one it steps through (whose state a copy-check
+        copies): `_SKIPPED`, or the copy to check against (None: no copy)."""
         judge = self._judge
         decision = judge.judge(opt)
         if decision.skip:
@@ -306,17 +303,17 @@ class StepGuard:
             judge.ran(opt, "skipped")
             return _SKIPPED
         self._running.add(id(opt))
-        return snapshot(stepping) if decision.verify else None
+        return snapshot(by) if decision.verify else None
 
-    @outside_compile
-    def _stepped(
-        self, opt: torch.optim.Optimizer, stepping: torch.optim.Optimizer, saved: Any
-    ) -> None:
-        """`opt`'s step ran (or raised): said, and undone where its copy-check fails."""
+    def _stepped(self, opt: torch.optim.Optimizer, by: torch.optim.Optimizer, saved: Any) -> None:
+        """`opt`'s step ran (`saved`: its copy, or None), said, and undone where its copy-check
+        fails; or it raised (`_RAISED`): nothing is said of it."""
         self._running.discard(id(opt))
+        if saved is _RAISED:
+            return
         self._judge.ran(opt, "stepped")
-        if saved is not None and not all_finite(held_tensors(stepping)):
-            restore(stepping, saved)
+        if saved is not None and not all_finite(held_tensors(by)):
+            restore(by, saved)
             self.reverted += 1
             self._judge.ran(opt, "reverted")
 
@@ -368,6 +365,11 @@ class StepGuard:
         else:
             restore(opt, after)
         return result
+
+
+_INSIDE = (StepGuard._decide, StepGuard._stepped)
+# Compiled (torch's "compiling the optimizer"): the guard's Python runs between graphs.
+_OUTSIDE = (outside_compile(StepGuard._decide), outside_compile(StepGuard._stepped))
 
 
 def _scaler_whole(opt: torch.optim.Optimizer, kwargs: Mapping[str, Any]) -> None:
