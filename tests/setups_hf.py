@@ -38,10 +38,11 @@ def hf(
     data: Any = None,
     trainer_class: Any = None,
     trainer_kwargs: Any = None,
+    resume: bool = False,
     **kwargs: Any,
 ) -> Any:
     """`trainer_class` (a ``Trainer`` subclass) built with `trainer_kwargs` besides, and the
-    ``TrainingArguments`` given in `kwargs`."""
+    ``TrainingArguments`` given in `kwargs`; `resume`: ``train(resume_from_checkpoint=True)``."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from stabilizer.hosts.hf import StabilityCallback
@@ -73,7 +74,7 @@ def hf(
     trainer._get_train_sampler = lambda *a: torch.utils.data.SequentialSampler(
         trainer.train_dataset
     )  # type: ignore[method-assign]
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume or None)
     return callback
 
 

@@ -296,3 +296,20 @@ def epoch_ends_mid_accumulation(ctx: Ctx) -> Any:
 
 
 HF9["hf-epoch-ends-mid-accumulation"] = epoch_ends_mid_accumulation
+
+
+def resumed(ctx: Ctx) -> Any:
+    """Trained to step 2 with a checkpoint, then a new ``Trainer`` resumes it
+    (``resume_from_checkpoint=True``: the last one in ``output_dir``) and trains to step 6;
+    the NaN at step 3, after the resume."""
+    model = decoder("Llama")
+    ctx.nan(model.model.layers[0].mlp)
+    first = hf(ctx, model=model, data=lm_data(), max_steps=2, save_strategy="steps", save_steps=2)
+    del first
+    model = decoder("Llama")
+    ctx.nan(model.model.layers[0].mlp)
+    return hf(ctx, model=model, data=lm_data(), save_strategy="steps", save_steps=2,
+              resume=True)  # fmt: skip
+
+
+HF9["hf-resume-from-checkpoint-true"] = resumed

@@ -23,6 +23,7 @@ from setups_r9_loop import LOOP9
 SETUPS = {**LOOP9, **LIGHTNING9, **HF9}
 OPTIMIZERS = {"fabric-gan-two-models": 2, "two-updates-a-block": 2}
 SCALER_SKIPS = {"gradscaler-own-skips": 2}
+FITS = {"hf-resume-from-checkpoint-true": 2}
 OWN_TEST = {  # (checked below: what holds there is not the harness's three runs)
     "pl-detect_anomaly",
     "pl-training_step-returns-None-on-nan",
@@ -43,7 +44,7 @@ def test_a_setup_holds(name: str, tmp_path: Path) -> None:
         pytest.importorskip("peft")
     check(
         SETUPS[name], tmp_path, optimizers=OPTIMIZERS.get(name, 1),
-        scaler_skips=SCALER_SKIPS.get(name, 0),
+        scaler_skips=SCALER_SKIPS.get(name, 0), fits=FITS.get(name, 1),
     )  # fmt: skip
 
 
