@@ -687,3 +687,27 @@ def compiled_step(ctx: Ctx) -> Any:
 
 
 LOOP9["compiled-optimizer-step"] = compiled_step
+
+
+def new_optimizer(ctx: Ctx) -> Any:
+    """Two-stage fine-tuning: the head alone for two steps, then everything unfrozen and a new
+    optimizer made over it (the Stabilizer was given the first one)."""
+    net = Net()
+    ctx.nan(net.a)
+    net.a.requires_grad_(False)
+    opts = [torch.optim.AdamW(net.b.parameters(), lr=1e-2)]
+    loop = Loop(ctx, net, opts[0])
+    for i, (x, y) in enumerate(ctx.batches()):
+        if i == 2:
+            net.a.requires_grad_(True)
+            opts.append(torch.optim.AdamW(net.parameters(), lr=1e-3))
+        ctx.begin(i, [net], opts[-1:])
+        with loop.step():
+            loop.backward(mse(net(x), y))
+            opts[-1].step()
+            opts[-1].zero_grad()
+    ctx.finish([net], opts[-1:])
+    return loop.close()
+
+
+LOOP9["new-optimizer-mid-run"] = new_optimizer

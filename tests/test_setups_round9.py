@@ -237,3 +237,27 @@ def test_two_updates_in_one_block_are_two_steps(tmp_path: Path) -> None:
     assert steps == list(range(12))
     assert [r["step"] for r in t.rows if r["type"] == "step" and r["values"]["skipped"]] == [6, 7]
     assert any(line.startswith("stabilizer: done at step 12") for line in t.lines)
+
+
+def test_an_optimizer_of_another_model_is_not_taken_for_a_new_one(tmp_path: Path) -> None:
+    """A new optimizer over the model's parameters joins the guarded ones
+    (``new-optimizer-mid-run``, above); one over parameters the model does not hold (a
+    separate model the loop also trains, not given to the Stabilizer) is left alone."""
+    from setups_harness import Net
+
+    from stabilizer.hosts.loop import Stabilizer
+
+    net, other = Net(), Net(width=6)
+    opt, own = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, other))
+    with Stabilizer(net, opt, jsonl=tmp_path / "s.jsonl") as stab:
+        for x, y in Ctx(tmp_path, True).batches():
+            with stab.step():
+                stab.backward(mse(net(x), y))
+                mse(other(x), y).backward()
+                opt.step()
+                own.step()
+                opt.zero_grad()
+                own.zero_grad()
+    rows = [r for r in _rows(tmp_path / "s.jsonl") if r["type"] == "step"]
+    assert len(rows) == 6 and not any(k.startswith("opt2/") for r in rows for k in r["values"])
+    assert stab.host.optimizers == [opt]

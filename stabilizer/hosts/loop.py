@@ -23,6 +23,8 @@ the step's host: what only the loop can tell.
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from stabilizer.step.host import HostFacts
 from stabilizer.step.live_outputs import MetricsLogger, Sinks
@@ -47,6 +50,8 @@ from .precision import weights_precision
 from .scalars import ScalarLogger
 
 __all__ = ["LoopHost", "Stabilizer", "inner_optimizer"]
+
+log = logging.getLogger("stabilizer")
 
 
 class Stabilizer(RunView):
@@ -119,6 +124,8 @@ class Stabilizer(RunView):
         self.host.replays_with(self.calls)
         self._unscale = AfterUnscale(enabled, self.before_step) if enabled is not None else None
         self._closed = False
+        self._foreign: set[int] = set()  # optimizers seen stepping nothing of the model
+        self._any_step: Any = None  # torch's hook before every optimizer's step
 
     # --- what the run shows ------------------------------------------------------------------
 
@@ -178,8 +185,30 @@ class Stabilizer(RunView):
         if self.run is None:
             self.run = RunMonitor(self.host, self.policy, self.options, self._sinks, self._resumed)
             self.host.clip_after_measuring()
+            stepping = weakref.WeakMethod(self._stepping)  # (a Stabilizer never closed dies)
+            self._any_step = register_optimizer_step_pre_hook(
+                lambda opt, args, kwargs: (hook := stepping()) and hook(opt, args, kwargs)
+            )
             self.run.start()
         return self.run
+
+    def _stepping(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """torch's hook before any optimizer's step. One made after the Stabilizer over the
+        model's parameters (a new optimizer mid-run: two-stage fine-tuning) was unseen: its
+        steps unrecorded, a NaN let through. It joins the guarded ones, said once, and this
+        step of it is judged here (a skip drops its gradients: it steps over none)."""
+        run, host = self.run, self.host
+        if run is None or not self._open or run.inert or run.guard.covers(optimizer):
+            return
+        if id(optimizer) in self._foreign or not _updates(optimizer, host.module):
+            self._foreign.add(id(optimizer))
+            return
+        log.info(
+            "stabilizer: an optimizer the Stabilizer was not given (%s) steps the model's "
+            "parameters: guarded from this step on", type(optimizer).__name__,
+        )  # fmt: skip
+        host.optimizers.append(optimizer)
+        run.before_step(optimizer)
 
     def close(self) -> None:
         """The end of training: the last report and check of the weights, the end line; the
@@ -194,6 +223,8 @@ class Stabilizer(RunView):
             self._release(run)
 
     def _release(self, run: RunMonitor) -> None:
+        if self._any_step is not None:
+            self._any_step.remove()
         run.release()
         self.calls.remove()
         self.host.remove()
@@ -245,6 +276,12 @@ def _optimizers(model: object, optimizers: object) -> list[torch.optim.Optimizer
             ]
         )
     return [inner_optimizer(opt) for opt in given]
+
+
+def _updates(optimizer: torch.optim.Optimizer, model: nn.Module) -> bool:
+    """Whether `optimizer` steps any of `model`'s parameters."""
+    mine = {id(p) for p in model.parameters()}
+    return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
 
 
 def _optimizer(obj: object) -> bool:
