@@ -313,3 +313,13 @@ def resumed(ctx: Ctx) -> Any:
 
 
 HF9["hf-resume-from-checkpoint-true"] = resumed
+
+
+def fp16(ctx: Ctx) -> Any:
+    """``fp16=True`` on the CPU (accelerate's fp16 autocast and its grad scaler)."""
+    model = decoder("Llama")
+    ctx.nan(model.model.layers[0].mlp)
+    return hf(ctx, model=model, data=lm_data(), fp16=True, max_grad_norm=1.0)
+
+
+HF9["hf-fp16-cpu"] = fp16
