@@ -261,3 +261,37 @@ def test_an_optimizer_of_another_model_is_not_taken_for_a_new_one(tmp_path: Path
     rows = [r for r in _rows(tmp_path / "s.jsonl") if r["type"] == "step"]
     assert len(rows) == 6 and not any(k.startswith("opt2/") for r in rows for k in r["values"])
     assert stab.host.optimizers == [opt]
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_rollback_of_sam_puts_its_base_optimizers_state_back(
+    on_disk: bool, tmp_path: Path
+) -> None:
+    """``auto``'s rollback (`Snapshots`) of a SAM run, reachable once SAM's steps are seen:
+    SAM's ``state_dict`` holds no momentum (its base optimizer's), which stayed where the
+    bad steps left it; now the base optimizer's state is snapshotted and put back too."""
+    from setups_harness import Net
+    from setups_r9_loop import SAM
+
+    from stabilizer.live.remedies.rollback import Snapshots
+
+    net = Net()
+    opt = SAM(net.parameters(), torch.optim.SGD, lr=1e-2, momentum=0.9)
+
+    def sam_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        mse(net(x), y).backward()
+        opt.first_step(zero_grad=True)
+        mse(net(x), y).backward()
+        opt.second_step(zero_grad=True)
+
+    batches = Ctx(tmp_path, False).batches()
+    sam_step(*batches[0])
+    kept = {"dir": tmp_path / "snap", "bytes": 0} if on_disk else {"dir": None, "bytes": 1 << 30}
+    snaps = Snapshots(net, opt, every=1, directory=kept["dir"], max_memory_bytes=kept["bytes"])
+    snaps.save(1)
+    saved = [s["momentum_buffer"].clone() for s in opt.base_optimizer.state.values()]
+    for x, y in batches[1:3]:
+        sam_step(x, y)
+    assert snaps.restore() == 1
+    back = [s["momentum_buffer"] for s in opt.base_optimizer.state.values()]
+    assert all(torch.equal(a, b) for a, b in zip(saved, back, strict=True))

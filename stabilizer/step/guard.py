@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import torch
 
 from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
+from stabilizer.live.inner import stepped_through
 from stabilizer.live.tensors import all_finite, held_tensors, outside_compile
 
-from .inner import stepped_through
 from .verify import restore, snapshot
 
 __all__ = [

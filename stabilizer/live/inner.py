@@ -6,7 +6,8 @@ optimizer's): a Lookahead, whose ``step`` steps the base optimizer and then move
 itself, and sharpness-aware minimization (SAM), whose ``first_step`` and ``second_step`` are
 what a loop calls, its base optimizer stepping inside the second — the wrapper's own ``step``
 never runs. The guard sits on both (`stabilizer.step.guard.StepGuard`): the wrapper's step is
-judged as always, and the inner one's, called on its own, is judged as the wrapper's. Which
+judged as always, and the inner one's, called on its own, is judged as the wrapper's; a
+rollback snapshots the inner one's state beside the wrapper's (`remedies.rollback`). Which
 attribute holds it is the wrapper's business, so every attribute is looked at; a
 ``ZeroRedundancyOptimizer`` keeps groups of its own (its shard's), and is no such wrapper.
 """
