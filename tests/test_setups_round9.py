@@ -19,8 +19,9 @@ from setups_harness import NAN, Ctx, check, mse, train
 from setups_r9_hf import HF9
 from setups_r9_lightning import LIGHTNING9
 from setups_r9_loop import LOOP9
+from setups_r9_models import MODELS9
 
-SETUPS = {**LOOP9, **LIGHTNING9, **HF9}
+SETUPS = {**LOOP9, **MODELS9, **LIGHTNING9, **HF9}
 OPTIMIZERS = {"fabric-gan-two-models": 2, "two-updates-a-block": 2}
 SCALER_SKIPS = {"gradscaler-own-skips": 2}
 FITS = {"hf-resume-from-checkpoint-true": 2}
@@ -125,7 +126,7 @@ def test_auto_upcasts_torchs_layers_and_says_what_it_could_not_loop(tmp_path: Pa
     ``nn.MultiheadAttention``'s softmax stayed as it was (it said "norms and attention softmax
     now in fp32"); the run told no precision is the weights' ``16-true`` (it said
     ``32-true``, and ``auto`` never tried the remedy)."""
-    from setups_r9_loop import TorchEncoderLM, next_token, tokens
+    from setups_r9_models import TorchEncoderLM, next_token, tokens
 
     from stabilizer import Auto
     from stabilizer.hosts.loop import Stabilizer
@@ -152,7 +153,7 @@ def test_auto_upcasts_torchs_layers_and_says_what_it_could_not_loop(tmp_path: Pa
 def test_auto_upcasts_torchs_layers_and_says_what_it_could_not_lightning(tmp_path: Path) -> None:
     """The same model under Lightning's ``precision="16-true"``."""
     import lightning.pytorch as pl
-    from setups_r9_loop import TorchEncoderLM, next_token, tokens
+    from setups_r9_models import TorchEncoderLM, next_token, tokens
     from torch.utils.data import DataLoader
 
     from stabilizer import Auto
