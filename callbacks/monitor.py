@@ -339,14 +339,20 @@ def user_code_after(trainer: pl.Trainer, pl_module: pl.LightningModule, me: pl.C
 
 
 class _Inert:
-    """An optimizer or scheduler whose ``step`` and ``zero_grad`` do nothing; the rest is the
-    real one's (param groups, state)."""
+    """An optimizer or scheduler whose ``step`` and ``zero_grad`` update nothing; the rest is
+    the real one's (param groups, state). A closure given to ``step`` is evaluated once (under
+    manual optimization it is where the training step's forward and backward are: Lightning's
+    ``opt.step(closure=closure)``), its result returned."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        closure = kwargs.get("closure", args[0] if args else None)
+        if not callable(closure):  # (a scheduler's step takes a metric, or nothing)
+            return None
+        with torch.enable_grad():
+            return closure()
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         return None

@@ -40,7 +40,10 @@ def tensors(modules: Iterable[nn.Module], optimizers: Iterable[Any]) -> list[Ten
     for module in modules:
         out += [t.detach().clone() for t in module.state_dict(keep_vars=True).values()]
     for opt in optimizers:
-        inner = getattr(opt, "optim", None) or getattr(opt, "optimizer", None) or opt
+        inner = next(
+            (getattr(opt, a) for a in ("optim", "optimizer", "base_optimizer") if hasattr(opt, a)),
+            opt,
+        )  # (a wrapper's own scratch state, SAM's ``old_p``, is not the model's)
         for state in inner.state.values():
             out += [v.detach().clone() for v in state.values() if isinstance(v, Tensor)]
     return [t.to_dense() if t.is_sparse else t for t in out]

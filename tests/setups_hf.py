@@ -31,7 +31,18 @@ class Examples(torch.utils.data.Dataset[dict[str, Tensor]]):
         return {"x": self.rows[i][0], "labels": self.rows[i][1]}
 
 
-def hf(ctx: Ctx, accumulate: int = 1, model: Any = None, data: Any = None, **kwargs: Any) -> Any:
+def hf(
+    ctx: Ctx,
+    accumulate: int = 1,
+    model: Any = None,
+    data: Any = None,
+    trainer_class: Any = None,
+    trainer_kwargs: Any = None,
+    resume: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """`trainer_class` (a ``Trainer`` subclass) built with `trainer_kwargs` besides, and the
+    ``TrainingArguments`` given in `kwargs`; `resume`: ``train(resume_from_checkpoint=True)``."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from stabilizer.hosts.hf import StabilityCallback
@@ -47,21 +58,23 @@ def hf(ctx: Ctx, accumulate: int = 1, model: Any = None, data: Any = None, **kwa
         net = Net()
         ctx.nan(net.a)
         model = Model(net)
-    args = TrainingArguments(
-        output_dir=str(ctx.tmp / "hf"), max_steps=STEPS, per_device_train_batch_size=BATCH,
-        gradient_accumulation_steps=accumulate, learning_rate=1e-2, report_to="none",
-        save_strategy="no", use_cpu=True, disable_tqdm=True, logging_steps=1000, **kwargs,
-    )  # fmt: skip
+    args = TrainingArguments(**{
+        "output_dir": str(ctx.tmp / "hf"), "max_steps": STEPS,
+        "per_device_train_batch_size": BATCH, "gradient_accumulation_steps": accumulate,
+        "learning_rate": 1e-2, "report_to": "none", "save_strategy": "no", "use_cpu": True,
+        "disable_tqdm": True, "logging_steps": 1000, **kwargs,
+    })  # fmt: skip
     callback = StabilityCallback(jsonl=ctx.jsonl) if ctx.monitored else None
-    trainer = Trainer(
-        model=model, args=args,
+    given = dict(trainer_kwargs or {})
+    trainer = (trainer_class or Trainer)(
+        model=model, args=args, **{k: v for k, v in given.items() if k != "callbacks"},
         train_dataset=data if data is not None else Examples(ctx.batches(accumulate=accumulate)),
-        callbacks=[Capture(), *([callback] if callback else [])],
+        callbacks=[Capture(), *([callback] if callback else []), *given.get("callbacks", [])],
     )  # fmt: skip
     trainer._get_train_sampler = lambda *a: torch.utils.data.SequentialSampler(
         trainer.train_dataset
     )  # type: ignore[method-assign]
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume or None)
     return callback
 
 

@@ -205,6 +205,12 @@ def scaler_clip(ctx: Ctx) -> Any:
     ctx.nan(net.a)
     opt = adamw(net)
     scaler = torch.amp.GradScaler("cpu")
+    return frame(ctx, net, opt, scaled(net, opt, scaler, clip=0.5), scaler=scaler)
+
+
+def scaled(net: nn.Module, opt: Any, scaler: Any, clip: float | None) -> Body:
+    """torch's AMP recipe under an fp16 autocast: scale, backward, (unscale and clip,) step,
+    update."""
 
     def body(loop: Loop, x: Tensor, y: Tensor) -> None:
         with torch.autocast("cpu", torch.float16):
@@ -213,13 +219,14 @@ def scaler_clip(ctx: Ctx) -> Any:
             loop.stab.backward(loss)
         else:
             scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        if clip is not None:
+            scaler.unscale_(opt)
+            nn.utils.clip_grad_norm_(net.parameters(), clip)
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
-    return frame(ctx, net, opt, body, scaler=scaler)
+    return body
 
 
 def disabled_scaler(ctx: Ctx) -> Any:

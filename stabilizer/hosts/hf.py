@@ -45,6 +45,7 @@ from stabilizer.step.view import RunView
 from .calls import Call, ModelCalls, ReplaysCalls, given_loss
 from .loop import inner_optimizer
 from .moments import AfterUnscale, after_backward
+from .precision import weights_precision
 from .scalars import ScalarLogger
 
 __all__ = ["HFHost", "StabilityCallback", "hf_precision"]
@@ -229,11 +230,14 @@ def _writer(args: Any, host: HFHost) -> Any:
     return SummaryWriter(logging_dir or str(Path(args.output_dir) / "runs" / "stability"))
 
 
-def hf_precision(args: Any) -> str:
-    """The ``TrainingArguments``' precision in Lightning's names."""
+def hf_precision(args: Any, model: nn.Module | None = None) -> str:
+    """The ``TrainingArguments``' precision in Lightning's names; without ``fp16``/``bf16``,
+    the `model`'s weights' (one loaded in bf16 trains in bf16: ``"bf16-true"``)."""
     if getattr(args, "fp16", False):
         return "16-mixed"
-    return "bf16-mixed" if getattr(args, "bf16", False) else "32-true"
+    if getattr(args, "bf16", False):
+        return "bf16-mixed"
+    return weights_precision(model) if model is not None else "32-true"
 
 
 class HFHost(ReplaysCalls):
@@ -268,7 +272,7 @@ class HFHost(ReplaysCalls):
         ranks = Ranks.current()
         device = getattr(args, "device", torch.device("cpu"))
         self.facts = HostFacts(
-            precision=hf_precision(args), accelerator=device.type, devices=1,
+            precision=hf_precision(args, model), accelerator=device.type, devices=1,
             strategy="hf_trainer", world_size=ranks.world_size, rank=ranks.rank,
             log_dir=Path(args.output_dir),
         )  # fmt: skip

@@ -23,6 +23,8 @@ the step's host: what only the loop can tell.
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from stabilizer.step.host import HostFacts
 from stabilizer.step.live_outputs import MetricsLogger, Sinks
@@ -43,9 +46,12 @@ from stabilizer.step.view import RunView
 from .calls import Call, ModelCalls, ReplaysCalls, unwrap
 from .fabric import FabricSetup
 from .moments import AfterUnscale
+from .precision import weights_precision
 from .scalars import ScalarLogger
 
 __all__ = ["LoopHost", "Stabilizer", "inner_optimizer"]
+
+log = logging.getLogger("stabilizer")
 
 
 class Stabilizer(RunView):
@@ -62,7 +68,8 @@ class Stabilizer(RunView):
             (drop the loop's own ``clip_grad_norm_``); None: no clipping by the Stabilizer.
         precision: The run's precision in Lightning's names (``"32-true"``, ``"16-mixed"``,
             ``"bf16-mixed"``, ...): which advice fits, what the set-up check reads. Default:
-            ``"16-mixed"`` with an enabled `scaler`, else ``"32-true"`` (say ``"bf16-mixed"``).
+            ``"16-mixed"`` with an enabled `scaler`, else the weights' (``"32-true"``;
+            ``"16-true"`` for a ``.half()`` model, ``"bf16-true"``; say ``"bf16-mixed"``).
         log_dir: Where ``stability.jsonl`` goes (default: ``stability_logs/version_<N>/``).
         tensorboard: A ``SummaryWriter``: the records as scalars, and TensorBoard's extras.
         fabric: A ``lightning.fabric.Fabric``: its backward, scaler, precision and loggers.
@@ -104,7 +111,7 @@ class Stabilizer(RunView):
             log_dir = log_dir or setup.log_dir
         enabled = scaler if scaler is not None and bool(scaler.is_enabled()) else None
         if precision is None:
-            precision = "16-mixed" if enabled is not None else "32-true"
+            precision = "16-mixed" if enabled is not None else weights_precision(model)
         facts = _facts(model, precision, Path(log_dir) if log_dir else None, strategy)
         self.host = LoopHost(model, opts, schedulers, enabled, facts, clip)
         self._sinks = Sinks(loggers, 1, tensorboard)
@@ -117,6 +124,8 @@ class Stabilizer(RunView):
         self.host.replays_with(self.calls)
         self._unscale = AfterUnscale(enabled, self.before_step) if enabled is not None else None
         self._closed = False
+        self._foreign: set[int] = set()  # optimizers seen stepping nothing of the model
+        self._any_step: Any = None  # torch's hook before every optimizer's step
 
     # --- what the run shows ------------------------------------------------------------------
 
@@ -176,8 +185,30 @@ class Stabilizer(RunView):
         if self.run is None:
             self.run = RunMonitor(self.host, self.policy, self.options, self._sinks, self._resumed)
             self.host.clip_after_measuring()
+            stepping = weakref.WeakMethod(self._stepping)  # (a Stabilizer never closed dies)
+            self._any_step = register_optimizer_step_pre_hook(
+                lambda opt, args, kwargs: (hook := stepping()) and hook(opt, args, kwargs)
+            )
             self.run.start()
         return self.run
+
+    def _stepping(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """torch's hook before any optimizer's step. One made after the Stabilizer over the
+        model's parameters (a new optimizer mid-run: two-stage fine-tuning) was unseen: its
+        steps unrecorded, a NaN let through. It joins the guarded ones, said once, and this
+        step of it is judged here (a skip drops its gradients: it steps over none)."""
+        run, host = self.run, self.host
+        if run is None or not self._open or run.inert or run.guard.covers(optimizer):
+            return
+        if id(optimizer) in self._foreign or not _updates(optimizer, host.module):
+            self._foreign.add(id(optimizer))
+            return
+        log.info(
+            "stabilizer: an optimizer the Stabilizer was not given (%s) steps the model's "
+            "parameters: guarded from this step on", type(optimizer).__name__,
+        )  # fmt: skip
+        host.optimizers.append(optimizer)
+        run.before_step(optimizer)
 
     def close(self) -> None:
         """The end of training: the last report and check of the weights, the end line; the
@@ -192,6 +223,8 @@ class Stabilizer(RunView):
             self._release(run)
 
     def _release(self, run: RunMonitor) -> None:
+        if self._any_step is not None:
+            self._any_step.remove()
         run.release()
         self.calls.remove()
         self.host.remove()
@@ -243,6 +276,12 @@ def _optimizers(model: object, optimizers: object) -> list[torch.optim.Optimizer
             ]
         )
     return [inner_optimizer(opt) for opt in given]
+
+
+def _updates(optimizer: torch.optim.Optimizer, model: nn.Module) -> bool:
+    """Whether `optimizer` steps any of `model`'s parameters."""
+    mine = {id(p) for p in model.parameters()}
+    return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
 
 
 def _optimizer(obj: object) -> bool:
@@ -302,7 +341,7 @@ class LoopHost(ReplaysCalls):
         self.model, self.module = model, unwrap(model)
         self.optimizers, self.schedulers = list(optimizers), list(schedulers)
         self.scaler, self.facts, self.clip = scaler, facts, clip
-        self.step = 0  # the blocks in which an optimizer step was taken
+        self.step = 0  # the steps taken: a block each (two where an optimizer stepped twice)
         self._hooks: list[Any] = []
 
     def clip_after_measuring(self) -> None:
@@ -313,8 +352,9 @@ class LoopHost(ReplaysCalls):
     def set_clip(self, value: float) -> None:
         self.clip = value
 
-    def ended(self, taken: bool) -> None:
-        """A block ended (`taken`: an optimizer step was taken in it)."""
+    def ended(self, taken: int) -> None:
+        """A block ended (`taken`: the step numbers its optimizer steps took; one optimizer
+        stepping twice in it takes two)."""
         self.step += taken
 
     def resume_at(self, step: int) -> None:

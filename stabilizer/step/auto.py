@@ -259,7 +259,8 @@ class AutoRemedies(Remedies):
             if not up.changed:
                 return None
             count = {"norms": float(len(up.norms)), "attention": float(len(up.attention))}
-            return Applied(name, "norms and attention softmax now in fp32", count)
+            count["unswitched"] = float(len(up.unswitched))
+            return Applied(name, up.said, count)
         return self._swap(step)
 
     def _clip_threshold(self) -> tuple[float, str]:

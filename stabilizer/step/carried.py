@@ -10,6 +10,10 @@ still the ones that block's backward left, unwritten since. ``zero_grad()``
 writes them in place, which torch's version counter (``_version``) shows. Either way the block's
 loss, its verdict and its micro-batches do not belong to the next step: it was abandoned. Its
 marks are weak: a mark keeps no gradient alive.
+
+Within a block the same holds (`let_go`): backwards whose gradients were all let go before the
+block's next backward (SAM's ``first_step(zero_grad=True)``, before its base optimizer steps on
+the second pass's gradients) are no part of the coming step, nor are their losses.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["Carried"]
+from .host import MicroBatch
+
+__all__ = ["Carried", "let_go"]
 
 
 class Carried:
@@ -48,3 +54,14 @@ class Carried:
             if g is None or p.grad is not g or g._version != version:
                 return True
         return False
+
+
+def let_go(
+    micro: list[MicroBatch], losses: list[torch.Tensor]
+) -> tuple[list[MicroBatch], list[torch.Tensor]]:
+    """The block's micro-batches and losses once `losses` (backpropagated since the last step
+    opened, their gradients let go since) are no part of the coming step: the micro-batches
+    that made only those go too; the one now starting (the last) stays."""
+    gone = {id(loss) for loss in losses}
+    kept = [m for m in micro[:-1] if not m.losses or not {id(x) for x in m.losses} <= gone]
+    return kept + micro[-1:], []

@@ -34,7 +34,8 @@ from typing import Any, Protocol
 import torch
 
 from stabilizer.core.signals import GRAD_NORM, LOSS, NONFINITE_GRADS
-from stabilizer.live.tensors import all_finite, held_tensors
+from stabilizer.live.inner import stepped_through
+from stabilizer.live.tensors import all_finite, held_tensors, outside_compile
 
 from .verify import restore, snapshot
 
@@ -64,6 +65,8 @@ BAD_WEIGHTS = "the weights are already non-finite"
 UNCHECKED = "the step could not be measured"
 STEPPING_PAST = "stepping past bad data after a rollback"
 OVERFLOW = "the fp16 grad scaler's overflow (it skips the step and lowers its scale)"
+
+_SKIPPED, _RAISED = object(), object()  # (`StepGuard._decide`: withheld; the step raised)
 
 HUGE_GRAD_NORM = 1e18
 """A gradient norm from which an Adam-style second moment (the gradient squared) can overflow
@@ -177,6 +180,7 @@ class StepGuard:
         self._guarded: dict[int, tuple[torch.optim.Optimizer, Any]] = {}
         self._hooks: list[Any] = []  # the step hooks of optimizers watched (`observe`)
         self._decided: set[int] = set()  # watched optimizers decided before their step ran
+        self._running: set[int] = set()  # optimizers whose own step is running (let through)
 
     def cover(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Guard each optimizer not guarded yet (new, or replaced mid-run): cheap when none is."""
@@ -208,43 +212,70 @@ class StepGuard:
             handle.remove()
         self._hooks = []
 
-    def _watch(self, opt: torch.optim.Optimizer) -> None:
+    def _watch(self, opt: torch.optim.Optimizer, of: torch.optim.Optimizer | None = None) -> None:
         """Under ``observe``: no wrapper (the step runs exactly as written, closure and all);
         the optimizer's own step hooks tell the judge the step is under way and that it ran.
-        A step with a closure is measured after it ran (its gradients come from the closure)."""
-        judge, guard = self._judge, self
+        A step with a closure is measured after it ran (its gradients come from the closure).
+        With `of`, as in `_wrap`: a step of `opt` inside `of`'s own is not another step."""
+        judge, guard, judged = self._judge, self, of if of is not None else opt
 
         def before(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if guard._inert or (of is not None and id(of) in guard._running):
+                return
+            guard._running.add(id(optimizer))
             closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0]: itself)
-            if not guard._inert and closure is None:
-                judge.judge(optimizer)
-                guard._decided.add(id(optimizer))
+            if closure is None:
+                judge.judge(judged)
+                guard._decided.add(id(judged))
 
         def after(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            if guard._inert:
-                return
-            if id(optimizer) not in guard._decided:
-                judge.judge(optimizer)
-            guard._decided.discard(id(optimizer))
-            judge.ran(optimizer, "stepped")
+            if id(optimizer) not in guard._running:
+                return  # (inert, or inside `of`'s own step)
+            guard._running.discard(id(optimizer))
+            if id(judged) not in guard._decided:
+                judge.judge(judged)
+            guard._decided.discard(id(judged))
+            judge.ran(judged, "stepped")
 
-        self._hooks += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
+        self._hooks += [
+            opt.register_step_pre_hook(outside_compile(before)),
+            opt.register_step_post_hook(outside_compile(after)),
+        ]
         self._guarded[id(opt)] = (opt, None)
+        base = stepped_through(opt) if of is None else None
+        if base is not None and id(base) not in self._guarded:
+            self._watch(base, of=opt)
 
-    def _wrap(self, opt: torch.optim.Optimizer) -> None:
+    def _wrap(self, opt: torch.optim.Optimizer, of: torch.optim.Optimizer | None = None) -> None:
+        """Guard `opt`'s step; with `of`, the one `of` steps through (`stepped_through`): let
+        through inside `of`'s own step, judged as `of`'s when called alone (SAM's)."""
         previous = opt.__dict__.get("step")
         inner = opt.step  # bound: the class's step, or a wrapper set on the instance before us
         guard, generation = self, self._generation
         evaluates = isinstance(opt, torch.optim.LBFGS)
+        judged = of if of is not None else opt
 
         def step(self: torch.optim.Optimizer, closure: Any = None, **kwargs: Any) -> Any:
-            if guard._generation != generation:
+            if guard._generation != generation or (of is not None and id(of) in guard._running):
                 return inner(closure, **kwargs) if closure is not None else inner(**kwargs)
             if guard._inert:
                 return None
             if evaluates:
                 return guard._evaluating_step(self, inner, closure, kwargs)
-            return guard._step(self, inner, closure, kwargs)
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()  # the monitor measures inside (on_before_optimizer_step)
+            decide, stepped = _OUTSIDE if torch.compiler.is_compiling() else _INSIDE
+            saved = decide(guard, judged, kwargs, self)
+            if saved is not _SKIPPED:
+                ran = _RAISED
+                try:
+                    inner(**kwargs)
+                    ran = saved
+                finally:
+                    stepped(guard, judged, self, ran)
+            return loss
 
         # torch's LR schedulers wrap `step` as a bound method and mark it; keep the marks. The
         # signature stays the optimizer's own: a grad scaler passes `grad_scaler=` to a step
@@ -257,33 +288,34 @@ class StepGuard:
         step._stabilizer_previous = previous  # type: ignore[attr-defined]
         opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
         self._guarded[id(opt)] = (opt, previous)
+        base = stepped_through(opt) if of is None else None
+        if base is not None and id(base) not in self._guarded:
+            self._wrap(base, of=opt)
 
-    def _step(
-        self,
-        opt: torch.optim.Optimizer,
-        inner: Callable[..., Any],
-        closure: Callable[[], Any] | None,
-        kwargs: dict[str, Any],
-    ) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()  # the monitor measures inside (on_before_optimizer_step)
+    def _decide(self, opt: torch.optim.Optimizer, kwargs: Mapping[str, Any], by: Any) -> Any:
+        """`opt`'s step, run `by` it or the one it steps through (whose state a copy-check
+        copies): `_SKIPPED`, or the copy to check against (None: no copy)."""
         judge = self._judge
         decision = judge.judge(opt)
         if decision.skip:
             _scaler_whole(opt, kwargs)
             self.skipped += 1
             judge.ran(opt, "skipped")
-            return loss
-        saved = snapshot(opt) if decision.verify else None
-        inner(**kwargs)
-        judge.ran(opt, "stepped")
-        if saved is not None and not all_finite(held_tensors(opt)):
-            restore(opt, saved)
+            return _SKIPPED
+        self._running.add(id(opt))
+        return snapshot(by) if decision.verify else None
+
+    def _stepped(self, opt: torch.optim.Optimizer, by: torch.optim.Optimizer, saved: Any) -> None:
+        """`opt`'s step ran (`saved`: its copy, or None), said, and undone where its copy-check
+        fails; or it raised (`_RAISED`): nothing is said of it."""
+        self._running.discard(id(opt))
+        if saved is _RAISED:
+            return
+        self._judge.ran(opt, "stepped")
+        if saved is not None and not all_finite(held_tensors(by)):
+            restore(by, saved)
             self.reverted += 1
-            judge.ran(opt, "reverted")
-        return loss
+            self._judge.ran(opt, "reverted")
 
     def _evaluating_step(
         self,
@@ -333,6 +365,11 @@ class StepGuard:
         else:
             restore(opt, after)
         return result
+
+
+_INSIDE = (StepGuard._decide, StepGuard._stepped)
+# Compiled (torch's "compiling the optimizer"): the guard's Python runs between graphs.
+_OUTSIDE = (outside_compile(StepGuard._decide), outside_compile(StepGuard._stepped))
 
 
 def _scaler_whole(opt: torch.optim.Optimizer, kwargs: Mapping[str, Any]) -> None:

@@ -290,11 +290,12 @@ class RunMonitor:
 
     # --- the end of a block -------------------------------------------------------------------
 
-    def end(self, carry: bool = False) -> bool:
+    def end(self, carry: bool = False) -> int:
         """The block is over (`carry`: a block that stepped nothing holds micro-batches of the
         next, as Lightning's automatic accumulation does). Its steps end, are checked, counted
-        and reported. Returns whether an optimizer step was taken (run, skipped or undone);
-        `should_stop` holds the answer for the host."""
+        and reported. Returns how many step numbers its optimizer steps took (run, skipped or
+        undone; 0: none; 2 where an optimizer stepped twice in a host's step that does not
+        advance between them); `should_stop` holds the answer for the host."""
         if self.inert:
             return False
         if self.probes is not None and self.probes.sampled:  # (only then are hooks timed)
@@ -312,7 +313,7 @@ class RunMonitor:
         over = self.cost.batch_end(at)
         if over is not None and self.host.facts.is_global_zero:
             log.warning("stabilizer: %s, %s", over.describe(), over_budget_advice(over))
-        return bool(taken)
+        return len({step.step for step in taken})
 
     def _abandon(self, step: OptimizerStep) -> None:
         """A block that ended without its optimizer stepping: said (the first at INFO), and

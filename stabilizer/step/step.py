@@ -57,7 +57,7 @@ from stabilizer.core.signals import (
 from stabilizer.live.rng import RngState
 from stabilizer.live.tensors import wide_dtype
 
-from .carried import Carried
+from .carried import Carried, let_go
 from .guard import BAD_GRADS, BAD_LOSS, BAD_LR, BAD_WEIGHTS, STEPPING_PAST, UNCHECKED, Decision
 from .host import MicroBatch
 from .measurement import Measurement, Numbers
@@ -310,6 +310,8 @@ class InFlight:
         """A backward is about to run on `loss` (divided by the accumulation, under it)."""
         loss = loss.detach().to(wide_dtype(loss.device))  # a finite 1e300 (64-true) stays finite
         self._settle()
+        if self._losses and not any(p.grad is not None for p in self.params()):
+            self.micro, self._losses = let_go(self.micro, self._losses)  # (SAM's first pass)
         self._losses.append(loss)
         if self.micro:
             self.micro[-1].losses.append(loss)
@@ -334,13 +336,13 @@ class InFlight:
     ) -> OptimizerStep:
         """A new step of `optimizer` (READY): the losses since the last step are its loss (a
         second optimizer stepping on the same backward shares the last one's), with those of
-        earlier blocks whose gradients it takes (`Carried`)."""
+        earlier blocks whose gradients it takes (`Carried`). A second step of one optimizer at
+        a host's step that did not advance (a plain loop's block) is the step after it."""
+        if (earlier := self._open.get(id(optimizer))) is not None:
+            step = max(step, earlier.step + 1)
         self._settle()
-        if self._losses:
-            total = self._losses[0]
-            for loss in self._losses[1:]:
-                total = total + loss
-            self._losses, self._last = [], total
+        if self._losses:  # (summed in order: the micro-batches' shares of the step's loss)
+            self._losses, self._last = [], sum(self._losses[1:], self._losses[0])
         opened = OptimizerStep(step, index, self._last, self.micro, new_data, guarded)
         self.steps.append(opened)
         self._open[id(optimizer)] = opened

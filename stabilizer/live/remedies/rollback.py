@@ -1,9 +1,10 @@
 """`Snapshots`: keep the last good training state and roll back to it after a divergence.
 
-A snapshot is the model's and optimizer's ``state_dict``, the LR scheduler's (optional) and every
-random generator's state, so that after `Snapshots.restore` training continues exactly as it did
-from the snapshot. Skipping the batches that caused the divergence is up to the caller
-(`SkipWindow` keeps count).
+A snapshot is the model's and optimizer's ``state_dict`` (and the base optimizer's of a wrapper
+that steps through one: SAM's ``state_dict`` does not hold it), the LR scheduler's (optional)
+and every random generator's state, so that after `Snapshots.restore` training continues
+exactly as it did from the snapshot. Skipping the batches that caused the divergence is up to
+the caller (`SkipWindow` keeps count).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from stabilizer.live.inner import stepped_through
 from stabilizer.live.rng import get_rng_state, set_rng_state
 
 __all__ = ["RollbackError", "Snapshots"]
@@ -111,14 +113,16 @@ class Snapshots:
         if not _finite(self.model):
             log.warning("step %d: parameters are not finite, snapshot not taken", step)
             return False
+        base = stepped_through(self.optimizer)  # (SAM's base: its state is not in SAM's)
         state = {
             "step": step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "base": None if base is None else base.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "rng": get_rng_state(),
         }
-        size = _nbytes(state["model"]) + _nbytes(state["optimizer"])
+        size = sum(_nbytes(state[k]) for k in ("model", "optimizer", "base") if state[k])
         held: dict[str, Any] | None
         if size <= self.max_memory_bytes or self.directory is None:
             if size > self.max_memory_bytes:
@@ -161,7 +165,15 @@ class Snapshots:
         step = self._held[picked][0]
         state = self._load(picked)
         self.model.load_state_dict(state["model"])  # copies into the existing Parameters
+        base = stepped_through(self.optimizer)  # (before: loading gives it groups of its own)
+        shares_state = base is not None and getattr(self.optimizer, "state", None) is base.state
         self.optimizer.load_state_dict(state["optimizer"])
+        if base is not None and state.get("base") is not None:
+            base.load_state_dict(state["base"])
+            # shared again, as the wrapper made them: an LR written to it reaches its base
+            self.optimizer.param_groups = base.param_groups
+            if shares_state:
+                self.optimizer.state = base.state
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
@@ -194,7 +206,8 @@ class Snapshots:
             return state
         # The optimizer may keep the loaded tensors as its state and update them in place: hand
         # it copies, so the snapshot survives for the next restore.
-        return {**held, "optimizer": copy.deepcopy(held["optimizer"])}
+        return {**held, "optimizer": copy.deepcopy(held["optimizer"]),
+                "base": copy.deepcopy(held.get("base"))}  # fmt: skip
 
 
 def _finite(model: nn.Module) -> bool:

@@ -73,15 +73,33 @@ class UpcastReport:
     Attributes:
         norms: Normalization layers now computing in fp32.
         attention: Attention modules whose ``softmax_fp32`` switch was turned on.
+        unswitched: Attention modules with no such switch, left as they were: torch's
+            ``nn.MultiheadAttention`` (``nn.TransformerEncoderLayer``'s, ``nn.Transformer``'s)
+            computes its softmax in its weights' dtype still.
     """
 
     norms: tuple[str, ...] = ()
     attention: tuple[str, ...] = ()
+    unswitched: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
         """Whether anything was changed."""
         return bool(self.norms or self.attention)
+
+    @property
+    def said(self) -> str:
+        """What was changed, in words: only that (an attention left as it was is said so)."""
+        said = f"{len(self.norms)} norms"
+        said += f" and {len(self.attention)} attention softmaxes" if self.attention else ""
+        said += " now in fp32"
+        if self.unswitched:
+            more = ", ..." if len(self.unswitched) > 1 else ""
+            said += (
+                f"; {len(self.unswitched)} attention softmaxes left as they were "
+                f"({self.unswitched[0]}{more}: torch's nn.MultiheadAttention has no fp32 switch)"
+            )
+        return said
 
 
 # Original class -> the class it is swapped to; subclasses and hand-written RMSNorms join later.
@@ -122,6 +140,9 @@ def upcast_to_fp32(model: nn.Module) -> UpcastReport:
     any module with a boolean ``softmax_fp32`` attribute (the reference ``CausalSelfAttention``)
     gets it set, so scores QKᵀ/√d and softmax run in fp32.
 
+    torch's ``nn.MultiheadAttention`` has no switch: it is left as it is and named in the
+    report's ``unswitched``.
+
     Idempotent; parameters, buffers and ``state_dict`` keys are untouched, and in fp32 the
     outputs are bit-for-bit the same. The swapped class of a subclass or hand-written RMSNorm is
     made at run time: pickle ``state_dict()``, not the whole model.
@@ -131,6 +152,7 @@ def upcast_to_fp32(model: nn.Module) -> UpcastReport:
     """
     norms: list[str] = []
     attention: list[str] = []
+    unswitched: list[str] = []
     for name, module in model.named_modules():
         upcast = _upcast_class(module)
         if upcast is not None:
@@ -139,4 +161,6 @@ def upcast_to_fp32(model: nn.Module) -> UpcastReport:
         if getattr(module, "softmax_fp32", None) is False:
             module.softmax_fp32 = True
             attention.append(name)
-    return UpcastReport(tuple(norms), tuple(attention))
+        elif isinstance(module, nn.MultiheadAttention):
+            unswitched.append(name)
+    return UpcastReport(tuple(norms), tuple(attention), tuple(unswitched))
