@@ -285,7 +285,7 @@ class LossSpike:
     def _outsized(self, episode: dict[str, Any]) -> bool:
         """Whether a jump that stayed up is outsized for the run's batch-to-batch noise: at
         once where the baseline is long (its MAD measured that noise); on a short one, if no
-        loss since came back within the range of its few records (`_early.never_back`)."""
+        loss since came back within the range of its few records (`never_back`)."""
         if episode["baseline_records"] >= self.min_history:
             return True
         return never_back(self._tracker.window.values, episode["losses"])
