@@ -98,8 +98,6 @@ MISSES = {
     "trainer's words (detectron2's FloatingPointError at iteration 0, no loss_dict after it) is "
     "not heard: a catalogue row for it made the words a record of their own, which took the step "
     "from the loss_dict line that follows it elsewhere (detectron2#838)",
-    "tf2_od_api_issue6_loss_climbs_two_loggers": "held out, round 6: a climb from 1.2 to 2.4 over "
-    "two loggers' lines is not called",
     # Round 7's held-out set: its first-sight misses (docs/benchmarks.md, "First sight on a
     # held-out set (round 7)"), scored on dde525e before anything was changed for them.
     "trace_issue5_llama3_lora_identical_epoch_losses_stall": "held out, round 5: read now (as "

@@ -341,3 +341,13 @@ def test_a_falling_excerpts_jump_must_give_back_a_quarter_of_its_fall() -> None:
     classifier = [0.109, 0.059, 0.0041, 0.00037, 3.9e-5, 0.0153, 5.3e-5, 8.1e-5]
     assert _at(steps, classifier) == []
     assert _at(steps, [12.0, 9.0, 4.0, 2.6, 1.9, 8.0, 1.8, 1.7]) == [("loss_spike", 30, "WARNING")]
+
+
+def test_a_jump_still_climbing_when_the_log_ends_is_a_spike() -> None:
+    """A TF2 detector's loss: 1.40, 1.19, 1.35, 1.36, 1.44, 1.20, then 1.77, 2.16, 2.37 as the
+    excerpt ends. The jump to 2.16 (1.6x) had to stay up to count, and the log ended two records
+    in: nothing was said. It had not stopped rising. One that came down again stays unsaid."""
+    steps = [100 * k for k in range(1, 10)]
+    losses = [1.396, 1.192, 1.346, 1.36, 1.444, 1.204, 1.774, 2.155, 2.374]
+    assert _at(steps, losses) == [("loss_spike", 800, "WARNING")]
+    assert _at(steps, [*losses[:-1], 2.1]) == []

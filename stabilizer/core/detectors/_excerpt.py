@@ -20,13 +20,13 @@ first loss is one batch's (EfficientDet's 0.289, 0.263, 0.209, then 0.303: noise
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._robust import RobustWindow
 
-__all__ = ["GIVES_BACK", "UNDONE", "Bars", "short_spike"]
+__all__ = ["GIVES_BACK", "UNDONE", "Bars", "climbing", "short_spike", "stays"]
 
 GIVES_BACK = 0.25
 """The share of its fall a falling excerpt's jump must give back to be judged at all: a smaller
@@ -87,6 +87,26 @@ def short_spike(
     if band <= 0.0 or loss <= med + bars.k * band:
         return None
     return med, med + bars.recover_k * band, how
+
+
+def stays(loss: float, episode: Mapping[str, Any], bars: Bars, zero: bool) -> bool:
+    """Whether a jump that counts only if it stays up ("provisional") still does: after a single
+    record (not step 0's alone: ``zero``), at least `short_ratio` times it; else at least
+    halfway to the `min_ratio` bar over the baseline."""
+    base = episode["baseline"]
+    if episode["baseline_records"] < 2:
+        return not zero and bool(loss >= bars.short_ratio * base)
+    return bool(loss >= base + 0.5 * (bars.min_ratio - 1.0) * abs(base))
+
+
+def climbing(episode: Mapping[str, Any], min_ratio: float) -> bool:
+    """Whether a jump that had to stay up was still climbing when the log ended: every loss of
+    it above the one before, two at least, the last `min_ratio` times the baseline or more (a
+    TF2 detector's 1.40 ... 1.20, then 1.77, 2.16, 2.37 as the excerpt ends). The log cannot
+    show that it stayed up; it shows that it had not stopped rising."""
+    losses = episode.get("losses", [])
+    rising = len(losses) >= 2 and all(b > a for a, b in pairwise(losses))
+    return rising and losses[-1] >= min_ratio * episode["baseline"]
 
 
 def _rise_start(values: Sequence[float], loss: float) -> int | None:

@@ -9,7 +9,7 @@ from stabilizer.core.records import Finding, StepRecord
 from stabilizer.core.signals import LOSS, LR, NEW_DATA
 
 from . import _loss_words as words
-from ._excerpt import short_spike
+from ._excerpt import climbing, short_spike, stays
 from ._level import RunChanges, ends_far, fall_rate, made_new_level
 from ._regime import Early, Regime, never_back
 from ._robust import RobustWindow, SpikeTracker
@@ -230,7 +230,7 @@ class LossSpike:
 
     def _count(self, step: int, loss: float, window: RobustWindow) -> None:
         """Count a finite loss; start the baseline over after a loss that was identically 0;
-        note whether the baseline's first record is step 0's alone (see `_stays`)."""
+        note whether the baseline's first record is step 0's alone (see `_excerpt.stays`)."""
         if window.values and window.ordered[-1] == 0.0 == window.ordered[0] and loss != 0.0:
             window.clear()  # the loss was identically 0: no baseline for the one that starts
         if not window.values and self._tracker.episode is None:
@@ -258,7 +258,7 @@ class LossSpike:
         run made start a new baseline, call a divergence once settled."""
         tracker = self._tracker
         if episode.get("provisional") and "called" not in episode:
-            if not self._stays(loss, episode):
+            if not stays(loss, episode, self, self._zero):
                 tracker.episode = None
                 tracker.window.push(loss)
                 return []
@@ -294,15 +294,6 @@ class LossSpike:
         """Whether ``loss`` clears the long-log bar over ``base`` and its ``band``."""
         jump = loss >= base + self.min_jump or (base > 0 and loss >= self.min_ratio * base)
         return jump and loss > base + self.k * band
-
-    def _stays(self, loss: float, episode: dict[str, Any]) -> bool:
-        """Whether a jump that counts only if it stays up still does: after a single record
-        (not step 0's alone), at least `short_ratio` times it; else at least halfway to the
-        `min_ratio` bar over the baseline."""
-        base = episode["baseline"]
-        if episode["baseline_records"] < 2:
-            return not self._zero and bool(loss >= self.short_ratio * base)
-        return bool(loss >= base + 0.5 * (self.min_ratio - 1.0) * abs(base))
 
     def _settled(self, episode: dict[str, Any], end_of_log: bool = False) -> bool:
         """Whether the loss has stayed up long enough, and is not on its way back down.
@@ -367,8 +358,10 @@ class LossSpike:
             episode["records"] >= self.settle_records and self._settled(episode, end_of_log=True)
         ):
             return [words.divergence(episode, end_of_log=True, start_of_run=start_of_run)]
-        if episode.get("provisional") or "glitch" in episode or "change" in episode:
-            return []  # a jump that must stay up, a glitch that must come back: not yet
+        if episode.get("provisional") and not climbing(episode, self.min_ratio):
+            return []  # a jump that must stay up, and had stopped climbing: not yet
+        if "glitch" in episode or "change" in episode:
+            return []  # a glitch that must come back; a level the run made and left: not yet
         return [words.spike(episode, back_after=None)]
 
     def restart(self) -> None:
