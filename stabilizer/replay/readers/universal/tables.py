@@ -53,7 +53,7 @@ def objects(lines: Iterable[str]) -> Iterator[str]:
                 continue
             yield from block
             block = []
-        if line is not IDLE and line.strip() == "{":
+        if line[-1:] == "{" and line is not IDLE and line.strip() == "{":  # (one char, most lines)
             block = [line]
             continue
         yield line
