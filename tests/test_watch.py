@@ -74,6 +74,7 @@ class _Watcher:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=_ctrl_c_heard,
         )
         self.out: list[str] = []
         self.err: list[str] = []
@@ -91,6 +92,13 @@ class _Watcher:
     def interrupt(self) -> int:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(_WAIT)
+
+
+def _ctrl_c_heard() -> None:
+    """In the child, before exec: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt as at a terminal. A suite started in the background by a shell (``cmd &``)
+    inherits SIGINT ignored, and the watch would never hear `interrupt`."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _collect(stream: object, lines: list[str]) -> None:
