@@ -98,8 +98,7 @@ class Stall:
         self._last: deque[float] = deque(maxlen=_SAMPLE)  # the latest losses
         self._recent: deque[float] = deque(maxlen=_LOW)
         self._lowest = math.inf  # the lowest median of `_LOW` consecutive losses so far
-        self._waiting = False  # decided "not surely flat": weighed again at `_look` losses
-        self._look = _MIN_RECORDS  # the count of losses at which the start rule decides next
+        self._look = _MIN_RECORDS  # losses at which the start rule decides next (more: again)
         self._count = 0  # finite losses counted by the start rule
         self._losses = 0  # finite losses seen
         self._lr: float | None = None  # the latest LR
@@ -178,7 +177,7 @@ class Stall:
         if step < self.steps or self._count < self._look or self._rising:
             return []  # (a log that prints every 100 steps: the 10th loss, not step 300, decides)
         found = self._decide(step)
-        self._done, self._waiting = found is not None, found is None  # (None: not surely flat)
+        self._done = found is not None  # (None: not surely flat)
         self._look = 2 * self._count  # (not surely flat: looked at again with twice the losses)
         return found or []
 
@@ -208,8 +207,9 @@ class Stall:
         reference = start if chance is None else min(start, chance)
         if reference <= 0.0 or self._lr == 0.0 or self._count < _MIN_RECORDS:
             return []  # a loss at zero has nothing left to learn (or is not a likelihood)
-        now = self._lowest if self._waiting else min(level, self._lowest)  # (weighed again and
-        if now < (1.0 - self.tolerance) * reference:  # again: 5 noisy losses would dip at last)
+        again = self._look > _MIN_RECORDS  # (weighed again and again, 5 noisy losses would dip)
+        now = self._lowest if again else min(level, self._lowest)
+        if now < (1.0 - self.tolerance) * reference:
             return []  # it learned (and maybe came back up: a divergence, not a stall)
         if self._trend.falling(_MIN_FALL * reference):
             return []  # it learns, slowly: a fine-tune at 2.12 -> 2.00 by step 300 is no stall
@@ -258,7 +258,6 @@ class Stall:
             "rising": self._rising,
             "recent": list(self._recent),
             "lowest": None if math.isinf(self._lowest) else self._lowest,
-            "waiting": self._waiting,
             "look": self._look,
             "count": self._count,
             "losses": self._losses,
@@ -278,7 +277,6 @@ class Stall:
         self._recent = deque((float(v) for v in state.get("recent", ())), maxlen=_LOW)
         lowest = state.get("lowest")
         self._lowest = math.inf if lowest is None else float(lowest)
-        self._waiting = bool(state.get("waiting", False))
         self._look = int(state.get("look", _MIN_RECORDS))
         self._count = int(state.get("count", len(self._first)))
         self._losses = int(state.get("losses", self._count))
